@@ -1,0 +1,174 @@
+"""The trainer's configuration: the one contract between the operator (which renders it into a ConfigMap)
+and the pods (which read it). Importable without torch so the operator can use it.
+
+Credentials are never part of this model: S3 keys arrive as AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY from
+a Secret, and the MLflow run id as MLFLOW_RUN_ID.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+# Exit codes of a trainer worker (and of the launcher). The operator imports these: 0 is success,
+# EXIT_PERMANENT means retrying cannot help (bad config, user code that cannot be imported or is broken),
+# anything else is treated as retryable (lost peer, storage hiccup, preemption).
+EXIT_OK = 0
+EXIT_RETRYABLE = 1
+EXIT_PERMANENT = 2
+# SIGTERM received: a final checkpoint was written (when configured) and the worker stopped early.
+EXIT_INTERRUPTED = 143
+
+DEFAULT_ENTRYPOINT = "loom.workloads.trainer.examples.chargpt:task"
+DEFAULT_PROGRESS_FILE = "/tmp/loom-progress.json"
+
+
+class _Spec(BaseModel):
+    # Kubernetes style: camelCase on the wire, snake_case in Python; unknown fields are errors so a typo
+    # in a TrainingJob is reported instead of silently ignored.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class Engine(str, Enum):
+    DEEPSPEED = "deepspeed"
+    FSDP = "fsdp"
+
+
+class DeepSpeedSpec(_Spec):
+    zero_stage: int = Field(default=2, ge=0, le=3)
+    offload: Literal["none", "cpu"] = "none"
+    bf16: bool = False
+    # Raw ds_config passthrough, merged over what Loom derives from the fields above.
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class FSDPSpec(_Spec):
+    sharding: Literal["full", "hybrid", "no"] = "full"
+    mixed_precision: Literal["bf16", "fp16", "none"] = "none"
+    activation_checkpointing: bool = False
+
+
+class TrainingSpec(_Spec):
+    max_steps: int = Field(default=200, ge=1)
+    # Per-rank micro-batch size (sequences per step per rank).
+    batch_size: int = Field(default=16, ge=1)
+    learning_rate: float = Field(default=1e-3, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    warmup_steps: int = Field(default=0, ge=0)
+    grad_clip: float | None = Field(default=1.0, gt=0)
+    seed: int = 1234
+    log_every_steps: int = Field(default=1, ge=1)
+    # "auto" picks CUDA with NCCL when a GPU is visible, else CPU with gloo.
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # Free-form arguments for the user's task (model size, dataset path, ...).
+    task_args: dict[str, Any] = Field(default_factory=dict)
+
+
+class CheckpointSpec(_Spec):
+    uri: str = Field(pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")
+    # S3-compatible endpoint URL (MinIO, Ceph...); empty means AWS's default endpoint resolution.
+    endpoint: str | None = None
+    every_steps: int | None = Field(default=None, ge=1)
+    every_minutes: float | None = Field(default=None, gt=0)
+    async_: bool = Field(default=True, alias="async")
+    keep_last: int | None = Field(default=3, ge=1)
+    # "latest": newest complete checkpoint under uri; "none": start fresh; or an explicit checkpoint URI.
+    resume: str = "latest"
+    # Local scratch space the shards are staged in before upload.
+    staging_dir: str = "/tmp/loom-checkpoint-staging"
+    # Save a last checkpoint when training completes or is interrupted by SIGTERM.
+    save_final: bool = True
+
+    @field_validator("resume")
+    @classmethod
+    def _resume_is_known(cls, value: str) -> str:
+        if value in ("latest", "none") or value.startswith("s3://"):
+            return value
+        raise ValueError("resume must be 'latest', 'none' or an s3:// checkpoint URI")
+
+    @property
+    def bucket(self) -> str:
+        return self.uri.removeprefix("s3://").split("/", 1)[0]
+
+    @property
+    def prefix(self) -> str:
+        parts = self.uri.removeprefix("s3://").split("/", 1)
+        return parts[1].strip("/") if len(parts) > 1 else ""
+
+
+class MLflowSpec(_Spec):
+    tracking_uri: str
+    experiment: str = "loom"
+    # Normally left empty: the operator injects MLFLOW_RUN_ID; without either a new run is created.
+    run_id: str | None = None
+    log_model: bool = True
+
+
+class TrackingSpec(_Spec):
+    mlflow: MLflowSpec | None = None
+
+
+class ProgressSpec(_Spec):
+    file: str = DEFAULT_PROGRESS_FILE
+    # Prometheus metrics port on rank 0; None disables the endpoint.
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+
+
+class OutputSpec(_Spec):
+    # Where the final model (weights + config) is exported; defaults to <checkpoint.uri>/final.
+    uri: str | None = Field(default=None, pattern=r"^s3://")
+
+
+class TrainerConfig(_Spec):
+    engine: Engine = Engine.FSDP
+    # "package.module:attribute" naming a TrainTask instance, class or zero-argument factory.
+    entrypoint: str = Field(default=DEFAULT_ENTRYPOINT, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    deepspeed: DeepSpeedSpec = Field(default_factory=DeepSpeedSpec)
+    fsdp: FSDPSpec = Field(default_factory=FSDPSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    checkpoint: CheckpointSpec | None = None
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    progress: ProgressSpec = Field(default_factory=ProgressSpec)
+    output: OutputSpec = Field(default_factory=OutputSpec)
+
+    @model_validator(mode="after")
+    def _engine_options_fit(self) -> TrainerConfig:
+        if self.engine is Engine.DEEPSPEED and self.deepspeed.offload == "cpu" and self.deepspeed.zero_stage == 0:
+            raise ValueError("deepspeed.offload=cpu needs zeroStage >= 1")
+        return self
+
+    def output_uri(self) -> str | None:
+        if self.output.uri:
+            return self.output.uri.rstrip("/")
+        if self.checkpoint:
+            return self.checkpoint.uri.rstrip("/") + "/final"
+        return None
+
+    def to_json(self) -> str:
+        """The camelCase JSON the operator writes into the ConfigMap."""
+        return self.model_dump_json(by_alias=True, exclude_none=True, indent=2)
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; retrying will not help (maps to EXIT_PERMANENT)."""
+
+
+def load_config(path: str | Path) -> TrainerConfig:
+    try:
+        raw = Path(path).read_text()
+    except OSError as error:
+        raise ConfigError(f"cannot read trainer config {path}: {error}") from error
+    try:
+        return TrainerConfig.model_validate(json.loads(raw))
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"trainer config {path} is not valid JSON: {error}") from error
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in error.errors()
+        )
+        raise ConfigError(f"invalid trainer config {path}: {problems}") from error
