@@ -1,0 +1,54 @@
+# The README's two commands are `make demo` and `make test`; everything else supports them.
+SHELL := /bin/bash
+# The folder `operator` would shadow the stdlib module if the cwd were put on sys.path.
+export PYTHONSAFEPATH := 1
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# uv's cache makes a second install (or a fresh clone on the same machine) take seconds.
+UV := $(BIN)/uv
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+.PHONY: demo test venv lint typecheck unit e2e bench crds stack clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check 'uv>=0.4,<1'
+	# torch first: deepspeed's sdist imports it at build time.
+	$(UV) pip install --python $(BIN)/python -q 'torch>=2.5,<3'
+	$(UV) pip install --python $(BIN)/python -q --no-build-isolation-package deepspeed -e '.[dev,train,serve,features]'
+	@rm -f $(VENV)/.installed-*; touch $@
+
+lint: venv
+	$(BIN)/ruff check operator workloads tests e2e bench
+	$(BIN)/lint-imports
+
+typecheck: venv
+	$(BIN)/mypy operator
+
+unit: venv
+	$(BIN)/pytest -q tests
+
+stack: venv
+	$(BIN)/loom dev build
+
+e2e: venv stack
+	$(BIN)/pytest -q e2e
+
+test: venv
+	$(MAKE) lint typecheck
+	$(BIN)/pytest -q tests e2e
+
+crds: venv
+	$(BIN)/loom crds --write crds
+
+demo: venv
+	$(BIN)/python -m loom.operator.demo
+
+bench: venv
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .state

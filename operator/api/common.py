@@ -1,0 +1,147 @@
+"""Building blocks shared by every kind: the model base, Kubernetes-shaped sub-objects, conditions.
+
+Field descriptions become `kubectl explain` text, so they are written for the person applying the object.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+GROUP = "loom.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+
+class ApiModel(BaseModel):
+    """Base of every spec/status model: camelCase on the wire, snake_case in Python, unknown fields refused."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_assignment=True,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The object as Kubernetes stores it: camelCase, unset optional fields left out."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def cel(rule: str, message: str, *, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
+    """One `x-kubernetes-validations` entry (a CEL rule checked by the API server at admission)."""
+    entry = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    if reason:
+        entry["reason"] = reason
+    return entry
+
+
+def validations(*rules: dict[str, str]) -> ConfigDict:
+    """Model config adding CEL rules to a model's schema (merged into ApiModel's config by pydantic)."""
+    entries: list[JsonValue] = [dict(rule) for rule in rules]
+    return ConfigDict(json_schema_extra={"x-kubernetes-validations": entries})
+
+
+# A Kubernetes resource quantity ("500m", "2Gi", 4): int-or-string on the wire, validated by the API server.
+Quantity = Annotated[
+    int | str,
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}),
+]
+
+# A free-form object (engine configs, raw env entries): kept as written, not pruned.
+FreeForm = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DnsName = Annotated[str, Field(min_length=1, max_length=63, pattern=NAME_PATTERN)]
+
+
+class ResourceRequirements(ApiModel):
+    """Compute resources of one container, as in a Pod spec."""
+
+    limits: dict[str, Quantity] | None = Field(None, description="Upper bounds, e.g. {cpu: 4, memory: 16Gi}.")
+    requests: dict[str, Quantity] | None = Field(None, description="Amounts the scheduler reserves.")
+
+
+class Toleration(ApiModel):
+    """A Pod toleration, copied onto every pod Loom creates for this object."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class SecretKeySelector(ApiModel):
+    """One key of a Secret in the object's namespace. Loom only references it; it never reads the value."""
+
+    name: DnsName = Field(description="Name of the Secret.")
+    key: str = Field(description="Key inside the Secret.", min_length=1, max_length=253)
+
+
+class S3Credentials(ApiModel):
+    """Where the pods find S3 credentials: a Secret in the object's namespace, injected as env by reference."""
+
+    name: DnsName = Field(description="Name of the Secret holding the credentials.")
+    access_key_id_key: str = Field("AWS_ACCESS_KEY_ID", description="Key of the access key id in the Secret.")
+    secret_access_key_key: str = Field(
+        "AWS_SECRET_ACCESS_KEY", description="Key of the secret access key in the Secret."
+    )
+
+
+class EnvVar(ApiModel):
+    """An environment variable for the workload's containers (value or valueFrom, as in a Pod spec)."""
+
+    name: str = Field(min_length=1, max_length=253)
+    value: str | None = None
+    value_from: FreeForm | None = Field(None, description="As in a Pod spec: secretKeyRef, configMapKeyRef, ...")
+
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(ApiModel):
+    """A Kubernetes-convention condition: one observation about one aspect of the object."""
+
+    type: str = Field(description="Condition type, e.g. Ready.")
+    status: ConditionStatus
+    reason: str = Field(description="One CamelCase word, for machines.")
+    message: str = Field("", description="A sentence for humans.")
+    last_transition_time: str | None = Field(None, description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(None, description="The metadata.generation this was computed from.")
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def set_condition(conditions: list[Condition], new: Condition) -> list[Condition]:
+    """Return conditions with `new` merged in; lastTransitionTime moves only when the status changes."""
+    merged: list[Condition] = []
+    replaced = False
+    for cond in conditions:
+        if cond.type != new.type:
+            merged.append(cond)
+            continue
+        replaced = True
+        changed = cond.status != new.status
+        when = new.last_transition_time or (now_rfc3339() if changed else cond.last_transition_time)
+        merged.append(new.model_copy(update={"last_transition_time": when}))
+    if not replaced:
+        merged.append(new.model_copy(update={"last_transition_time": new.last_transition_time or now_rfc3339()}))
+    return merged
+
+
+class StatusBase(ApiModel):
+    """Fields every kind's status has: Kubernetes conditions, a phase for humans, observedGeneration."""
+
+    observed_generation: int | None = Field(None, description="The metadata.generation last reconciled.")
+    conditions: list[Condition] = Field(default_factory=list, description="Current observations; Ready on every kind.")

@@ -1,0 +1,86 @@
+"""InferenceGraph: InferenceServices wired as Sequence / Switch / Ensemble / Splitter nodes (KServe-like)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .common import ApiModel, DnsName, StatusBase, cel, validations
+
+RouterType = Literal["Sequence", "Switch", "Ensemble", "Splitter"]
+
+
+class GraphStep(ApiModel):
+    """One step of a node: call an InferenceService or another node of the graph."""
+
+    model_config = validations(
+        cel("has(self.serviceName) != has(self.nodeName)", "set exactly one of serviceName or nodeName"),
+    )
+
+    name: str | None = Field(None, description="Step name (the key of its result in an Ensemble).", max_length=63)
+    service_name: DnsName | None = Field(None, description="InferenceService in the same namespace.")
+    node_name: str | None = Field(None, description="Another node of this graph.", max_length=63)
+    data: Literal["$request", "$response"] = Field(
+        "$request", description="Input of this step: the original request or the previous step's response."
+    )
+    condition: str | None = Field(
+        None, description="Switch: CEL expression over the request, e.g. request.inputs[0].data[0] > 0.5.",
+        max_length=1024,
+    )
+    weight: int | None = Field(None, ge=0, le=100, description="Splitter: percent of traffic.")
+    dependency: Literal["Soft", "Hard"] = Field("Soft", description="Hard: a failure of this step fails the graph.")
+
+
+class GraphNode(ApiModel):
+    model_config = validations(
+        cel(
+            "self.routerType != 'Splitter' || self.steps.all(s, has(s.weight))",
+            "every Splitter step needs a weight",
+        ),
+        cel(
+            "self.routerType != 'Splitter' || self.steps.map(s, has(s.weight) ? s.weight : 0).sum() == 100",
+            "Splitter weights must sum to 100",
+        ),
+    )
+
+    router_type: RouterType
+    steps: list[GraphStep] = Field(min_length=1, max_length=32)
+
+
+class GraphRouter(ApiModel):
+    replicas: int = Field(1, ge=1, le=100)
+    timeout_ms: int = Field(30000, ge=1, le=600000, description="Per-step timeout.")
+    image: str | None = None
+
+
+class InferenceGraphSpec(ApiModel):
+    model_config = validations(
+        cel("'root' in self.nodes", "nodes must contain a node named root", field_path=".nodes"),
+        cel(
+            "self.nodes.all(n, self.nodes[n].steps.all(s, !has(s.nodeName) || s.nodeName in self.nodes))",
+            "every step's nodeName must name a node of this graph",
+            field_path=".nodes",
+        ),
+    )
+
+    nodes: dict[str, GraphNode] = Field(
+        description="Graph nodes by name; execution starts at 'root'.", min_length=1, max_length=32
+    )
+    router: GraphRouter = Field(default_factory=GraphRouter)
+
+
+class InferenceGraphStatus(StatusBase):
+    phase: Literal["Pending", "Ready", "Degraded", "Failed"] | None = None
+    url: str | None = None
+    ready_replicas: int = 0
+
+
+class InferenceGraph(ApiModel):
+    """A router that executes a graph of InferenceServices, rolled out independently of the models."""
+
+    api_version: Literal["loom.dev/v1alpha1"] = "loom.dev/v1alpha1"
+    kind: Literal["InferenceGraph"] = "InferenceGraph"
+    metadata: dict[str, object] = Field(default_factory=dict)
+    spec: InferenceGraphSpec
+    status: InferenceGraphStatus | None = None

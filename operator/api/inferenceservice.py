@@ -1,0 +1,171 @@
+"""InferenceService: a model server that batches, streams, protects itself, rolls out safely and autoscales."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .common import (
+    ApiModel,
+    DnsName,
+    EnvVar,
+    Quantity,
+    ResourceRequirements,
+    S3Credentials,
+    SecretKeySelector,
+    StatusBase,
+    Toleration,
+    cel,
+    validations,
+)
+
+ServingPhase = Literal["Pending", "Loading", "Ready", "RollingOut", "Degraded", "Failed"]
+
+
+class FromTrainingJob(ApiModel):
+    """Serve what a TrainingJob in the same namespace produced; a newer checkpoint rolls out by itself."""
+
+    name: DnsName = Field(description="TrainingJob name.")
+    checkpoint: Literal["latest", "final"] = Field(
+        "latest", description="latest: follow every new checkpoint; final: only the one written on success."
+    )
+
+
+class ModelSource(ApiModel):
+    """Where the model comes from. It is fetched at boot into a cache volume, never baked into the image."""
+
+    model_config = validations(
+        cel(
+            "[has(self.uri), has(self.mlflow), has(self.fromTrainingJob)].filter(x, x).size() == 1",
+            "set exactly one of uri, mlflow or fromTrainingJob",
+        ),
+    )
+
+    name: DnsName | None = Field(None, description="Model name in the inference protocol (default: object name).")
+    uri: str | None = Field(
+        None, description="s3://bucket/prefix of a model folder.", pattern=r"^s3://.+", max_length=1024
+    )
+    mlflow: str | None = Field(
+        None,
+        description="MLflow registry URI: models:/name/version or models:/name@alias (resolved version in status).",
+        pattern=r"^models:/[^/@]+(/[0-9]+|@[A-Za-z0-9_\-]+)$",
+        max_length=512,
+    )
+    from_training_job: FromTrainingJob | None = None
+    tracking_uri: str | None = Field(None, description="MLflow tracking URL for mlflow sources.", max_length=1024)
+    endpoint: str | None = Field(None, description="S3 endpoint URL for non-AWS stores.", max_length=1024)
+    secret_ref: S3Credentials | None = Field(None, description="Secret with S3 credentials for fetching.")
+
+
+class Autoscaling(ApiModel):
+    """Scale replicas on a metric; stabilization windows keep it from flapping."""
+
+    model_config = validations(
+        cel("self.minReplicas <= self.maxReplicas", "minReplicas must be <= maxReplicas", field_path=".minReplicas"),
+    )
+
+    min_replicas: int = Field(1, ge=0, le=1000, description="Fewest replicas (0 allows scale to zero).")
+    max_replicas: int = Field(ge=1, le=1000, description="Most replicas.")
+    metric: Literal["gpu-utilization", "gpu-memory", "requests-per-second", "concurrency"] = Field(
+        "concurrency", description="What drives scaling."
+    )
+    target: float = Field(gt=0, description="Per-replica target of the metric (percent for GPU metrics).")
+    scale_up_stabilization_seconds: int = Field(0, ge=0, le=3600)
+    scale_down_stabilization_seconds: int = Field(300, ge=0, le=3600)
+    engine: Literal["builtin", "keda", "hpa"] = Field(
+        "builtin", description="Who scales: Loom itself, KEDA, or an HPA."
+    )
+
+
+class Batching(ApiModel):
+    """Adaptive batching: requests wait until maxBatchSize are pooled or maxLatencyMs passed."""
+
+    max_batch_size: int = Field(8, ge=1, le=1024)
+    max_latency_ms: int = Field(10, ge=0, le=60000)
+    max_queue: int = Field(256, ge=1, le=100000, description="Requests waiting beyond this get 503.")
+
+
+class RateLimit(ApiModel):
+    requests_per_second: float = Field(gt=0, description="Token refill rate per API key.")
+    burst: int = Field(10, ge=1, description="Bucket size per API key.")
+
+
+class Auth(ApiModel):
+    """API keys from a Secret (one key per line) and per-key rate limits."""
+
+    api_keys_secret_ref: SecretKeySelector = Field(description="Secret key holding API keys, one per line.")
+    rate_limit: RateLimit | None = None
+
+
+class Rollout(ApiModel):
+    """Rolling update and canary settings."""
+
+    max_surge: Quantity | None = Field(
+        None, description="Default: 25% on CPU, 0 when GPUs are requested (no spare GPU is assumed)."
+    )
+    max_unavailable: Quantity | None = Field(None, description="Default: 0 on CPU, 1 when GPUs are requested.")
+    canary_percent: int | None = Field(
+        None, ge=0, le=100, description="Share of traffic for the new model version; unset or 100 promotes it."
+    )
+
+
+class FeatureEnrichment(ApiModel):
+    feature_view: DnsName = Field(description="FeatureView whose online features enrich requests.")
+    entity_keys: list[str] = Field(min_length=1, max_length=16, description="Request inputs used as entity keys.")
+
+
+class InferenceServiceSpec(ApiModel):
+    model_config = validations(
+        cel(
+            "!(has(self.replicas) && has(self.autoscaling))",
+            "set replicas or autoscaling, not both",
+        ),
+    )
+
+    model: ModelSource
+    handler: str = Field(
+        "auto",
+        description="How to load and call the model: chargpt | torchscript | torch-export | mlflow-pyfunc | noop | "
+        "'module:Class' | auto (guessed from the model folder).",
+        max_length=256,
+    )
+    image: str | None = Field(None, description="Server image (default: the operator's server image).")
+    replicas: int | None = Field(None, ge=0, le=1000, description="Fixed replica count (default 1).")
+    autoscaling: Autoscaling | None = None
+    gpus: int = Field(0, ge=0, le=16, description="nvidia.com/gpu per replica.")
+    resources: ResourceRequirements | None = None
+    node_selector: dict[str, str] | None = None
+    tolerations: list[Toleration] | None = Field(None, max_length=32)
+    env: list[EnvVar] | None = Field(None, max_length=128)
+    batching: Batching = Field(default_factory=Batching)
+    auth: Auth | None = None
+    rollout: Rollout = Field(default_factory=Rollout)
+    features: FeatureEnrichment | None = None
+    cache_size_limit: Quantity = Field("10Gi", description="Size limit of the model cache volume.")
+
+
+class CanaryStatus(ApiModel):
+    percent: int = 0
+    model_version: str | None = None
+    ready_replicas: int = 0
+
+
+class InferenceServiceStatus(StatusBase):
+    phase: ServingPhase | None = None
+    url: str | None = None
+    replicas: int = Field(0, description="Replicas running (scale subresource).")
+    ready_replicas: int = 0
+    selector: str | None = Field(None, description="Label selector of the serving pods (scale subresource).")
+    model_version: str | None = Field(None, description="Model version being served to stable traffic.")
+    canary: CanaryStatus | None = None
+
+
+class InferenceService(ApiModel):
+    """A model served over the Open Inference Protocol (v2), with batching, streaming, auth and autoscaling."""
+
+    api_version: Literal["loom.dev/v1alpha1"] = "loom.dev/v1alpha1"
+    kind: Literal["InferenceService"] = "InferenceService"
+    metadata: dict[str, object] = Field(default_factory=dict)
+    spec: InferenceServiceSpec
+    status: InferenceServiceStatus | None = None

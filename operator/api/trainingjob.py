@@ -1,0 +1,218 @@
+"""TrainingJob: a DeepSpeed or FSDP training run that recovers from lost pods by resuming from checkpoints."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .common import (
+    ApiModel,
+    EnvVar,
+    FreeForm,
+    ResourceRequirements,
+    S3Credentials,
+    StatusBase,
+    Toleration,
+    cel,
+    validations,
+)
+
+Engine = Literal["deepspeed", "fsdp"]
+TrainingPhase = Literal["Pending", "Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+
+
+class Entrypoint(ApiModel):
+    """What each worker runs under torchrun: a Python module, or a command with arguments."""
+
+    model_config = validations(
+        cel("has(self.module) != has(self.command)", "set exactly one of module or command"),
+    )
+
+    module: str | None = Field(
+        None,
+        description="Python entry of the user's training task, 'package.module:function'. "
+        "Default image ships the bundled example 'loom.workloads.trainer.examples.chargpt:task'.",
+        max_length=512,
+    )
+    command: list[str] | None = Field(None, description="A command to run instead of a module.", max_length=64)
+    args: list[str] = Field(default_factory=list, description="Arguments passed to the task.", max_length=256)
+
+
+class Workers(ApiModel):
+    """How many workers, on what hardware. Elastic between minReplicas and maxReplicas."""
+
+    model_config = validations(
+        cel(
+            "!has(self.minReplicas) || self.minReplicas <= self.replicas",
+            "minReplicas must be <= replicas",
+            field_path=".minReplicas",
+        ),
+        cel(
+            "!has(self.maxReplicas) || self.replicas <= self.maxReplicas",
+            "maxReplicas must be >= replicas",
+            field_path=".maxReplicas",
+        ),
+    )
+
+    replicas: int = Field(1, ge=1, le=1024, description="Workers started (one pod each).")
+    min_replicas: int | None = Field(
+        None, ge=1, le=1024, description="Fewest workers training may continue with (default: replicas)."
+    )
+    max_replicas: int | None = Field(None, ge=1, le=1024, description="Most workers (default: replicas).")
+    gpus_per_worker: int = Field(0, ge=0, le=16, description="nvidia.com/gpu per worker; 0 trains on CPU (gloo).")
+    resources: ResourceRequirements | None = Field(None, description="CPU/memory of each worker container.")
+    node_selector: dict[str, str] | None = Field(None, description="Node labels every worker requires.")
+    tolerations: list[Toleration] | None = Field(None, description="Tolerations of every worker.", max_length=32)
+
+
+class DeepSpeedOptions(ApiModel):
+    """DeepSpeed engine settings; `config` is a raw ds_config merged last (it wins)."""
+
+    zero_stage: int = Field(2, ge=0, le=3, description="ZeRO stage 0-3.")
+    offload: Literal["none", "cpu"] = Field("none", description="Offload optimizer (and params at stage 3) to CPU.")
+    bf16: bool = Field(False, description="Train in bfloat16.")
+    config: FreeForm | None = Field(None, description="Raw ds_config passthrough, merged over the generated one.")
+
+
+class FsdpOptions(ApiModel):
+    """FSDP2 (fully_shard) engine settings."""
+
+    sharding: Literal["full", "hybrid", "none"] = Field("full", description="How parameters are sharded.")
+    mixed_precision: Literal["none", "bf16", "fp16"] = Field("none", description="Compute dtype.")
+    activation_checkpointing: bool = Field(False, description="Recompute activations in backward.")
+
+
+class CheckpointSpec(ApiModel):
+    """Sharded checkpoints in S3-compatible object storage; every restart resumes from the newest complete one."""
+
+    model_config = validations(
+        cel(
+            "self.resume in ['latest', 'none'] || self.resume.startsWith('s3://')",
+            "resume must be latest, none, or an s3:// URI",
+            field_path=".resume",
+        ),
+    )
+
+    uri: str = Field(
+        description="s3://bucket/prefix under which checkpoints are written.",
+        pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$",
+        max_length=1024,
+    )
+    endpoint: str | None = Field(None, description="S3 endpoint URL for non-AWS stores.", max_length=1024)
+    secret_ref: S3Credentials | None = Field(None, description="Secret with the S3 credentials.")
+    every_steps: int | None = Field(None, ge=1, description="Save every N steps.")
+    every_minutes: int | None = Field(None, ge=1, description="Save at least every N minutes.")
+    async_: bool = Field(True, alias="async", description="Upload in the background; training blocks only to stage.")
+    keep_last: int = Field(3, ge=1, le=1000, description="Complete checkpoints kept; older ones are deleted.")
+    resume: str = Field("latest", description="latest | none | an explicit s3:// checkpoint URI.", max_length=1024)
+
+
+class MlflowTracking(ApiModel):
+    """MLflow tracking: the operator creates the run before the pods start, so retries log to one run."""
+
+    tracking_uri: str = Field(description="MLflow tracking server URL.", max_length=1024)
+    experiment: str = Field("Default", description="Experiment name.", max_length=256)
+
+
+class Tracking(ApiModel):
+    mlflow: MlflowTracking | None = None
+
+
+class RunPolicy(ApiModel):
+    """Lifecycle limits."""
+
+    backoff_limit: int = Field(3, ge=0, le=1000, description="Failures tolerated before the job fails. Never resets.")
+    active_deadline_seconds: int | None = Field(None, ge=1, description="Fail the job after this long running.")
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, description="Delete pods and services this long after finishing (checkpoints are kept)."
+    )
+    suspend: bool = Field(False, description="Checkpoint and stop the workers; false resumes from the checkpoint.")
+
+
+class Scheduling(ApiModel):
+    """Placement: gang scheduling and scheduler choice."""
+
+    gang: Literal["none", "volcano", "scheduler-plugins"] = Field(
+        "none", description="Create a PodGroup for this scheduler so workers start all-or-nothing."
+    )
+    scheduler_name: str | None = Field(None, description="Pods' schedulerName.", max_length=253)
+    priority_class_name: str | None = Field(None, description="Pods' priorityClassName.", max_length=253)
+    queue: str | None = Field(None, description="Queue name for the gang scheduler.", max_length=253)
+    schedule_timeout_seconds: int = Field(
+        300, ge=1, description="Report Unschedulable when workers cannot all start within this."
+    )
+
+
+class TrainingJobSpec(ApiModel):
+    model_config = validations(
+        cel("self.engine == oldSelf.engine", "engine is immutable", field_path=".engine"),
+        cel(
+            "!has(self.deepspeed) || self.engine == 'deepspeed'",
+            "deepspeed options need engine: deepspeed",
+            field_path=".deepspeed",
+        ),
+        cel("!has(self.fsdp) || self.engine == 'fsdp'", "fsdp options need engine: fsdp", field_path=".fsdp"),
+    )
+
+    engine: Engine = Field(description="Distributed engine: deepspeed or fsdp. Immutable.")
+    image: str | None = Field(None, description="Worker image (default: the operator's trainer image).")
+    entrypoint: Entrypoint = Field(description="The training task each worker runs.")
+    max_steps: int | None = Field(None, ge=1, description="Optimizer steps to train; the run succeeds after them.")
+    env: list[EnvVar] | None = Field(None, description="Extra environment for the workers.", max_length=128)
+    workers: Workers = Field(default_factory=Workers)
+    deepspeed: DeepSpeedOptions | None = None
+    fsdp: FsdpOptions | None = None
+    checkpoint: CheckpointSpec | None = Field(None, description="Without it a lost worker restarts from step 0.")
+    tracking: Tracking | None = None
+    run_policy: RunPolicy = Field(default_factory=RunPolicy)
+    scheduling: Scheduling = Field(default_factory=Scheduling)
+    success_policy: Literal["AllWorkers", "Worker0"] = Field(
+        "AllWorkers", description="Succeeded when all workers exit 0, or as soon as worker 0 does."
+    )
+
+
+class WorkerCounts(ApiModel):
+    desired: int = 0
+    ready: int = 0
+
+
+class CheckpointStatus(ApiModel):
+    latest: str | None = Field(None, description="URI of the newest complete checkpoint.")
+    step: int | None = None
+    time: str | None = None
+
+
+class Progress(ApiModel):
+    step: int | None = None
+    total_steps: int | None = None
+    loss: float | None = None
+    samples_per_second: float | None = None
+    eta: str | None = Field(None, description="Estimated time left, e.g. 12m30s.")
+
+
+class MlflowRun(ApiModel):
+    run_id: str | None = None
+    url: str | None = None
+
+
+class TrainingJobStatus(StatusBase):
+    phase: TrainingPhase | None = None
+    workers: WorkerCounts | None = None
+    restarts: int = Field(0, description="Gang restarts so far (counts against backoffLimit when caused by failures).")
+    failures: int = Field(0, description="Failures counted against runPolicy.backoffLimit.")
+    checkpoint: CheckpointStatus | None = None
+    progress: Progress | None = None
+    mlflow: MlflowRun | None = None
+    start_time: str | None = None
+    completion_time: str | None = None
+
+
+class TrainingJob(ApiModel):
+    """A distributed training run (DeepSpeed or FSDP) that survives lost pods and nodes."""
+
+    api_version: Literal["loom.dev/v1alpha1"] = "loom.dev/v1alpha1"
+    kind: Literal["TrainingJob"] = "TrainingJob"
+    metadata: FreeForm = Field(default_factory=dict)
+    spec: TrainingJobSpec
+    status: TrainingJobStatus | None = None

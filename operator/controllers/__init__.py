@@ -1,0 +1,25 @@
+"""Thin Kopf handlers: read, render (pure), apply (kube layer), compute status (pure).
+
+`register` wires every kind's controller. A kind without its controller yet gets the placeholder, which says so
+honestly in its Ready condition instead of pretending.
+"""
+
+from __future__ import annotations
+
+from ..api import KINDS
+from ..settings import OperatorSettings
+from . import placeholder
+
+# Kinds whose real controllers exist; each module exposes register(settings).
+_CONTROLLERS: dict[str, str] = {}
+
+
+def register(settings: OperatorSettings) -> None:
+    import importlib
+
+    for kind in KINDS:
+        module_name = _CONTROLLERS.get(kind.kind)
+        if module_name is None:
+            placeholder.register(kind)
+        else:
+            importlib.import_module(f"{__name__}.{module_name}").register(settings)

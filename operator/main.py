@@ -1,0 +1,54 @@
+"""Operator start-up: Kopf settings (own prefix, finalizer, watch timeouts), liveness and metrics endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+import prometheus_client
+
+from . import controllers
+from .settings import FINALIZER, PREFIX, OperatorSettings
+
+log = logging.getLogger("loom.operator")
+
+
+def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
+    """Apply Loom's conventions to Kopf's settings (pure: unit-tested)."""
+    settings.persistence.finalizer = FINALIZER
+    # Annotations, not status: the CRD status schema is structural, so kopf's status fields would be pruned.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PREFIX, key="last-handled-configuration"
+    )
+    settings.watching.server_timeout = ours.watch_server_timeout_s
+    settings.watching.client_timeout = ours.watch_client_timeout_s
+    settings.watching.connect_timeout = 10
+    settings.posting.level = logging.INFO
+    # One bad object must never stall the others: errors back off per object, up to a few minutes.
+    settings.batching.error_delays = [1, 2, 5, 10, 30, 60, 120, 300]
+    settings.networking.error_backoffs = [1, 2, 5, 10, 30]
+    settings.execution.max_workers = 20
+
+
+def run(settings: OperatorSettings | None = None) -> None:
+    """Run the operator against the current kubeconfig (or in-cluster config) until interrupted."""
+    ours = settings or OperatorSettings.from_env()
+    controllers.register(ours)
+
+    @kopf.on.startup()
+    async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure(settings, ours)
+        prometheus_client.start_http_server(ours.metrics_port)
+        log.info("loom operator started (metrics on :%d)", ours.metrics_port)
+
+    asyncio.run(
+        kopf.operator(
+            clusterwide=not ours.namespaces,
+            namespaces=ours.namespaces,
+            liveness_endpoint=f"http://0.0.0.0:{ours.health_port}/healthz",
+            standalone=True,  # one replica; HA peering comes with the install issue
+        )
+    )
