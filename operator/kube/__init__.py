@@ -1,1 +1,5 @@
-"""kube."""
+"""The kube layer: the only code in the operator that talks to the API server (see the layering contract)."""
+
+from .client import Conflict, Manifest, NotFound, apply, delete, get, list_objects, patch_status, resource
+
+__all__ = ["Conflict", "Manifest", "NotFound", "apply", "delete", "get", "list_objects", "patch_status", "resource"]

@@ -1,0 +1,184 @@
+"""The only place that talks to the API server.
+
+Children are written with server-side apply under one field manager, so re-running a handler is a no-op
+and a human edit to a field Loom owns is corrected. Calls are the sync `kubernetes` client run in a thread,
+so Kopf's event loop never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from ..settings import FIELD_MANAGER
+
+log = logging.getLogger("loom.kube")
+
+Manifest = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Resource:
+    api_version: str
+    plural: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None, name: str | None = None, subresource: str | None = None) -> str:
+        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{name}"
+        if subresource:
+            base += f"/{subresource}"
+        return base
+
+
+# Every kind Loom reads or writes. A fixed table instead of discovery: no start-up round trips, no surprises.
+RESOURCES: dict[tuple[str, str], Resource] = {
+    ("v1", "Pod"): Resource("v1", "pods"),
+    ("v1", "Service"): Resource("v1", "services"),
+    ("v1", "ConfigMap"): Resource("v1", "configmaps"),
+    ("v1", "Secret"): Resource("v1", "secrets"),
+    ("v1", "Event"): Resource("v1", "events"),
+    ("v1", "Node"): Resource("v1", "nodes", namespaced=False),
+    ("v1", "Namespace"): Resource("v1", "namespaces", namespaced=False),
+    ("v1", "PersistentVolumeClaim"): Resource("v1", "persistentvolumeclaims"),
+    ("apps/v1", "Deployment"): Resource("apps/v1", "deployments"),
+    ("apps/v1", "ReplicaSet"): Resource("apps/v1", "replicasets"),
+    ("batch/v1", "Job"): Resource("batch/v1", "jobs"),
+    ("batch/v1", "CronJob"): Resource("batch/v1", "cronjobs"),
+    ("discovery.k8s.io/v1", "EndpointSlice"): Resource("discovery.k8s.io/v1", "endpointslices"),
+    ("scheduling.volcano.sh/v1beta1", "PodGroup"): Resource("scheduling.volcano.sh/v1beta1", "podgroups"),
+    ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): Resource("scheduling.x-k8s.io/v1alpha1", "podgroups"),
+    ("loom.dev/v1alpha1", "TrainingJob"): Resource("loom.dev/v1alpha1", "trainingjobs"),
+    ("loom.dev/v1alpha1", "InferenceService"): Resource("loom.dev/v1alpha1", "inferenceservices"),
+    ("loom.dev/v1alpha1", "InferenceGraph"): Resource("loom.dev/v1alpha1", "inferencegraphs"),
+    ("loom.dev/v1alpha1", "FeatureView"): Resource("loom.dev/v1alpha1", "featureviews"),
+}
+
+
+def resource(api_version: str, kind: str) -> Resource:
+    try:
+        return RESOURCES[(api_version, kind)]
+    except KeyError:
+        raise ValueError(f"loom does not manage {kind}.{api_version}") from None
+
+
+class NotFound(Exception):
+    pass
+
+
+class Conflict(Exception):
+    pass
+
+
+_client: kubernetes.client.ApiClient | None = None
+
+
+def api_client() -> kubernetes.client.ApiClient:
+    """One shared client: in-cluster config inside a pod, the current kubeconfig elsewhere."""
+    global _client
+    if _client is None:
+        try:
+            kubernetes.config.load_incluster_config()
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_kube_config()
+        _client = kubernetes.client.ApiClient()
+    return _client
+
+
+def _call(
+    method: str,
+    path: str,
+    *,
+    body: Any = None,
+    query: list[tuple[str, Any]] | None = None,
+    content_type: str = "application/json",
+) -> Manifest | None:
+    client = api_client()
+    try:
+        response = client.call_api(
+            path,
+            method,
+            query_params=query or [],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=True,
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            raise NotFound(path) from exc
+        if exc.status == 409:
+            raise Conflict(path) from exc
+        raise
+    data = response.data
+    return json.loads(data) if data else None
+
+
+async def apply(manifest: Manifest, *, subresource: str | None = None, force: bool = True) -> Manifest:
+    """Server-side apply `manifest` (create or converge) under Loom's field manager."""
+    res = resource(manifest["apiVersion"], manifest["kind"])
+    meta = manifest["metadata"]
+    path = res.path(meta.get("namespace"), meta["name"], subresource)
+    query = [("fieldManager", FIELD_MANAGER), ("force", "true" if force else "false")]
+    result = await asyncio.to_thread(
+        _call, "PATCH", path, body=manifest, query=query, content_type="application/apply-patch+yaml"
+    )
+    assert result is not None
+    return result
+
+
+async def get(api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
+    """The object, or None when it does not exist."""
+    try:
+        return await asyncio.to_thread(_call, "GET", resource(api_version, kind).path(namespace, name))
+    except NotFound:
+        return None
+
+
+async def list_objects(
+    api_version: str, kind: str, namespace: str | None, label_selector: str | None = None
+) -> list[Manifest]:
+    query = [("labelSelector", label_selector)] if label_selector else []
+    result = await asyncio.to_thread(_call, "GET", resource(api_version, kind).path(namespace), query=query)
+    return list((result or {}).get("items", []))
+
+
+async def delete(
+    api_version: str,
+    kind: str,
+    namespace: str | None,
+    name: str,
+    *,
+    grace_period_seconds: int | None = None,
+    uid: str | None = None,
+) -> bool:
+    """Delete; True when something was deleted. `uid` guards against deleting a re-created namesake."""
+    body: dict[str, Any] = {"propagationPolicy": "Background"}
+    if grace_period_seconds is not None:
+        body["gracePeriodSeconds"] = grace_period_seconds
+    if uid:
+        body["preconditions"] = {"uid": uid}
+    try:
+        await asyncio.to_thread(_call, "DELETE", resource(api_version, kind).path(namespace, name), body=body)
+    except (NotFound, Conflict):
+        return False
+    return True
+
+
+async def patch_status(api_version: str, kind: str, namespace: str, name: str, status: Manifest) -> None:
+    """Merge-patch the status subresource (used outside Kopf handlers, e.g. by background daemons)."""
+    path = resource(api_version, kind).path(namespace, name, "status")
+    await asyncio.to_thread(
+        _call, "PATCH", path, body={"status": status}, content_type="application/merge-patch+json"
+    )
