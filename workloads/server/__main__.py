@@ -1,0 +1,62 @@
+"""Entry point: ``python -m loom.workloads.server --config /etc/loom/server.json [--fetch]``.
+
+``--fetch`` runs the fetch step in-process first (handy outside Kubernetes; in a pod the operator
+runs ``python -m loom.workloads.server.fetch`` as an init step instead). A model that fails to load
+stops the server with exit code 1, so Kubernetes shows a crash loop with the reason in the log
+rather than a pod that is silently never ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvicorn
+from prometheus_client import start_http_server
+
+from loom.workloads.server.app import build_app
+from loom.workloads.server.config import ServerConfig
+from loom.workloads.server.fetch import fetch, model_folder
+from loom.workloads.server.handlers import load_handler_class
+
+log = logging.getLogger("loom.workloads.server")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Loom model server (Open Inference Protocol v2).")
+    parser.add_argument("--config", required=True, help="ServerConfig JSON (the rendered ConfigMap)")
+    parser.add_argument("--fetch", action="store_true", help="fetch the model into modelDir first")
+    args = parser.parse_args(argv)
+    config = ServerConfig.from_file(args.config)
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    if args.fetch:
+        fetch(config)
+    folder, version = model_folder(config)
+    options = {"device": config.device, **config.handler_options}
+    model = load_handler_class(config.handler)(config.model_name, version, options)
+    app = build_app(config, model, folder)
+    state = app.state.server
+    if config.metrics_port is not None:
+        start_http_server(config.metrics_port, addr=config.host, registry=state.metrics.registry)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False)
+    )
+    failed: list[str] = []
+
+    def stop(reason: str) -> None:
+        failed.append(reason)
+        server.should_exit = True
+
+    state.on_load_failed = stop
+    server.run()
+    if failed:
+        log.error("exiting: model could not be loaded: %s", failed[0])
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

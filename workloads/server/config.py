@@ -1,0 +1,152 @@
+"""The model server's configuration: the contract between the operator and the server pod.
+
+The operator renders a ``ServerConfig`` into the server's ConfigMap (JSON, camelCase) and the
+server reads it back with :meth:`ServerConfig.from_file`. This module imports pydantic only, so the
+operator can use it without torch, starlette or boto3 installed.
+
+Secrets never travel through this object: API keys are named by the path of a mounted Secret file
+(or an environment variable), S3 and MLflow credentials come from the pod's environment.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+# Handlers that ship with the server; anything else must be "package.module:ClassName".
+BUILTIN_HANDLERS: tuple[str, ...] = ("chargpt", "torchscript", "torch-export", "mlflow-pyfunc", "noop")
+_CUSTOM_HANDLER = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# models:/name/3, models:/name@champion, models:/name/latest
+_MLFLOW_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>[^/@]+)|@(?P<alias>[^/@]+))$")
+
+StorageKind = Literal["auto", "s3", "mlflow", "checkpoint", "local"]
+
+
+class _Camel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class BatchingConfig(_Camel):
+    """Adaptive batching: pool requests until ``max_batch_size`` or ``max_latency_ms``."""
+
+    max_batch_size: int = Field(8, ge=1, le=4096, description="Most requests run in one predict call.")
+    max_latency_ms: float = Field(
+        5.0, ge=0, le=60_000, description="Longest a request waits for others to join its batch."
+    )
+    max_queue: int = Field(
+        256, ge=1, le=1_000_000, description="Requests waiting beyond this are refused with 503."
+    )
+
+
+class RateLimitConfig(_Camel):
+    """Per-key limit: ``burst`` requests at once, ``requests_per_second`` sustained."""
+
+    requests_per_second: float = Field(gt=0, le=1_000_000)
+    burst: int = Field(1, ge=1, le=1_000_000)
+
+
+class AuthConfig(_Camel):
+    """API keys and rate limits. Keys are read from a mounted Secret file or an env variable."""
+
+    api_keys_file: str | None = Field(
+        None, description="File with one API key per line (a mounted Secret); '#' starts a comment."
+    )
+    api_keys_env: str | None = Field(
+        None, description="Environment variable holding comma-separated API keys."
+    )
+    rate_limit: RateLimitConfig | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.api_keys_file is not None or self.api_keys_env is not None
+
+
+class ServerConfig(_Camel):
+    """Everything the model server needs to fetch, load and serve one model."""
+
+    model_name: str = Field(description="Name clients use in /v2/models/{name}.")
+    model_version: str | None = Field(
+        None, description="Version served; for MLflow URIs the fetch step records the resolved one."
+    )
+    handler: str = Field("noop", description=f"One of {', '.join(BUILTIN_HANDLERS)} or 'module:Class'.")
+    handler_options: dict[str, Any] = Field(
+        default_factory=dict, description="Passed to the handler (e.g. device, dtype, maxNewTokens)."
+    )
+    model_dir: str = Field("/models", description="Cache volume the model is fetched into.")
+    storage_uri: str | None = Field(
+        None, description="s3://bucket/prefix, models:/name/version, models:/name@alias or a local path."
+    )
+    storage_kind: StorageKind = Field(
+        "auto", description="'checkpoint' treats storageUri as a TrainingJob checkpoint root."
+    )
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    host: str = "0.0.0.0"
+    port: int = Field(8080, ge=1, le=65535)
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="Separate metrics port; when unset /metrics is on the main port."
+    )
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("model_name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _MODEL_NAME.match(value):
+            raise ValueError("modelName must be 1-128 characters of letters, digits, '_', '.', '-'")
+        return value
+
+    @field_validator("handler")
+    @classmethod
+    def _check_handler(cls, value: str) -> str:
+        if value not in BUILTIN_HANDLERS and not _CUSTOM_HANDLER.match(value):
+            raise ValueError(f"handler must be one of {', '.join(BUILTIN_HANDLERS)} or 'package.module:Class'")
+        return value
+
+    @model_validator(mode="after")
+    def _check_storage(self) -> ServerConfig:
+        if self.storage_uri is not None:
+            kind = self.resolved_storage_kind
+            if kind in ("s3", "checkpoint") and not self.storage_uri.startswith("s3://"):
+                raise ValueError(f"storageKind {kind} needs an s3:// storageUri")
+            if kind == "mlflow" and not _MLFLOW_URI.match(self.storage_uri):
+                raise ValueError("MLflow storageUri must be models:/name/version or models:/name@alias")
+        if self.metrics_port is not None and self.metrics_port == self.port:
+            raise ValueError("metricsPort must differ from port (leave it unset to share the port)")
+        return self
+
+    @property
+    def resolved_storage_kind(self) -> StorageKind:
+        """The storage kind, with 'auto' decided by the URI's scheme."""
+        if self.storage_kind != "auto":
+            return self.storage_kind
+        uri = self.storage_uri or ""
+        if uri.startswith("models:/"):
+            return "mlflow"
+        if uri.startswith("s3://"):
+            return "s3"
+        return "local"
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ServerConfig:
+        return cls.model_validate(json.loads(Path(path).read_text()))
+
+    def to_json(self) -> str:
+        """The ConfigMap form: camelCase, defaults included so the pod sees exactly what was rendered."""
+        return self.model_dump_json(by_alias=True, indent=2)
+
+
+def parse_mlflow_uri(uri: str) -> tuple[str, str | None, str | None]:
+    """Split models:/name/version or models:/name@alias into (name, version, alias)."""
+    match = _MLFLOW_URI.match(uri)
+    if match is None:
+        raise ValueError(f"not an MLflow model URI: {uri!r}")
+    return match["name"], match["version"], match["alias"]
