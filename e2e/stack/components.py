@@ -1,0 +1,182 @@
+"""The command line of every component of the local control plane, in start order."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from loom.e2e.stack.paths import AGENT_MAIN, AGENT_STATE_DIR, ETCD_DATA_DIR, KWOK_STAGES_FILE, STACK_DIR
+from loom.e2e.stack.pki import AGENT_NODE_NAME, SERVICE_CIDR, Pki
+
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+KWOK_POD_CIDR = "10.244.0.0/16"
+# kwok manages only the nodes carrying this label (its own convention), never our node agent's.
+KWOK_NODE_SELECTOR = "type=kwok"
+
+
+@dataclass(frozen=True)
+class Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+    kwok: int
+    kubelet: int
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(cls.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    argv: list[str]
+    env: dict[str, str] | None = None
+
+
+def kubeconfig_path(user: str) -> Path:
+    return STACK_DIR / f"{user}.kubeconfig"
+
+
+def _delegated_auth(kubeconfig: Path) -> list[str]:
+    # The controller manager and scheduler authenticate their own /metrics callers through the
+    # API server; /healthz and friends stay open to anyone (their default).
+    return [
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+    ]
+
+
+def control_plane(bin_dir: Path, pki: Pki, ports: Ports) -> list[Component]:
+    etcd_url = f"http://127.0.0.1:{ports.etcd_client}"
+    peer_url = f"http://127.0.0.1:{ports.etcd_peer}"
+    etcd = Component(
+        "etcd",
+        [
+            str(bin_dir / "etcd"),
+            "--name=loom",
+            f"--data-dir={ETCD_DATA_DIR}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=loom={peer_url}",
+            # A throwaway dev cluster: durability across power loss is not worth an fsync per write
+            # on a shared 2-core machine.
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ],
+    )
+    apiserver = Component(
+        "kube-apiserver",
+        [
+            str(bin_dir / "kube-apiserver"),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={ports.apiserver}",
+            f"--cert-dir={pki.directory / 'apiserver-generated'}",
+            f"--tls-cert-file={pki.cert('apiserver')}",
+            f"--tls-private-key-file={pki.key('apiserver')}",
+            f"--client-ca-file={pki.ca_cert}",
+            "--authorization-mode=Node,RBAC",
+            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+            f"--service-account-key-file={pki.sa_pub}",
+            f"--service-account-signing-key-file={pki.sa_key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # `kubectl logs/exec` are proxied to the node agent with this client identity.
+            f"--kubelet-client-certificate={pki.cert('apiserver-kubelet-client')}",
+            f"--kubelet-client-key={pki.key('apiserver-kubelet-client')}",
+            "--allow-privileged=true",
+            "--enable-admission-plugins=NodeRestriction",
+            "--profiling=false",
+            "--v=1",
+        ],
+    )
+    controller_manager = Component(
+        "kube-controller-manager",
+        [
+            str(bin_dir / "kube-controller-manager"),
+            *_delegated_auth(kubeconfig_path("controller-manager")),
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports.controller_manager}",
+            "--controllers=*",
+            # Each controller acts as its own service account, so RBAC is exercised as in production.
+            "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={pki.sa_key}",
+            f"--root-ca-file={pki.ca_cert}",
+            f"--cluster-signing-cert-file={pki.ca_cert}",
+            f"--cluster-signing-key-file={pki.ca_key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # A single instance: waiting for a leader lease only slows the start down.
+            "--leader-elect=false",
+            "--kube-api-qps=100",
+            "--kube-api-burst=200",
+            "--v=1",
+        ],
+    )
+    scheduler = Component(
+        "kube-scheduler",
+        [
+            str(bin_dir / "kube-scheduler"),
+            *_delegated_auth(kubeconfig_path("scheduler")),
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports.scheduler}",
+            "--leader-elect=false",
+            "--v=1",
+        ],
+    )
+    kwok = Component(
+        "kwok",
+        [
+            str(bin_dir / "kwok"),
+            f"--kubeconfig={kubeconfig_path('admin')}",
+            f"--config={KWOK_STAGES_FILE}",
+            f"--manage-nodes-with-label-selector={KWOK_NODE_SELECTOR}",
+            f"--cidr={KWOK_POD_CIDR}",
+            "--node-ip=127.0.0.1",
+            f"--node-port={ports.kwok}",
+            f"--server-address=127.0.0.1:{ports.kwok}",
+            f"--tls-cert-file={pki.cert('kwok')}",
+            f"--tls-private-key-file={pki.key('kwok')}",
+            "--node-lease-duration-seconds=40",
+        ],
+    )
+    return [etcd, apiserver, controller_manager, scheduler, kwok]
+
+
+def node_agent(pki: Pki, ports: Ports, gpus: int) -> Component | None:
+    """Our node agent, which really runs pods as local processes; started only where it exists."""
+    if not AGENT_MAIN.exists():
+        return None
+    env = dict(os.environ)
+    # The repository has a top-level folder named `operator`: never let the cwd shadow the stdlib.
+    env["PYTHONSAFEPATH"] = "1"
+    return Component(
+        "node-agent",
+        [
+            sys.executable,
+            "-m",
+            "loom.e2e.agent",
+            "--kubeconfig",
+            str(kubeconfig_path("admin")),
+            "--node-name",
+            AGENT_NODE_NAME,
+            "--state-dir",
+            str(AGENT_STATE_DIR),
+            "--kubelet-port",
+            str(ports.kubelet),
+            "--tls-cert",
+            str(pki.cert("kubelet")),
+            "--tls-key",
+            str(pki.key("kubelet")),
+            "--gpus",
+            str(gpus),
+        ],
+        env,
+    )

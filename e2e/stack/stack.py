@@ -1,0 +1,326 @@
+"""Bring the local control plane up, down, and report on it.
+
+`up` is idempotent: components already running with the same command line are left alone, missing
+or changed ones are (re)started, and the kwok nodes are reconciled to the requested shape. All
+state is under <repo>/.state/stack; binaries come from the build cache (see build.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import socket
+import ssl
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from loom.e2e.stack import procs
+from loom.e2e.stack.build import build, is_built, stack_bin_dir
+from loom.e2e.stack.cluster import Cluster
+from loom.e2e.stack.components import Component, Ports, control_plane, kubeconfig_path, node_agent
+from loom.e2e.stack.nodes import NodeShape, ensure_nodes, wait_nodes_ready
+from loom.e2e.stack.paths import KUBECONFIG, LOCK_FILE, PKI_DIR, STACK_DIR, STACK_FILE
+from loom.e2e.stack.pki import AGENT_NODE_NAME, Pki, ensure_pki
+
+Progress = Callable[[str], None]
+COMPONENT_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "node-agent")
+START_TIMEOUT = 90.0
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    nodes: int = 4
+    gpus_per_node: int = 8
+    agent_gpus: int = 0
+    node_cpu: str = "32"
+    node_memory: str = "256Gi"
+
+    def shape(self) -> NodeShape:
+        return NodeShape(count=self.nodes, gpus=self.gpus_per_node, cpu=self.node_cpu, memory=self.node_memory)
+
+
+@dataclass
+class StackState:
+    """What `up` recorded in stack.json: the ports in use and who started the stack."""
+
+    ports: Ports
+    config: StackConfig
+    started_by: str = "cli"
+    bin_dir: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports.apiserver}"
+
+    def save(self) -> None:
+        STACK_FILE.write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls) -> StackState | None:
+        try:
+            data = json.loads(STACK_FILE.read_text())
+            return cls(
+                ports=Ports(**data["ports"]),
+                config=StackConfig(**data["config"]),
+                started_by=data.get("started_by", "cli"),
+                bin_dir=data.get("bin_dir", ""),
+                extra=data.get("extra", {}),
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+@contextlib.contextmanager
+def _state_lock() -> Iterator[None]:
+    """`up` and `down` from several shells or test sessions must not interleave."""
+    STACK_DIR.mkdir(parents=True, exist_ok=True)
+    with open(LOCK_FILE, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _pick_ports(previous: Ports | None) -> Ports:
+    """Keep last time's ports where still free (a shell's KUBECONFIG keeps working); else fresh ones."""
+    if previous is not None and all(_port_free(p) for p in asdict(previous).values()):
+        return previous
+    sockets = []
+    try:
+        for _ in Ports.names():
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return Ports(*(s.getsockname()[1] for s in sockets))
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _write_kubeconfig(path: Path, user: str, server: str, pki: Pki, cert_name: str) -> None:
+    def b64(p: Path) -> str:
+        return base64.b64encode(p.read_bytes()).decode()
+
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "loom-local", "cluster": {"server": server, "certificate-authority-data": b64(pki.ca_cert)}}
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {
+                    "client-certificate-data": b64(pki.cert(cert_name)),
+                    "client-key-data": b64(pki.key(cert_name)),
+                },
+            }
+        ],
+        "contexts": [{"name": "loom-local", "context": {"cluster": "loom-local", "user": user}}],
+        "current-context": "loom-local",
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)
+
+
+def _wait(what: str, component: str, check: Callable[[], bool], timeout: float = START_TIMEOUT) -> None:
+    """Poll `check` until true; fail fast with the log tail when the component died meanwhile."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except (httpx.HTTPError, OSError):
+            pass
+        if procs.running(component) is None:
+            raise RuntimeError(
+                f"{component} exited while waiting for {what}; its log ends with:\n{procs.exited_with(component)}"
+            )
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not ready after {timeout:.0f}s; see {procs.log_path(component)}")
+        time.sleep(0.2)
+
+
+def _admin_tls(pki: Pki) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(pki.ca_cert))
+    context.load_cert_chain(str(pki.cert("admin")), str(pki.key("admin")))
+    return context
+
+
+def _readyz(pki: Pki, server: str) -> bool:
+    with httpx.Client(verify=_admin_tls(pki), timeout=5) as http:
+        return http.get(f"{server}/readyz").status_code == 200
+
+
+def _ready_check(component: str, pki: Pki, ports: Ports) -> Callable[[], bool] | None:
+    if component == "etcd":
+        return lambda: (
+            httpx.get(f"http://127.0.0.1:{ports.etcd_client}/health", timeout=5).json().get("health") == "true"
+        )
+    if component == "kube-apiserver":
+        return lambda: _readyz(pki, f"https://127.0.0.1:{ports.apiserver}")
+    # Their serving certificates are self-signed in memory: only liveness matters here, not identity.
+    if component == "kube-controller-manager":
+        return lambda: (
+            httpx.get(f"https://127.0.0.1:{ports.controller_manager}/healthz", verify=False).status_code == 200
+        )
+    if component == "kube-scheduler":
+        return lambda: httpx.get(f"https://127.0.0.1:{ports.scheduler}/healthz", verify=False).status_code == 200
+    return None
+
+
+def _ensure_running(component: Component, progress: Progress) -> bool:
+    """Start the component unless it already runs with this exact command line; True if started."""
+    current = procs.running(component.name)
+    if current is not None and current.argv == component.argv:
+        return False
+    if current is not None:
+        progress(f"{component.name}: configuration changed, restarting")
+        procs.stop(component.name)
+    procs.start(component.name, component.argv, env=component.env)
+    progress(f"{component.name}: started (log {procs.log_path(component.name)})")
+    return True
+
+
+def up(config: StackConfig | None = None, progress: Progress = print, started_by: str = "cli") -> Cluster:
+    config = config or StackConfig()
+    bin_dir = stack_bin_dir() if is_built() else build(progress)
+    started = time.monotonic()
+    with _state_lock():
+        previous = StackState.load()
+        anything_running = any(procs.running(name) for name in COMPONENT_ORDER)
+        if previous is not None and anything_running:
+            ports = previous.ports
+            started_by = previous.started_by
+        else:
+            ports = _pick_ports(previous.ports if previous else None)
+        pki = ensure_pki(PKI_DIR)
+        server = f"https://127.0.0.1:{ports.apiserver}"
+        _write_kubeconfig(KUBECONFIG, "loom-admin", server, pki, "admin")
+        _write_kubeconfig(
+            kubeconfig_path("controller-manager"), "system:kube-controller-manager", server, pki, "controller-manager"
+        )
+        _write_kubeconfig(kubeconfig_path("scheduler"), "system:kube-scheduler", server, pki, "scheduler")
+        state = StackState(ports=ports, config=config, started_by=started_by, bin_dir=str(bin_dir))
+        state.save()
+
+        components = control_plane(bin_dir, pki, ports)
+        agent = node_agent(pki, ports, config.agent_gpus)
+        if agent is not None:
+            components.append(agent)
+        for component in components:
+            _ensure_running(component, progress)
+            # Components found running are checked too: `up` must only return a usable cluster.
+            if check := _ready_check(component.name, pki, ports):
+                _wait(component.name, component.name, check)
+        progress(f"API server ready at {server} ({time.monotonic() - started:.1f}s)")
+
+        cluster = Cluster(kubeconfig=KUBECONFIG, server=server, bin_dir=bin_dir, ca_cert=pki.ca_cert)
+        with cluster.api_client() as api:
+            names = ensure_nodes(api, config.shape())
+            wait_nodes_ready(api, names, timeout=START_TIMEOUT)
+        progress(
+            f"{len(names)} kwok nodes Ready with {config.gpus_per_node} x nvidia.com/gpu each"
+            f" ({time.monotonic() - started:.1f}s)"
+        )
+        if agent is not None and procs.running(agent.name) is None:
+            progress(f"WARNING: the node agent exited; see {procs.log_path(agent.name)}")
+        return cluster
+
+
+def _strays() -> list[int]:
+    """Processes of ours that lost their record (e.g. .state/stack/run was deleted while running)."""
+    found = []
+    marker = str(STACK_DIR)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            argv
+            and Path(argv[0].decode(errors="replace")).name
+            in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+            and any(marker in a.decode(errors="replace") for a in argv)
+        ):
+            found.append(int(entry.name))
+    return found
+
+
+def down(progress: Progress = print, wipe: bool = False) -> None:
+    with _state_lock():
+        for name in reversed(COMPONENT_ORDER):
+            if procs.stop(name):
+                progress(f"{name}: stopped")
+        for pid in _strays():
+            progress(f"stray process {pid}: killed")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        if wipe:
+            # Keep the lock file itself: another waiter may hold it open.
+            for child in STACK_DIR.iterdir():
+                if child != LOCK_FILE:
+                    shutil.rmtree(child) if child.is_dir() else child.unlink()
+            progress(f"wiped {STACK_DIR}")
+
+
+def status() -> dict[str, Any]:
+    state = StackState.load()
+    components = {}
+    for name in COMPONENT_ORDER:
+        record = procs.running(name)
+        components[name] = {
+            "running": record is not None,
+            "pid": record.pid if record else None,
+            "log": str(procs.log_path(name)),
+        }
+    result: dict[str, Any] = {"components": components, "kubeconfig": str(KUBECONFIG)}
+    if state is not None:
+        result |= {
+            "server": state.server,
+            "started_by": state.started_by,
+            "bin_dir": state.bin_dir,
+            "config": asdict(state.config),
+        }
+    return result
+
+
+def current() -> Cluster | None:
+    """The running stack, if its API server answers; None otherwise."""
+    state = StackState.load()
+    if state is None or procs.running("kube-apiserver") is None:
+        return None
+    pki = Pki(PKI_DIR)
+    try:
+        if not _readyz(pki, state.server):
+            return None
+    except (httpx.HTTPError, OSError):
+        return None
+    return Cluster(kubeconfig=KUBECONFIG, server=state.server, bin_dir=Path(state.bin_dir), ca_cert=pki.ca_cert)
+
+
+__all__ = ["AGENT_NODE_NAME", "Cluster", "StackConfig", "current", "down", "status", "up"]

@@ -1,0 +1,77 @@
+"""`loom dev`: build, start and stop the local real control plane (dev and tests only).
+
+The stack's code (loom.e2e.stack) is imported inside each command, so the operator's normal start
+never loads dev tooling.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.group()
+def dev() -> None:
+    """The local control plane: etcd, kube-apiserver, controller manager, scheduler, kwok GPU nodes."""
+
+
+@dev.command()
+def build() -> None:
+    """Build the control plane, kwok, kubectl and helm from their Go modules (cached; a rebuild is a no-op)."""
+    from loom.e2e.stack.build import build as build_stack
+
+    build_stack(progress=click.echo)
+
+
+@dev.command()
+@click.option("--nodes", default=4, show_default=True, type=click.IntRange(0), help="Simulated kwok nodes.")
+@click.option("--gpus-per-node", default=8, show_default=True, type=click.IntRange(0), help="nvidia.com/gpu per node.")
+@click.option(
+    "--agent-gpus", default=0, show_default=True, type=click.IntRange(0), help="GPUs the local node agent advertises."
+)
+def up(nodes: int, gpus_per_node: int, agent_gpus: int) -> None:
+    """Start the stack (building it first if needed); a no-op when it already runs like this."""
+    from loom.e2e.stack import StackConfig
+    from loom.e2e.stack import up as stack_up
+
+    cluster = stack_up(StackConfig(nodes=nodes, gpus_per_node=gpus_per_node, agent_gpus=agent_gpus), click.echo)
+    click.echo(f"ready: {cluster.server}\n{cluster.shell_exports()}")
+
+
+@dev.command()
+@click.option("--wipe", is_flag=True, help="Also delete the cluster's data, certificates and logs.")
+def down(wipe: bool) -> None:
+    """Stop every process of the stack."""
+    from loom.e2e.stack import down as stack_down
+
+    stack_down(click.echo, wipe=wipe)
+
+
+@dev.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(as_json: bool) -> None:
+    """Which components run, where the API server listens, where the logs are."""
+    from loom.e2e.stack import status as stack_status
+
+    report = stack_status()
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    for name, component in report["components"].items():
+        state = f"running (pid {component['pid']})" if component["running"] else "stopped"
+        click.echo(f"{name:24} {state:24} {component['log']}")
+    if "server" in report:
+        click.echo(f"server     {report['server']}")
+    click.echo(f"kubeconfig {report['kubeconfig']}")
+
+
+@dev.command()
+def env() -> None:
+    """Print the exports a shell needs: eval "$(loom dev env)"."""
+    from loom.e2e.stack.build import is_built, stack_bin_dir
+    from loom.e2e.stack.paths import KUBECONFIG
+
+    if not is_built():
+        raise click.ClickException("the local stack is not built yet: `loom dev build` first")
+    click.echo(f"export KUBECONFIG={KUBECONFIG} PATH={stack_bin_dir()}:$PATH")
