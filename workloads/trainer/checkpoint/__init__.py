@@ -1,0 +1,1 @@
+"""Sharded, asynchronous, atomically committed checkpoints in S3."""
