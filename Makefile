@@ -42,7 +42,7 @@ test: venv
 	$(BIN)/pytest -q tests e2e
 
 crds: venv
-	$(BIN)/loom crds --write crds
+	$(BIN)/loom crds --write crds --write charts/loom/crds
 
 demo: venv
 	$(BIN)/python -m loom.operator.demo

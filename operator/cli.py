@@ -14,13 +14,19 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--write", "folder", type=click.Path(file_okay=False, path_type=Path), help="Write files here.")
-def crds(folder: Path | None) -> None:
+@click.option(
+    "--write",
+    "folders",
+    multiple=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write one file per kind into this folder (repeatable).",
+)
+def crds(folders: tuple[Path, ...]) -> None:
     """Print the CRDs generated from the API models (or write one file per kind)."""
     from .api.crd import render_all, write_all
 
-    if folder is not None:
-        for path in write_all(folder):
+    if folders:
+        for path in write_all(*folders):
             click.echo(f"wrote {path}")
         return
     sys.stdout.write("".join(render_all().values()))

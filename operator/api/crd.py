@@ -187,11 +187,13 @@ def render_all() -> dict[str, str]:
     return dict(sorted((crd_filename(kind), render_yaml(kind)) for kind in KINDS))
 
 
-def write_all(folder: Path) -> list[Path]:
-    folder.mkdir(parents=True, exist_ok=True)
+def write_all(*folders: Path) -> list[Path]:
+    """Write every CRD into each folder (crds/ and the Helm chart's crds/ hold the same files)."""
     written = []
-    for name, text in render_all().items():
-        path = folder / name
-        path.write_text(text)
-        written.append(path)
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in render_all().items():
+            path = folder / name
+            path.write_text(text)
+            written.append(path)
     return written
