@@ -1,0 +1,1 @@
+"""Node agent that runs pods as local processes."""

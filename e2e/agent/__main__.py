@@ -1,0 +1,73 @@
+"""`python -m loom.e2e.agent`: run the node agent.
+
+On SIGTERM/SIGINT the agent stops serving and leaves its pods' processes running: they live in
+their own sessions, their state is in --state-dir, and the next agent re-adopts them (or kills
+those whose pods were deleted meanwhile). `--stop-pods-on-exit` stops them instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from loom.e2e.agent.config import AgentConfig, machine_memory
+from loom.e2e.agent.shim import build_shim
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m loom.e2e.agent", description=__doc__)
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--node-name", default="loom-local")
+    parser.add_argument("--state-dir", required=True, type=Path)
+    parser.add_argument("--kubelet-port", type=int, default=10250)
+    parser.add_argument("--tls-cert")
+    parser.add_argument("--tls-key")
+    parser.add_argument("--gpus", type=int, default=0, help="count of nvidia.com/gpu to advertise")
+    parser.add_argument("--cpu", default=str(os.cpu_count() or 1))
+    parser.add_argument("--memory", default=machine_memory())
+    parser.add_argument("--max-pods", type=int, default=110)
+    parser.add_argument("--backoff-initial", type=float, default=2.0, help="first restart back-off (seconds)")
+    parser.add_argument("--backoff-max", type=float, default=60.0)
+    parser.add_argument("--stop-pods-on-exit", action="store_true")
+    parser.add_argument("--log-level", default="INFO")
+    return parser.parse_args(argv)
+
+
+async def amain(args: argparse.Namespace) -> None:
+    from loom.e2e.agent.agent import Agent
+
+    state_dir: Path = args.state_dir.resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    cfg = AgentConfig(
+        kubeconfig=args.kubeconfig, node_name=args.node_name, state_dir=state_dir,
+        kubelet_port=args.kubelet_port, tls_cert=args.tls_cert, tls_key=args.tls_key, gpus=args.gpus,
+        cpu=args.cpu, memory=args.memory, max_pods=args.max_pods, backoff_initial=args.backoff_initial,
+        backoff_max=args.backoff_max, bin_dir=os.path.dirname(sys.executable),
+        shim_path=str(build_shim(state_dir)),
+    )
+    agent = Agent(cfg)
+    runner = asyncio.create_task(agent.run())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, runner.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await runner
+    if args.stop_pods_on_exit:
+        await asyncio.gather(*(w.terminate() for w in agent.workers.values()), return_exceptions=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    asyncio.run(amain(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+"""The node agent: keeps the Node fresh, runs the pods bound to it, serves Services and logs.
+
+Reconciliation is level-triggered: watches only wake the loop, which then lists pods, Services and
+EndpointSlices and brings workers, proxies and hosts files in line. Pod processes survive an agent
+restart (they run in their own sessions) and are re-adopted from the state dir on start; pods that
+no longer exist in the API are killed then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from loom.e2e.agent import plan
+from loom.e2e.agent.config import POD_NETWORK, AgentConfig
+from loom.e2e.agent.hosts import render_hosts, write_in_place
+from loom.e2e.agent.kubeapi import KubeApi
+from loom.e2e.agent.logserver import LogServer
+from loom.e2e.agent.node import NodeKeeper
+from loom.e2e.agent.plan import ClusterData
+from loom.e2e.agent.podworker import PodWorker
+from loom.e2e.agent.runtime import ContainerProcess
+from loom.e2e.agent.services import ServiceTable
+from loom.e2e.agent.status import pod_status
+
+Obj = dict[str, Any]
+log = logging.getLogger("loom.agent")
+RESYNC_SECONDS = 5.0
+
+
+def _comparable(status: Obj) -> Obj:
+    """Status without timestamps that change on every computation."""
+    return {**status, "conditions": [{k: v for k, v in c.items() if k != "lastTransitionTime"}
+                                     for c in status.get("conditions", [])]}
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.api = KubeApi(cfg.kubeconfig)
+        self.node = NodeKeeper(cfg, self.api)
+        self.services = ServiceTable(cfg.state_dir)
+        self.workers: dict[str, PodWorker] = {}
+        self.published: dict[str, Obj] = {}
+        self.deleting: dict[str, asyncio.Task[None]] = {}
+        self.kick = asyncio.Event()
+        self.dirty = asyncio.Event()
+        self.logs = LogServer(self.locate_log, cfg.kubelet_port, cfg.tls_cert, cfg.tls_key)
+        host, port = self.api.server
+        self.extra_env = {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": str(port),
+                          "KUBERNETES_SERVICE_PORT_HTTPS": str(port)}
+
+    # ---- main loop -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self.cfg.pods_dir.mkdir(parents=True, exist_ok=True)
+        await self.node.register()
+        await self.logs.start()
+        loop = asyncio.get_running_loop()
+        self.api.watch_forever(["pods", "services", "endpointslices"], self.cfg.node_name,
+                               lambda: loop.call_soon_threadsafe(self.kick.set))
+        background = [asyncio.create_task(self.node.keep_fresh()), asyncio.create_task(self._publisher())]
+        first = True
+        try:
+            while True:
+                try:
+                    await self.reconcile(first)
+                    first = False
+                except Exception:  # keep the node alive through API hiccups
+                    log.exception("reconcile failed")
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.kick.wait(), RESYNC_SECONDS)
+                self.kick.clear()
+                await asyncio.sleep(0.05)  # coalesce bursts of watch events
+        finally:
+            for task in background:
+                task.cancel()
+            self.api.stop()
+            await self.services.close()
+            await self.logs.stop()
+
+    async def reconcile(self, first: bool) -> None:
+        pods = await self.api.list_pods(self.cfg.node_name)
+        services, slices = await asyncio.gather(self.api.list_services(), self.api.list_endpoint_slices())
+        await self.services.sync(services, slices)
+        live = {p["metadata"]["uid"]: p for p in pods}
+        if first:
+            await self._reap_unknown(set(live))
+        for uid, pod in live.items():
+            if pod["metadata"].get("deletionTimestamp"):
+                if uid not in self.deleting:
+                    self.deleting[uid] = asyncio.create_task(self._delete(pod))
+            elif uid in self.workers:
+                self.workers[uid].pod = pod
+            elif (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                await self._admit(pod)
+        for uid in set(self.workers) - set(live):
+            if uid not in self.deleting:  # deleted behind our back (force delete): stop right away
+                self.deleting[uid] = asyncio.create_task(self._delete(self.workers[uid].pod, force=True))
+        for worker in self.workers.values():
+            self._write_hosts(worker)
+
+    async def _reap_unknown(self, live: set[str]) -> None:
+        """At start: kill processes of pods that were deleted while the agent was down."""
+        for pod_dir in self.cfg.pods_dir.iterdir():
+            if pod_dir.name in live:
+                continue
+            for folder in (pod_dir / "c").glob("*"):
+                proc = ContainerProcess(folder)
+                if proc.adopt():
+                    await proc.stop(0)
+            shutil.rmtree(pod_dir, ignore_errors=True)
+
+    # ---- admission and deletion -----------------------------------------------------------------
+
+    def _allocations(self) -> tuple[set[str], set[int]]:
+        ips = {w.state.pod_ip for w in self.workers.values()}
+        gpus = {g for w in self.workers.values() if w.state.final_phase is None for g in w.gpus}
+        return ips, gpus
+
+    async def _admit(self, pod: Obj) -> None:
+        uid = pod["metadata"]["uid"]
+        pod_dir = self.cfg.pods_dir / uid
+        meta_file = pod_dir / "meta.json"
+        ips, used_gpus = self._allocations()
+        try:
+            saved = json.loads(meta_file.read_text())
+            ip, gpus = saved["ip"], saved["gpus"]
+        except (OSError, ValueError, KeyError):
+            ip = plan.allocate_address(POD_NETWORK, ips, uid)
+            found = plan.allocate_gpus(plan.gpu_request(pod["spec"]), self.cfg.gpus, used_gpus)
+            if found is None:
+                await self._reject(pod, "UnexpectedAdmissionError",
+                                   f"Allocate failed: not enough free nvidia.com/gpu on {self.cfg.node_name}")
+                return
+            gpus = found
+            pod_dir.mkdir(parents=True, exist_ok=True)
+            meta_file.write_text(json.dumps({"ip": ip, "gpus": gpus}))
+        worker = PodWorker(self.cfg, pod, ip, gpus, self._fetch, self.dirty.set, self.extra_env)
+        self.workers[uid] = worker
+        self._write_hosts(worker)
+        worker.start()
+        self.dirty.set()
+
+    async def _reject(self, pod: Obj, reason: str, message: str) -> None:
+        meta = pod["metadata"]
+        await self.api.patch_pod_status(meta["namespace"], meta["name"],
+                                        {"phase": "Failed", "reason": reason, "message": message})
+
+    async def _delete(self, pod: Obj, force: bool = False) -> None:
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        worker = self.workers.get(uid)
+        try:
+            if worker is not None:
+                grace = 0.0 if force else meta.get("deletionGracePeriodSeconds")
+                await worker.terminate(None if grace is None else float(grace))
+                with contextlib.suppress(Exception):
+                    await self._publish(worker)
+            if not force:
+                await self.api.delete_pod_now(meta["namespace"], meta["name"], uid)
+            self.workers.pop(uid, None)
+            self.published.pop(uid, None)
+            shutil.rmtree(self.cfg.pods_dir / uid, ignore_errors=True)
+        except Exception:
+            log.exception("deleting pod %s/%s failed; will retry", meta["namespace"], meta["name"])
+        finally:
+            self.deleting.pop(uid, None)
+            self.kick.set()
+
+    # ---- data the workers need -------------------------------------------------------------------
+
+    async def _fetch(self, pod: Obj) -> tuple[ClusterData, str | None]:
+        """The ConfigMaps and Secrets a pod refers to, and a service account token if it mounts one."""
+        namespace, spec = pod["metadata"]["namespace"], pod["spec"]
+        cm_names, secret_names = set(), set()
+        for container in (spec.get("initContainers") or []) + spec["containers"]:
+            for source in container.get("envFrom") or []:
+                if "configMapRef" in source:
+                    cm_names.add(source["configMapRef"]["name"])
+                if "secretRef" in source:
+                    secret_names.add(source["secretRef"]["name"])
+            for var in container.get("env") or []:
+                ref = var.get("valueFrom") or {}
+                if "configMapKeyRef" in ref:
+                    cm_names.add(ref["configMapKeyRef"]["name"])
+                if "secretKeyRef" in ref:
+                    secret_names.add(ref["secretKeyRef"]["name"])
+        for volume in spec.get("volumes") or []:
+            sources = [volume] + list((volume.get("projected") or {}).get("sources") or [])
+            for source in sources:
+                if "configMap" in source:
+                    cm_names.add(source["configMap"]["name"])
+                if "secret" in source:
+                    secret_names.add(source["secret"].get("secretName") or source["secret"].get("name"))
+        cms = {n: cm for n in cm_names if (cm := await self.api.config_map(namespace, n)) is not None}
+        secrets = {n: s for n in secret_names if (s := await self.api.secret(namespace, n)) is not None}
+        token = None
+        from loom.e2e.agent.volumes import needs_token
+
+        for projection in needs_token(pod)[:1]:
+            token = await self.api.token(namespace, spec.get("serviceAccountName", "default"),
+                                         projection.get("audience"),
+                                         int(projection.get("expirationSeconds", 3600)), pod)
+        return ClusterData(cms, secrets), token
+
+    def _write_hosts(self, worker: PodWorker) -> None:
+        spec = worker.pod["spec"]
+        content = render_hosts(worker.state.pod_ip, worker.name, worker.namespace, spec.get("hostname"),
+                               spec.get("subdomain"), self.services.views)
+        worker.hosts_file.parent.mkdir(parents=True, exist_ok=True)
+        write_in_place(worker.hosts_file, content)
+
+    # ---- status ----------------------------------------------------------------------------------
+
+    async def _publisher(self) -> None:
+        while True:
+            await self.dirty.wait()
+            self.dirty.clear()
+            await asyncio.sleep(0.1)
+            for worker in list(self.workers.values()):
+                try:
+                    await self._publish(worker)
+                except Exception as exc:
+                    log.warning("status of %s/%s not published: %s", worker.namespace, worker.name, exc)
+                    self.published.pop(worker.uid, None)
+                    asyncio.get_running_loop().call_later(1.0, self.dirty.set)
+
+    async def _publish(self, worker: PodWorker) -> None:
+        previous = (worker.pod.get("status") or {}).get("conditions")
+        status = pod_status(worker.state, previous)
+        if self.published.get(worker.uid) == _comparable(status):
+            return
+        await self.api.patch_pod_status(worker.namespace, worker.name, status)
+        self.published[worker.uid] = _comparable(status)
+
+    # ---- logs ------------------------------------------------------------------------------------
+
+    def locate_log(self, namespace: str, pod: str, container: str,
+                   previous: bool) -> tuple[Path, Callable[[], bool]] | None:
+        worker = next((w for w in self.workers.values() if (w.namespace, w.name) == (namespace, pod)), None)
+        if worker is None or container not in worker.procs:
+            return None
+        state = next(c for c in worker.state.init + worker.state.main if c.name == container)
+        attempt = state.attempt - 1 if previous else state.attempt
+        if attempt < 0 or not state.ran_once:
+            return None
+        proc = worker.procs[container]
+        current = not previous
+        return worker.log_path(container, attempt), lambda: current and proc.running()

@@ -1,0 +1,97 @@
+"""Starts one container process in its own mount and UTS namespace and records how it ended.
+
+Run as `python -m loom.e2e.agent.launcher SPEC.json` in a new session (process group). It binds the
+pod's volumes and /etc/hosts into a private mount namespace, sets the pod hostname, forks the
+command, writes the command's pid, waits, and writes the exit code atomically. Because the exit
+code lands in a file, an agent that restarted can re-adopt the container and still learn how it
+ended. The launcher stays alive in the same process group, so signalling the group reaches both.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(source: str | None, target: str, flags: int) -> None:
+    rc = _libc.mount(source.encode() if source else None, target.encode(), None, flags, None)
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {source} -> {target}: {os.strerror(err)}")
+
+
+def _mount_point(source: str, target: str) -> None:
+    """Bind targets must exist and be of the same kind as the source."""
+    path = Path(target)
+    if os.path.isdir(source):
+        path.mkdir(parents=True, exist_ok=True)
+    elif not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+
+
+def enter_namespaces(spec: dict[str, Any]) -> None:
+    os.unshare(os.CLONE_NEWNS | os.CLONE_NEWUTS)
+    _mount(None, "/", MS_REC | MS_PRIVATE)  # nothing we mount leaks back to the host
+    for mount in spec["mounts"]:
+        _mount_point(mount["source"], mount["target"])
+        _mount(mount["source"], mount["target"], MS_BIND | MS_REC)
+        if mount.get("readOnly"):
+            _mount(None, mount["target"], MS_BIND | MS_REMOUNT | MS_RDONLY)
+    if spec.get("hostsFile"):
+        _mount(spec["hostsFile"], "/etc/hosts", MS_BIND)
+    if spec.get("hostname"):
+        socket.sethostname(spec["hostname"][:63])
+
+
+def write_atomic(path: str, text: str) -> None:
+    partial = path + ".tmp"
+    with open(partial, "w") as f:
+        f.write(text)
+    os.replace(partial, path)
+
+
+def main(spec_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    try:
+        enter_namespaces(spec)
+        os.makedirs(spec["cwd"], exist_ok=True)
+    except OSError as exc:
+        print(f"loom-agent: cannot set up the container: {exc}", file=sys.stderr, flush=True)
+        write_atomic(spec["exitFile"], "128 StartError")
+        return 128
+    # Ignore nothing by SIG_IGN (that would be inherited across exec): handlers reset on exec.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.chdir(spec["cwd"])
+            os.execvpe(spec["argv"][0], spec["argv"], spec["env"])
+        except OSError as exc:
+            print(f"loom-agent: cannot run {spec['argv'][0]!r}: {exc}", file=sys.stderr, flush=True)
+            os._exit(127)
+    write_atomic(spec["pidFile"], str(pid))
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    code = os.waitstatus_to_exitcode(status)
+    exit_code = 128 - code if code < 0 else code  # killed by signal N -> 128 + N, as runtimes report
+    write_atomic(spec["exitFile"], str(exit_code))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

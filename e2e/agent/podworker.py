@@ -1,0 +1,265 @@
+"""One pod's life on this node: volumes, init containers in order, containers with restarts and
+probes, termination. Container bookkeeping is saved after every change so a restarted agent can
+re-adopt running processes instead of orphaning them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from loom.e2e.agent import plan
+from loom.e2e.agent.config import AgentConfig
+from loom.e2e.agent.plan import ClusterData, ConfigError
+from loom.e2e.agent.probes import ProbeTracker, run_probe
+from loom.e2e.agent.runtime import ContainerProcess
+from loom.e2e.agent.status import ContainerState, PodState, backoff_seconds, now
+from loom.e2e.agent.volumes import container_mounts, materialize
+
+Obj = dict[str, Any]
+log = logging.getLogger("loom.agent.pod")
+RETRY_CONFIG_SECONDS = 2.0
+
+# Fetches what a pod refers to (configmaps, secrets, a service account token).
+DataFetcher = Callable[[Obj], Awaitable[tuple[ClusterData, str | None]]]
+
+
+class PodWorker:
+    def __init__(
+        self, cfg: AgentConfig, pod: Obj, pod_ip: str, gpus: list[int], fetch: DataFetcher,
+        on_change: Callable[[], None], extra_env: dict[str, str],
+    ) -> None:
+        self.cfg, self.pod, self.fetch, self.on_change, self.extra_env = cfg, pod, fetch, on_change, extra_env
+        meta, spec = pod["metadata"], pod["spec"]
+        self.uid, self.name, self.namespace = meta["uid"], meta["name"], meta["namespace"]
+        self.dir = cfg.pods_dir / self.uid
+        self.log_dir = cfg.logs_dir / f"{self.namespace}_{self.name}_{self.uid}"
+        self.gpus = gpus
+        self.hostname = spec.get("hostname") or self.name
+        self.hosts_file = self.dir / "hosts"
+        start = (pod.get("status") or {}).get("startTime") or now()
+        self.state = PodState(self.uid, pod_ip, cfg.host_ip, start)
+        self.state.init = [self._load(c, True) for c in spec.get("initContainers") or []]
+        self.state.main = [self._load(c, False) for c in spec.get("containers") or []]
+        self.procs = {c.name: ContainerProcess(self.dir / "c" / c.name) for c in self.state.init + self.state.main}
+        self.folders: dict[str, Path] = {}
+        self.task: asyncio.Task[None] | None = None
+        self.terminating = False
+
+    # ---- bookkeeping -------------------------------------------------------------------------
+
+    def _load(self, container: Obj, init: bool) -> ContainerState:
+        path = self.dir / "c" / container["name"] / "state.json"
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            return ContainerState(**json.loads(path.read_text()))
+        return ContainerState(container["name"], container.get("image", ""), self.uid,
+                              reason="PodInitializing" if not init and self.pod["spec"].get("initContainers")
+                              else "ContainerCreating")
+
+    def _changed(self, container: ContainerState) -> None:
+        path = self.dir / "c" / container.name / "state.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(container)))
+        self.on_change()
+
+    def log_path(self, container: str, attempt: int) -> Path:
+        return self.log_dir / container / f"{attempt}.log"
+
+    def spec_of(self, name: str) -> Obj:
+        spec = self.pod["spec"]
+        return next(c for c in (spec.get("initContainers") or []) + spec["containers"] if c["name"] == name)
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run(), name=f"pod-{self.namespace}/{self.name}")
+
+    async def _run(self) -> None:
+        try:
+            await self._prepare()
+            policy = self.pod["spec"].get("restartPolicy", "Always")
+            for container in self.state.init:
+                if not await self._run_init(container, policy):
+                    self.state.final_phase = "Failed"
+                    self.on_change()
+                    return
+            self.state.initialized = True
+            self.on_change()
+            results = await asyncio.gather(*(self._supervise(c, policy) for c in self.state.main))
+            self.state.final_phase = "Succeeded" if all(code == 0 for code in results) else "Failed"
+            self.on_change()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # one broken pod must never take the agent down
+            log.exception("pod %s/%s failed in the agent", self.namespace, self.name)
+            self.state.message, self.state.reason = f"node agent error: {exc}", "AgentError"
+            self.on_change()
+
+    async def _prepare(self) -> None:
+        """Create volumes, retrying while something they need is missing."""
+        while True:
+            try:
+                data, token = await self.fetch(self.pod)
+                self.folders = materialize(self.pod, self.dir, self.cfg.state_dir, data, token)
+                return
+            except ConfigError as exc:
+                first = next((c for c in self.state.init + self.state.main if c.state == "waiting"), None)
+                if first is not None and (first.reason, first.message) != (exc.reason, exc.message):
+                    first.waiting(exc.reason, exc.message)
+                    self._changed(first)
+                await asyncio.sleep(RETRY_CONFIG_SECONDS)
+
+    async def _run_init(self, container: ContainerState, policy: str) -> bool:
+        if container.state == "terminated" and container.exit_code is not None:  # ended before an agent restart
+            if container.exit_code == 0:
+                return True
+            if policy == "Never":
+                return False
+            await self._back_off(container)
+        while True:
+            code = await self._attempt(container)
+            if code == 0:
+                return True
+            if policy == "Never":
+                return False
+            await self._back_off(container)
+
+    async def _supervise(self, container: ContainerState, policy: str) -> int:
+        if container.state == "terminated" and container.exit_code is not None:  # ended before an agent restart
+            code = container.exit_code
+            if policy == "Never" or (policy == "OnFailure" and code == 0):
+                return code
+            await self._back_off(container)
+        while True:
+            code = await self._attempt(container)
+            if policy == "Never" or (policy == "OnFailure" and code == 0):
+                return code
+            await self._back_off(container)
+
+    async def _back_off(self, container: ContainerState) -> None:
+        container.restart_count += 1
+        delay = backoff_seconds(container.restart_count, self.cfg.backoff_initial, self.cfg.backoff_max)
+        container.waiting("CrashLoopBackOff", f"back-off {delay:g}s restarting failed container={container.name} "
+                          f"pod={self.name}_{self.namespace}({self.uid})")
+        self._changed(container)
+        await asyncio.sleep(delay)
+
+    async def _attempt(self, container: ContainerState) -> int:
+        """Run (or re-adopt) one attempt of a container and return its exit code."""
+        proc = self.procs[container.name]
+        adopted = container.state == "running" and proc.adopt()
+        if not adopted:
+            while True:
+                try:
+                    await self._launch(container, proc)
+                    break
+                except ConfigError as exc:
+                    if (container.reason, container.message) != (exc.reason, exc.message):
+                        container.waiting(exc.reason, exc.message)
+                        self._changed(container)
+                    await asyncio.sleep(RETRY_CONFIG_SECONDS)
+        probes = asyncio.create_task(self._probe(container, proc))
+        try:
+            code, reason = await proc.wait()
+        finally:
+            probes.cancel()
+        container.started = False
+        container.terminated(code, reason)
+        self._changed(container)
+        return code
+
+    def container_env(self, spec: Obj, data: ClusterData, index: int) -> dict[str, str]:
+        env = plan.base_environment(self.cfg.bin_dir, self.state.pod_ip, self.cfg.shim_path)
+        env.update(self.extra_env)
+        env["HOSTNAME"] = self.hostname
+        wanted = plan.gpu_request({"containers": [spec]})
+        before = sum(plan.gpu_request({"containers": [c]}) for c in self.pod["spec"]["containers"][:index])
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus[before : before + wanted])
+        env.update(plan.resolve_env(self.pod, spec, data))
+        return env
+
+    async def _launch(self, container: ContainerState, proc: ContainerProcess) -> None:
+        spec = self.spec_of(container.name)
+        data, _ = await self.fetch(self.pod)
+        mains = [c["name"] for c in self.pod["spec"]["containers"]]
+        env = self.container_env(spec, data, mains.index(spec["name"]) if spec["name"] in mains else 0)
+        argv = plan.command_line(spec, env)
+        if plan.shutil_which(argv[0], env["PATH"]) is None:
+            raise ConfigError("RunContainerError", f'exec: "{argv[0]}": executable file not found in $PATH')
+        mounts = container_mounts(spec, self.folders)
+        cwd = spec.get("workingDir") or str(self.dir / "work")
+        attempt = container.attempt + 1 if container.ran_once else 0
+        started_at = now()
+        await proc.start(argv, env, cwd, mounts, str(self.hosts_file), self.hostname,
+                         self.log_path(container.name, attempt), attempt, started_at)
+        container.running(started_at, attempt)
+        container.started = not spec.get("startupProbe")
+        container.ready = not spec.get("readinessProbe") and container.started
+        self._changed(container)
+
+    async def _probe(self, container: ContainerState, proc: ContainerProcess) -> None:
+        spec = self.spec_of(container.name)
+        if container.name not in {c["name"] for c in self.pod["spec"]["containers"]}:
+            return  # init containers are not probed
+        env, cwd = {}, spec.get("workingDir") or str(self.dir / "work")
+        with contextlib.suppress(OSError):
+            env = json.loads((proc.folder / "spec.json").read_text())["env"]
+        pid = proc.child_pid()
+        prefix = ["nsenter", "-t", str(pid), "-m", "-u", "--"] if pid else []
+        loops = [self._probe_loop(container, proc, kind, spec[kind], env, prefix, cwd)
+                 for kind in ("startupProbe", "readinessProbe", "livenessProbe") if spec.get(kind)]
+        if loops:
+            await asyncio.gather(*loops)
+
+    async def _probe_loop(self, container: ContainerState, proc: ContainerProcess, kind: str, probe: Obj,
+                          env: dict[str, str], prefix: list[str], cwd: str) -> None:
+        tracker = ProbeTracker.from_spec(probe)
+        if kind == "readinessProbe":
+            tracker.success_threshold = max(1, tracker.success_threshold)
+        await asyncio.sleep(float(probe.get("initialDelaySeconds", 0)))
+        period = float(probe.get("periodSeconds", 10))
+        while True:
+            if kind == "startupProbe" or container.started:
+                ok = await run_probe(probe, self.spec_of(container.name), self.state.pod_ip, env, prefix, cwd)
+                verdict = tracker.record(ok)
+                if kind == "readinessProbe" and verdict is not None:
+                    container.ready = verdict
+                    self._changed(container)
+                elif kind == "startupProbe" and verdict is True:
+                    container.started = True
+                    container.ready = not self.spec_of(container.name).get("readinessProbe")
+                    self._changed(container)
+                    return
+                elif verdict is False and kind in ("livenessProbe", "startupProbe"):
+                    container.ready = False
+                    self._changed(container)
+                    log.info("%s of %s/%s failed: restarting", kind, self.name, container.name)
+                    await proc.stop(self.grace_seconds(probe))
+                    return
+            await asyncio.sleep(period)
+
+    def grace_seconds(self, probe: Obj | None = None) -> float:
+        if probe and probe.get("terminationGracePeriodSeconds") is not None:
+            return float(probe["terminationGracePeriodSeconds"])
+        return float(self.pod["spec"].get("terminationGracePeriodSeconds", 30))
+
+    async def terminate(self, grace: float | None = None) -> None:
+        """Stop everything: the lifecycle task first (so nothing restarts), then the processes."""
+        self.terminating = True
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.task
+        seconds = self.grace_seconds() if grace is None else grace
+        running = [(c, self.procs[c.name]) for c in self.state.init + self.state.main]
+        await asyncio.gather(*(proc.stop(seconds) for _, proc in running))
+        for container, proc in running:
+            if container.state == "running" and proc.record is not None:
+                code, reason = await proc.wait()
+                container.terminated(code, reason)
+                self._changed(container)

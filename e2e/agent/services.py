@@ -1,0 +1,197 @@
+"""ClusterIP Services on this machine: a local 127.x address per Service and a userspace TCP proxy
+per Service port (as kube-proxy's userspace mode once did) that spreads connections round robin
+over the ready endpoints of the Service's EndpointSlices.
+
+The mapping is written to `<state dir>/services.json`; `service_address()` reads it for the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loom.e2e.agent.hosts import ServiceView
+from loom.e2e.agent.plan import allocate_address
+
+Obj = dict[str, Any]
+log = logging.getLogger("loom.agent.services")
+SERVICE_NETWORK = "127.20.0.0/16"
+DEFAULT_STATE_DIR = Path(__file__).resolve().parents[2] / ".state" / "agent"
+
+
+def service_address(name: str, namespace: str, state_dir: str | Path | None = None) -> str:
+    """The local address that Service `namespace/name` answers on (its ports are the Service ports)."""
+    folder = Path(state_dir or os.environ.get("LOOM_AGENT_STATE_DIR") or DEFAULT_STATE_DIR)
+    mapping = json.loads((folder / "services.json").read_text())
+    return str(mapping[f"{namespace}/{name}"]["address"])
+
+
+def is_headless(service: Obj) -> bool:
+    return service["spec"].get("clusterIP") == "None"
+
+
+def ready_endpoints(slices: list[Obj], port_name: str | None) -> tuple[list[tuple[str, str | None]], int | None]:
+    """(ip, hostname) of ready endpoints and the target port for the named Service port."""
+    endpoints: list[tuple[str, str | None]] = []
+    target: int | None = None
+    for slice_ in slices:
+        for port in slice_.get("ports") or []:
+            if (port.get("name") or "") == (port_name or "") and port.get("port"):
+                target = int(port["port"])
+        for endpoint in slice_.get("endpoints") or []:
+            if (endpoint.get("conditions") or {}).get("ready") is False:
+                continue
+            endpoints.extend((ip, endpoint.get("hostname")) for ip in endpoint.get("addresses", []))
+    return sorted(set(endpoints)), target
+
+
+class PortProxy:
+    """Accepts on (address, port) and pipes each connection to the next ready backend."""
+
+    def __init__(self, address: str, port: int) -> None:
+        self.address, self.port = address, port
+        self.backends: list[tuple[str, int]] = []
+        self._turn = itertools.count()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self.address, self.port, reuse_address=True)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        backends = list(self.backends)
+        upstream = None
+        if backends:
+            start = next(self._turn)
+            for i in range(len(backends)):  # a backend that refuses gets skipped, as kube-proxy retried
+                host, port = backends[(start + i) % len(backends)]
+                try:
+                    upstream = await asyncio.wait_for(asyncio.open_connection(host, port), 3)
+                    break
+                except (TimeoutError, OSError):
+                    continue
+        if upstream is None:
+            writer.close()
+            return
+        up_reader, up_writer = upstream
+        await asyncio.gather(
+            _pipe(reader, up_writer, writer), _pipe(up_reader, writer, up_writer), return_exceptions=True
+        )
+        for end in (writer, up_writer):
+            end.close()
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, other: asyncio.StreamWriter) -> None:
+    """Copy one direction; a half-close is passed on, a reset tears down both directions."""
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (ConnectionError, OSError):
+        writer.close()
+        other.close()
+
+
+@dataclass
+class ServiceEntry:
+    address: str
+    ports: dict[int, PortProxy]
+
+
+class ServiceTable:
+    """Keeps one address and proxies per ClusterIP Service in step with the API objects."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / "services.json"
+        self.entries: dict[str, ServiceEntry] = {}
+        self.views: list[ServiceView] = []
+        try:
+            self._addresses: dict[str, str] = {
+                key: value["address"] for key, value in json.loads(self.path.read_text()).items()
+            }
+        except (OSError, ValueError):
+            self._addresses = {}
+
+    async def sync(self, services: list[Obj], slices: list[Obj]) -> None:
+        by_service: dict[str, list[Obj]] = {}
+        for slice_ in slices:
+            owner = (slice_["metadata"].get("labels") or {}).get("kubernetes.io/service-name")
+            if owner:
+                by_service.setdefault(f"{slice_['metadata']['namespace']}/{owner}", []).append(slice_)
+        views: list[ServiceView] = []
+        wanted: set[str] = set()
+        for service in services:
+            meta, spec = service["metadata"], service["spec"]
+            key = f"{meta['namespace']}/{meta['name']}"
+            if spec.get("type") == "ExternalName":
+                continue
+            own_slices = by_service.get(key, [])
+            if is_headless(service):
+                endpoints, _ = ready_endpoints(own_slices, None)
+                views.append(ServiceView(meta["name"], meta["namespace"], None, tuple(endpoints)))
+                continue
+            wanted.add(key)
+            entry = await self._ensure(key)
+            views.append(ServiceView(meta["name"], meta["namespace"], entry.address))
+            await self._sync_ports(entry, spec.get("ports") or [], own_slices)
+        for key in set(self.entries) - wanted:
+            for proxy in self.entries.pop(key).ports.values():
+                await proxy.close()
+        self._addresses = {k: v for k, v in self._addresses.items() if k in wanted}
+        self.views = views
+        self._save()
+
+    async def _ensure(self, key: str) -> ServiceEntry:
+        if key not in self.entries:
+            address = self._addresses.get(key) or allocate_address(
+                SERVICE_NETWORK, set(self._addresses.values()), key
+            )
+            self._addresses[key] = address
+            self.entries[key] = ServiceEntry(address, {})
+        return self.entries[key]
+
+    async def _sync_ports(self, entry: ServiceEntry, ports: list[Obj], slices: list[Obj]) -> None:
+        wanted = {int(p["port"]): p for p in ports if p.get("protocol", "TCP") == "TCP"}
+        for number in set(entry.ports) - set(wanted):
+            await entry.ports.pop(number).close()
+        for number, port in wanted.items():
+            if number not in entry.ports:
+                proxy = PortProxy(entry.address, number)
+                try:
+                    await proxy.start()
+                except OSError as exc:
+                    log.warning("cannot listen on %s:%s: %s", entry.address, number, exc)
+                    continue
+                entry.ports[number] = proxy
+            endpoints, target = ready_endpoints(slices, port.get("name"))
+            if target is None and isinstance(port.get("targetPort", number), int):
+                target = int(port.get("targetPort", number))
+            entry.ports[number].backends = [(ip, target) for ip, _ in endpoints] if target else []
+
+    def _save(self) -> None:
+        mapping = {
+            key: {"address": entry.address, "ports": sorted(entry.ports)} for key, entry in self.entries.items()
+        }
+        partial = self.path.with_suffix(".json.tmp")
+        partial.write_text(json.dumps(mapping, indent=1, sort_keys=True))
+        partial.replace(self.path)
+
+    async def close(self) -> None:
+        for entry in self.entries.values():
+            for proxy in entry.ports.values():
+                await proxy.close()
+        self.entries.clear()
