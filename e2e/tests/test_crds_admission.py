@@ -1,0 +1,152 @@
+"""The generated CRDs on a real kube-apiserver: accepted server-side, and bad objects rejected at admission
+with the field path and a readable message (OpenAPI types, enums, ranges, patterns and CEL rules)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def crds_installed(cluster: Any) -> Any:
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    return cluster
+
+
+def apply(cluster: Any, namespace: str, obj: dict[str, Any]) -> Any:
+    return cluster.kubectl(
+        "apply", "--server-side", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(obj), check=False
+    )
+
+
+def tj(**spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "engine": "fsdp",
+        "entrypoint": {"module": "loom.workloads.trainer.examples.chargpt:task"},
+        "workers": {"replicas": 2},
+    }
+    body.update(spec)
+    return {"apiVersion": "loom.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "t1"}, "spec": body}
+
+
+def test_crds_are_established_and_categorised(crds_installed: Any, namespace: str) -> None:
+    assert apply(crds_installed, namespace, tj()).returncode == 0
+    listed = crds_installed.kubectl("get", "loom", "-n", namespace, "-o", "name").stdout
+    assert "trainingjob.loom.dev/t1" in listed
+    by_short_name = crds_installed.kubectl("get", "ltj", "-n", namespace, "-o", "name").stdout
+    assert "t1" in by_short_name
+    explained = crds_installed.kubectl("explain", "trainingjobs.spec.checkpoint.uri").stdout
+    assert "s3://bucket/prefix" in explained
+
+
+@pytest.mark.parametrize(
+    ("obj", "path", "message"),
+    [
+        (tj(workers={"replicas": 2, "minReplicas": 3}), "spec.workers.minReplicas", "minReplicas must be <= replicas"),
+        (tj(engine="horovod"), "spec.engine", "Unsupported value"),
+        (tj(checkpoint={"uri": "gs://bucket/x"}), "spec.checkpoint.uri", "should match"),
+        (tj(entrypoint={"module": "m:f", "command": ["x"]}), "spec.entrypoint", "exactly one of module or command"),
+        (tj(deepspeed={"zeroStage": 2}), "spec.deepspeed", "deepspeed options need engine: deepspeed"),
+        (
+            {
+                "apiVersion": "loom.dev/v1alpha1",
+                "kind": "InferenceGraph",
+                "metadata": {"name": "g"},
+                "spec": {"nodes": {"first": {"routerType": "Sequence", "steps": [{"serviceName": "a"}]}}},
+            },
+            "spec.nodes",
+            "nodes must contain a node named root",
+        ),
+        (
+            {
+                "apiVersion": "loom.dev/v1alpha1",
+                "kind": "InferenceGraph",
+                "metadata": {"name": "g"},
+                "spec": {
+                    "nodes": {
+                        "root": {
+                            "routerType": "Splitter",
+                            "steps": [{"serviceName": "a", "weight": 70}, {"serviceName": "b", "weight": 20}],
+                        }
+                    }
+                },
+            },
+            "spec.nodes.root",
+            "Splitter weights must sum to 100",
+        ),
+        (
+            {
+                "apiVersion": "loom.dev/v1alpha1",
+                "kind": "InferenceService",
+                "metadata": {"name": "s"},
+                "spec": {
+                    "model": {"uri": "s3://m/x"},
+                    "replicas": 2,
+                    "autoscaling": {"minReplicas": 3, "maxReplicas": 2, "target": 50},
+                },
+            },
+            "spec.autoscaling.minReplicas",
+            "minReplicas must be <= maxReplicas",
+        ),
+        (
+            {
+                "apiVersion": "loom.dev/v1alpha1",
+                "kind": "InferenceService",
+                "metadata": {"name": "s"},
+                "spec": {"model": {"uri": "s3://m/x", "mlflow": "models:/m/1"}},
+            },
+            "spec.model",
+            "set exactly one of uri, mlflow or fromTrainingJob",
+        ),
+    ],
+    ids=[
+        "min>replicas",
+        "engine-enum",
+        "uri-pattern",
+        "entrypoint-one-of",
+        "engine-options",
+        "graph-root",
+        "splitter-weights",
+        "autoscaling-range",
+        "model-one-source",
+    ],
+)
+def test_bad_objects_are_rejected_with_field_path(
+    crds_installed: Any, namespace: str, obj: dict[str, Any], path: str, message: str
+) -> None:
+    result = apply(crds_installed, namespace, obj)
+    assert result.returncode != 0, "the API server accepted an invalid object"
+    assert path in result.stderr, result.stderr
+    assert message in result.stderr, result.stderr
+
+
+def test_engine_is_immutable(crds_installed: Any, namespace: str) -> None:
+    assert apply(crds_installed, namespace, tj()).returncode == 0
+    changed = tj(engine="deepspeed")
+    result = apply(crds_installed, namespace, changed)
+    assert result.returncode != 0
+    assert "engine is immutable" in result.stderr
+
+
+def test_unknown_fields_are_refused(crds_installed: Any, namespace: str) -> None:
+    result = apply(crds_installed, namespace, tj(workers={"replicas": 1, "gpus": 2}))
+    assert result.returncode != 0
+    assert "gpus" in result.stderr
+
+
+def test_every_example_is_accepted(crds_installed: Any, namespace: str) -> None:
+    for path in sorted((REPO / "examples").glob("*.yaml")):
+        result = crds_installed.kubectl(
+            "apply", "--server-side", "--dry-run=server", "-n", namespace, "-f", str(path), check=False
+        )
+        assert result.returncode == 0, f"{path.name}: {result.stderr}"
