@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from kubernetes import client, config
+
+T = TypeVar("T")
 
 
 class KubectlError(subprocess.CalledProcessError):
@@ -56,3 +61,18 @@ class Cluster:
 
     def shell_exports(self) -> str:
         return f"export KUBECONFIG={self.kubeconfig} PATH={self.bin_dir}:$PATH"
+
+
+def wait_until(predicate: Callable[[], T | None], timeout: float, what: str, interval: float = 0.25) -> T:
+    """Poll until `predicate` returns something truthy and return it; TimeoutError names `what`.
+
+    For tests: state converges through controllers, so assertions wait for it instead of sleeping.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)

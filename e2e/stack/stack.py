@@ -29,7 +29,7 @@ from loom.e2e.stack.build import build, is_built, stack_bin_dir
 from loom.e2e.stack.cluster import Cluster
 from loom.e2e.stack.components import Component, Ports, control_plane, kubeconfig_path, node_agent
 from loom.e2e.stack.nodes import NodeShape, ensure_nodes, wait_nodes_ready
-from loom.e2e.stack.paths import KUBECONFIG, LOCK_FILE, PKI_DIR, STACK_DIR, STACK_FILE
+from loom.e2e.stack.paths import KUBECONFIG, LOCK_FILE, PKI_DIR, STACK_DIR, STACK_FILE, USERS_DIR
 from loom.e2e.stack.pki import AGENT_NODE_NAME, Pki, ensure_pki
 
 Progress = Callable[[str], None]
@@ -213,7 +213,8 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
         anything_running = any(procs.running(name) for name in COMPONENT_ORDER)
         if previous is not None and anything_running:
             ports = previous.ports
-            started_by = previous.started_by
+            # A person's `loom dev up` takes the stack over: test sessions then leave it running.
+            started_by = "cli" if started_by == "cli" else previous.started_by
         else:
             ports = _pick_ports(previous.ports if previous else None)
         pki = ensure_pki(PKI_DIR)
@@ -248,6 +249,30 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
         if agent is not None and procs.running(agent.name) is None:
             progress(f"WARNING: the node agent exited; see {procs.log_path(agent.name)}")
         return cluster
+
+
+def join_session() -> None:
+    """Record that this process (a test session) uses the stack; see leave_session."""
+    USERS_DIR.mkdir(parents=True, exist_ok=True)
+    (USERS_DIR / str(os.getpid())).touch()
+
+
+def leave_session() -> bool:
+    """Drop this process's claim; True when the stack may be stopped on its behalf.
+
+    That is: no other live process still uses it, and a test session (not a person) started it.
+    Several test sessions may share one stack; the last one out stops it.
+    """
+    with _state_lock():
+        (USERS_DIR / str(os.getpid())).unlink(missing_ok=True)
+        others = []
+        for lease in USERS_DIR.glob("*"):
+            if lease.name.isdigit() and Path(f"/proc/{lease.name}").exists():
+                others.append(lease.name)
+            else:
+                lease.unlink(missing_ok=True)
+        state = StackState.load()
+        return not others and state is not None and state.started_by != "cli"
 
 
 def _strays() -> list[int]:

@@ -1,0 +1,89 @@
+"""Fixtures for end-to-end tests on the local real control plane (see loom.e2e.stack).
+
+Fixtures (names are stable; other e2e modules rely on them):
+
+- ``cluster`` (session): a ``loom.e2e.stack.Cluster`` for the running stack, with
+  ``kubeconfig`` (admin, Path), ``server`` (https URL), ``bin_dir`` (kubectl, helm, kwok, etcd,
+  kube-*), ``ca_cert``, ``env`` (os.environ plus KUBECONFIG, PATH and PYTHONSAFEPATH, for
+  subprocesses), ``kubectl(*args, stdin=None, check=True)`` and ``api_client()``.
+  The stack is built if needed and started once per session; a stack that is already up (say from
+  ``loom dev up``) is reused and left running. A stack this session started is stopped at the end,
+  unless another test session still uses it (the last one out stops it).
+- ``kube_api`` (session): an admin ``kubernetes.client.ApiClient``.
+- ``namespace`` (function): a fresh namespace whose ``default`` ServiceAccount exists (so pods can
+  be created at once); deleted after the test.
+
+Pods land on the simulated kwok nodes (``type=kwok``, 8 ``nvidia.com/gpu`` each by default) only
+with ``loom.e2e.stack.nodes.KWOK_TOLERATION``; ``loom.e2e.stack.cluster.wait_until`` polls for
+state that controllers converge to. Every test in this folder is marked ``e2e``.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from loom.e2e.stack import Cluster, StackConfig, current, down, up
+from loom.e2e.stack.cluster import wait_until
+from loom.e2e.stack.stack import join_session, leave_session
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+def _progress(line: str) -> None:
+    # A cold build takes many minutes: show progress even while pytest captures output.
+    print(f"[loom stack] {line}", file=sys.__stderr__, flush=True)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    join_session()
+    try:
+        running = current()
+        yield running if running is not None else up(StackConfig(), progress=_progress, started_by="pytest")
+    finally:
+        if leave_session():
+            down(progress=_progress)
+
+
+@pytest.fixture(scope="session")
+def kube_api(cluster: Cluster) -> Iterator[client.ApiClient]:
+    with cluster.api_client() as api:
+        yield api
+
+
+@pytest.fixture
+def namespace(kube_api: client.ApiClient) -> Iterator[str]:
+    core = client.CoreV1Api(kube_api)
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"loom.dev/e2e": "true"})))
+
+    def default_service_account() -> bool:
+        try:
+            core.read_namespaced_service_account("default", name)
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        return True
+
+    # The service-account controller creates it asynchronously; pods are refused until it exists.
+    wait_until(default_service_account, timeout=30, what=f"ServiceAccount default in {name}")
+    yield name
+    try:
+        core.delete_namespace(name)
+    except ApiException as err:
+        if err.status != 404:
+            raise
