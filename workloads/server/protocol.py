@@ -97,8 +97,13 @@ def _from_json(data: Any, datatype: str, shape: tuple[int, ...], name: str) -> n
         return flat.reshape(shape)
     if flat.size and flat.dtype.kind not in _ACCEPTED_KINDS[_family(datatype)]:
         raise ProtocolError(f"input {name!r}: data does not match datatype {datatype}")
+    dtype = NUMPY_TYPES[datatype]
+    if flat.size and dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if flat.min() < info.min or flat.max() > info.max:
+            raise ProtocolError(f"input {name!r}: values out of range for {datatype}")
     try:
-        return np.array(flat, dtype=NUMPY_TYPES[datatype]).reshape(shape)
+        return np.array(flat, dtype=dtype).reshape(shape)
     except (OverflowError, ValueError) as exc:
         raise ProtocolError(f"input {name!r}: {exc}") from exc
 
