@@ -53,6 +53,13 @@ class ModelSource(ApiModel):
         max_length=512,
     )
     from_training_job: FromTrainingJob | None = None
+    version: str | None = Field(
+        None,
+        description="Version label the server reports and status shows (default: the MLflow version, the "
+        "checkpoint step, or the last path segment of the uri).",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$",
+        max_length=63,
+    )
     tracking_uri: str | None = Field(None, description="MLflow tracking URL for mlflow sources.", max_length=1024)
     endpoint: str | None = Field(None, description="S3 endpoint URL for non-AWS stores.", max_length=1024)
     secret_ref: S3Credentials | None = Field(None, description="Secret with S3 credentials for fetching.")
@@ -106,7 +113,14 @@ class Rollout(ApiModel):
     )
     max_unavailable: Quantity | None = Field(None, description="Default: 0 on CPU, 1 when GPUs are requested.")
     canary_percent: int | None = Field(
-        None, ge=0, le=100, description="Share of traffic for the new model version; unset or 100 promotes it."
+        None,
+        ge=0,
+        le=100,
+        description="Share of traffic for a new model version, approximated by replica counts (at least one canary "
+        "replica); unset or 100 promotes it, setting the model back to the stable one rolls back.",
+    )
+    min_ready_seconds: int = Field(
+        5, ge=0, le=3600, description="A new replica counts as available only after being ready this long."
     )
 
 
@@ -146,8 +160,9 @@ class InferenceServiceSpec(ApiModel):
 
 
 class CanaryStatus(ApiModel):
-    percent: int = 0
+    percent: int = Field(0, description="Share of traffic asked for (canaryPercent).")
     model_version: str | None = None
+    replicas: int = Field(0, description="Canary replicas; the traffic share is replicas / all replicas.")
     ready_replicas: int = 0
 
 
