@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
+CLONE_NEWNS, CLONE_NEWUTS = 0x00020000, 0x04000000  # os.unshare exists only from Python 3.12
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -40,7 +41,9 @@ def _mount_point(source: str, target: str) -> None:
 
 
 def enter_namespaces(spec: dict[str, Any]) -> None:
-    os.unshare(os.CLONE_NEWNS | os.CLONE_NEWUTS)
+    if _libc.unshare(CLONE_NEWNS | CLONE_NEWUTS) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare: {os.strerror(err)}")
     _mount(None, "/", MS_REC | MS_PRIVATE)  # nothing we mount leaks back to the host
     for mount in spec["mounts"]:
         _mount_point(mount["source"], mount["target"])
@@ -65,7 +68,7 @@ def main(spec_path: str) -> int:
     try:
         enter_namespaces(spec)
         os.makedirs(spec["cwd"], exist_ok=True)
-    except OSError as exc:
+    except Exception as exc:  # any setup failure must end as a recorded StartError
         print(f"loom-agent: cannot set up the container: {exc}", file=sys.stderr, flush=True)
         write_atomic(spec["exitFile"], "128 StartError")
         return 128

@@ -23,12 +23,17 @@ from loom.e2e.agent.plan import allocate_address
 Obj = dict[str, Any]
 log = logging.getLogger("loom.agent.services")
 SERVICE_NETWORK = "127.20.0.0/16"
-DEFAULT_STATE_DIR = Path(__file__).resolve().parents[2] / ".state" / "agent"
+
+
+def _default_state_dir() -> Path:
+    """Where `loom dev up` keeps the agent's state (LOOM_STATE_DIR or the checkout's .state/)."""
+    stack_state = os.environ.get("LOOM_STATE_DIR") or Path(__file__).resolve().parents[2] / ".state"
+    return Path(stack_state) / "agent"
 
 
 def service_address(name: str, namespace: str, state_dir: str | Path | None = None) -> str:
     """The local address that Service `namespace/name` answers on (its ports are the Service ports)."""
-    folder = Path(state_dir or os.environ.get("LOOM_AGENT_STATE_DIR") or DEFAULT_STATE_DIR)
+    folder = Path(state_dir or os.environ.get("LOOM_AGENT_STATE_DIR") or _default_state_dir())
     mapping = json.loads((folder / "services.json").read_text())
     return str(mapping[f"{namespace}/{name}"]["address"])
 

@@ -1,0 +1,149 @@
+"""The node agent's pod worker with real processes (no API server): the pod's data comes from a fake
+fetcher. Needs root, like the agent itself (mount namespaces)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from loom.e2e.agent.config import AgentConfig
+from loom.e2e.agent.hosts import render_hosts, write_in_place
+from loom.e2e.agent.plan import ClusterData
+from loom.e2e.agent.podworker import PodWorker
+from loom.e2e.agent.runtime import group_members
+from loom.e2e.agent.shim import build_shim
+
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the node agent needs root for mount namespaces"),
+              pytest.mark.timeout(60)]
+
+SERVER = (
+    "import http.server, os, socket\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        body = (socket.gethostname() + '|' + open('/etc/app/mode').read() + '|' + open('/shared/init').read()"
+    " + '|' + os.environ['MY_IP']).encode()\n"
+    "        self.send_response(200); self.end_headers(); self.wfile.write(body)\n"
+    "print('serving', flush=True)\n"
+    "http.server.HTTPServer(('', 8080), H).serve_forever()\n"
+)
+
+
+def _pod(uid: str, containers: list[dict[str, Any]], restart: str = "Always", **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": f"pod-{uid}", "namespace": "ns", "uid": uid, "labels": {}},
+            "spec": {"restartPolicy": restart, "containers": containers, "terminationGracePeriodSeconds": 2, **spec}}
+
+
+async def _fetch(pod: dict[str, Any]) -> tuple[ClusterData, str | None]:
+    return ClusterData({"app": {"data": {"mode": "fast"}}}, {}), None
+
+
+@pytest.fixture
+def make_worker(tmp_path: Path) -> Callable[..., PodWorker]:
+    state = tmp_path / "state"
+    state.mkdir()
+    cfg = AgentConfig("unused", "node", state, 0, None, None, shim_path=str(build_shim(state)),
+                      backoff_initial=0.2, backoff_max=1)
+
+    def make(pod: dict[str, Any], ip: str) -> PodWorker:
+        worker = PodWorker(cfg, pod, ip, [], _fetch, lambda: None, {})
+        worker.hosts_file.parent.mkdir(parents=True, exist_ok=True)
+        write_in_place(worker.hosts_file, render_hosts(ip, pod["metadata"]["name"], "ns", None, None, []))
+        return worker
+
+    return make
+
+
+async def _until(check: Callable[[], bool], seconds: float = 20) -> None:
+    for _ in range(int(seconds / 0.1)):
+        if check():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("condition not reached")
+
+
+async def test_server_pod_runs_restarts_and_stops_cleanly(make_worker: Callable[..., PodWorker]) -> None:
+    pod = _pod("w1", [{
+        "name": "web", "image": "python", "command": ["python", "-c", SERVER],
+        "env": [{"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "volumeMounts": [{"name": "cfg", "mountPath": "/etc/app", "readOnly": True},
+                         {"name": "shared", "mountPath": "/shared"}],
+        "readinessProbe": {"httpGet": {"port": 8080, "path": "/"}, "periodSeconds": 1},
+        "livenessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+    }], initContainers=[{"name": "setup", "image": "sh", "command": ["sh", "-c", "echo -n ok > /shared/init"],
+                         "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]}],
+        volumes=[{"name": "cfg", "configMap": {"name": "app"}}, {"name": "shared", "emptyDir": {}}])
+    pod["status"] = {"podIP": "127.10.200.1"}
+    worker = make_worker(pod, "127.10.200.1")
+    worker.start()
+    web = worker.state.main[0]
+    await _until(lambda: web.ready)
+    async with httpx.AsyncClient(trust_env=False) as client:
+        answer = (await client.get("http://127.10.200.1:8080/")).text
+    assert answer == "pod-w1|fast|ok|127.10.200.1"
+    assert worker.state.init[0].exit_code == 0 and worker.state.initialized
+
+    child = worker.procs["web"].child_pid()
+    assert child is not None
+    os.kill(child, signal.SIGKILL)
+    await _until(lambda: web.restart_count == 1 and web.ready)
+    assert web.last_terminated is not None and web.last_terminated["exitCode"] == 137
+    assert worker.log_path("web", 0).read_text().startswith("serving")
+
+    group = worker.procs["web"].record.launcher_pid  # type: ignore[union-attr]
+    await worker.terminate(2)
+    assert group_members(group) == []
+    assert web.state == "terminated" and web.exit_code == 128 + signal.SIGTERM
+
+
+async def test_failing_job_ends_failed_with_its_exit_code(make_worker: Callable[..., PodWorker]) -> None:
+    worker = make_worker(_pod("j1", [{"name": "job", "image": "x", "command": ["sh", "-c", "echo bye; exit 1"]}],
+                              restart="Never"), "127.10.200.2")
+    worker.start()
+    await _until(lambda: worker.state.final_phase is not None)
+    job = worker.state.main[0]
+    assert worker.state.final_phase == "Failed" and job.exit_code == 1 and job.restart_count == 0
+    assert job.to_status()["state"]["terminated"]["reason"] == "Error"
+
+
+async def test_unrunnable_containers_wait_with_a_reason(make_worker: Callable[..., PodWorker]) -> None:
+    worker = make_worker(_pod("b1", [
+        {"name": "nocmd", "image": "x", "command": ["no-such-program-here"]},
+        {"name": "nocm", "image": "x", "command": ["true"],
+         "env": [{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "missing", "key": "k"}}}]},
+    ]), "127.10.200.3")
+    worker.start()
+    nocmd, nocm = worker.state.main
+    await _until(lambda: nocmd.reason == "RunContainerError" and nocm.reason == "CreateContainerConfigError")
+    assert "executable file not found" in (nocmd.message or "")
+    assert 'configmap "missing" not found' in (nocm.message or "")
+    await worker.terminate(0)
+
+
+async def test_a_new_agent_re_adopts_running_containers(make_worker: Callable[..., PodWorker]) -> None:
+    pod = _pod("r1", [{"name": "sleeper", "image": "x", "command": ["sleep", "300"]}])
+    first = make_worker(pod, "127.10.200.4")
+    first.start()
+    await _until(lambda: first.procs["sleeper"].child_pid() is not None)
+    child = first.procs["sleeper"].child_pid()
+    assert first.task is not None
+    first.task.cancel()  # the agent goes away; its processes stay
+    await asyncio.gather(first.task, return_exceptions=True)
+
+    second = make_worker(pod, "127.10.200.4")
+    second.start()
+    await asyncio.sleep(0.5)
+    sleeper = second.state.main[0]
+    assert sleeper.state == "running" and sleeper.restart_count == 0
+    assert second.procs["sleeper"].child_pid() == child
+    assert child is not None
+    os.kill(child, signal.SIGKILL)  # the adopted process ends: the new agent notices and restarts it
+    await _until(lambda: sleeper.restart_count == 1 and sleeper.state == "running")
+    await second.terminate(1)
+    assert second.procs["sleeper"].child_pid() != child
