@@ -28,6 +28,7 @@ from loom.e2e.agent.podworker import PodWorker
 from loom.e2e.agent.runtime import ContainerProcess
 from loom.e2e.agent.services import ServiceTable
 from loom.e2e.agent.status import pod_status
+from loom.e2e.agent.volumes import needs_token
 
 Obj = dict[str, Any]
 log = logging.getLogger("loom.agent")
@@ -193,7 +194,7 @@ class Agent:
                 if "secretKeyRef" in ref:
                     secret_names.add(ref["secretKeyRef"]["name"])
         for volume in spec.get("volumes") or []:
-            sources = [volume] + list((volume.get("projected") or {}).get("sources") or [])
+            sources = [volume, *((volume.get("projected") or {}).get("sources") or [])]
             for source in sources:
                 if "configMap" in source:
                     cm_names.add(source["configMap"]["name"])
@@ -202,8 +203,6 @@ class Agent:
         cms = {n: cm for n in cm_names if (cm := await self.api.config_map(namespace, n)) is not None}
         secrets = {n: s for n in secret_names if (s := await self.api.secret(namespace, n)) is not None}
         token = None
-        from loom.e2e.agent.volumes import needs_token
-
         for projection in needs_token(pod)[:1]:
             token = await self.api.token(namespace, spec.get("serviceAccountName", "default"),
                                          projection.get("audience"),

@@ -98,7 +98,9 @@ class KubeApi:
         threads = []
         for kind in kinds:
             fn, kwargs = sources[kind]
-            thread = threading.Thread(target=self._watch, args=(fn, kwargs, on_event), name=f"watch-{kind}", daemon=True)
+            thread = threading.Thread(
+                target=self._watch, args=(fn, kwargs, on_event), name=f"watch-{kind}", daemon=True
+            )
             thread.start()
             threads.append(thread)
         return threads

@@ -80,7 +80,8 @@ class ContainerState:
             "ready": self.ready,
             "started": self.state == "running" and self.started,
             "restartCount": self.restart_count,
-            "state": state,
+            # Explicit nulls: a strategic-merge patch must not leave an old state beside the new one.
+            "state": {"waiting": None, "running": None, "terminated": None, **state},
             "lastState": {"terminated": self.last_terminated} if self.last_terminated else {},
         }
         if self.ran_once:
@@ -135,7 +136,8 @@ def pod_status(pod: PodState, previous_conditions: list[Obj] | None = None) -> O
         "startTime": pod.start_time,
         "conditions": [
             _condition("PodScheduled", True, None, previous),
-            _condition("Initialized", pod.initialized, "PodCompleted" if done else "ContainersNotInitialized", previous),
+            _condition("Initialized", pod.initialized, "PodCompleted" if done else "ContainersNotInitialized",
+                       previous),
             _condition("ContainersReady", containers_ready, not_ready, previous),
             _condition("Ready", containers_ready, not_ready, previous),
         ],

@@ -19,7 +19,8 @@ POD = {
     "status": {"podIP": "127.10.0.4", "hostIP": "127.0.0.1"},
 }
 DATA = ClusterData(
-    config_maps={"settings": {"data": {"MODE": "fast", "LEVEL": "3"}, "binaryData": {"blob": base64.b64encode(b"\x00").decode()}}},
+    config_maps={"settings": {"data": {"MODE": "fast", "LEVEL": "3"},
+                              "binaryData": {"blob": base64.b64encode(b"\x00").decode()}}},
     secrets={"creds": {"data": {"KEY": base64.b64encode(b"s3cr3t").decode()}}},
 )
 
@@ -64,7 +65,8 @@ def test_command_is_required_because_images_are_not_run() -> None:
     with pytest.raises(ConfigError) as err:
         plan.command_line({"name": "c", "image": "busybox"}, {})
     assert err.value.reason == "CreateContainerError" and "busybox" in err.value.message
-    assert plan.command_line({"name": "c", "command": ["echo"], "args": ["$(A)", "b"]}, {"A": "1"}) == ["echo", "1", "b"]
+    argv = plan.command_line({"name": "c", "command": ["echo"], "args": ["$(A)", "b"]}, {"A": "1"})
+    assert argv == ["echo", "1", "b"]
 
 
 def test_gpus_are_counted_and_allocated_without_overlap() -> None:
