@@ -36,9 +36,11 @@ class PodWorker:
     ) -> None:
         self.cfg, self.pod, self.fetch, self.on_change, self.extra_env = cfg, pod, fetch, on_change, extra_env
         meta, spec = pod["metadata"], pod["spec"]
-        self.uid, self.name, self.namespace = meta["uid"], meta["name"], meta["namespace"]
+        self.uid: str = meta["uid"]
+        self.name: str = meta["name"]
+        self.namespace: str = meta["namespace"]
         self.dir = cfg.pods_dir / self.uid
-        self.log_dir = cfg.logs_dir / f"{self.namespace}_{self.name}_{self.uid}"
+        self.log_dir: Path = cfg.logs_dir / f"{self.namespace}_{self.name}_{self.uid}"
         self.gpus = gpus
         self.hostname = spec.get("hostname") or self.name
         self.hosts_file = self.dir / "hosts"
@@ -68,7 +70,7 @@ class PodWorker:
         self.on_change()
 
     def log_path(self, container: str, attempt: int) -> Path:
-        return self.log_dir / container / f"{attempt}.log"
+        return Path(self.log_dir, container, f"{attempt}.log")
 
     def spec_of(self, name: str) -> Obj:
         spec = self.pod["spec"]
@@ -131,7 +133,7 @@ class PodWorker:
 
     async def _supervise(self, container: ContainerState, policy: str) -> int:
         if container.state == "terminated" and container.exit_code is not None:  # ended before an agent restart
-            code = container.exit_code
+            code: int = container.exit_code
             if policy == "Never" or (policy == "OnFailure" and code == 0):
                 return code
             await self._back_off(container)
@@ -171,10 +173,10 @@ class PodWorker:
         container.started = False
         container.terminated(code, reason)
         self._changed(container)
-        return code
+        return int(code)
 
     def container_env(self, spec: Obj, data: ClusterData, index: int) -> dict[str, str]:
-        env = plan.base_environment(self.cfg.bin_dir, self.state.pod_ip, self.cfg.shim_path)
+        env: dict[str, str] = plan.base_environment(self.cfg.bin_dir, self.state.pod_ip, self.cfg.shim_path)
         env.update(self.extra_env)
         env["HOSTNAME"] = self.hostname
         wanted = plan.gpu_request({"containers": [spec]})

@@ -39,7 +39,7 @@ def service_address(name: str, namespace: str, state_dir: str | Path | None = No
 
 
 def is_headless(service: Obj) -> bool:
-    return service["spec"].get("clusterIP") == "None"
+    return bool(service["spec"].get("clusterIP") == "None")
 
 
 def ready_endpoints(slices: list[Obj], port_name: str | None) -> tuple[list[tuple[str, str | None]], int | None]:

@@ -86,11 +86,11 @@ def volume_files(pod: Obj, volume: Obj, data: ClusterData, token: str | None) ->
 
 def volume_dir(volume: Obj, pod_dir: Path, state_dir: Path, namespace: str) -> Path:
     """Where a volume lives on the host."""
-    name = volume["name"]
+    name = str(volume["name"])
     if "persistentVolumeClaim" in volume:
-        return state_dir / "claims" / namespace / volume["persistentVolumeClaim"]["claimName"]
+        return state_dir / "claims" / namespace / str(volume["persistentVolumeClaim"]["claimName"])
     if "hostPath" in volume:
-        return Path(volume["hostPath"]["path"])
+        return Path(str(volume["hostPath"]["path"]))
     supported = {"emptyDir", "configMap", "secret", "downwardAPI", "projected"}
     if not supported & set(volume):
         kinds = sorted(set(volume) - {"name"})
