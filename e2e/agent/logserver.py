@@ -7,6 +7,7 @@ and follow (streams new output until the container attempt ends).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +41,9 @@ class LogServer:
             context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             context.load_cert_chain(self.cert, self.key)
         await web.TCPSite(self.runner, "127.0.0.1", self.port, ssl_context=context).start()
+        # The Node's Hostname address is `localhost`, which a client may try as ::1 first.
+        with contextlib.suppress(OSError):
+            await web.TCPSite(self.runner, "::1", self.port, ssl_context=context).start()
 
     async def stop(self) -> None:
         if self.runner is not None:
