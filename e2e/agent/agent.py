@@ -61,7 +61,13 @@ class Agent:
 
     async def run(self) -> None:
         self.cfg.pods_dir.mkdir(parents=True, exist_ok=True)
-        await self.node.register()
+        while True:  # the API server may still be starting
+            try:
+                await self.node.register()
+                break
+            except Exception as exc:
+                log.warning("registering node %s failed, retrying: %s", self.cfg.node_name, exc)
+                await asyncio.sleep(2)
         await self.logs.start()
         loop = asyncio.get_running_loop()
         self.api.watch_forever(["pods", "services", "endpointslices"], self.cfg.node_name,

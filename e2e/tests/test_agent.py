@@ -37,12 +37,16 @@ http.server.ThreadingHTTPServer(("", 8080), Echo).serve_forever()
 """
 
 CLIENT = """
-import json, urllib.request
-answers = [urllib.request.urlopen(f"http://{host}/", timeout=5).read().decode()
-           for host in ["echo", "echo.NS.svc.cluster.local"] * 6]
-print(json.dumps(sorted(set(answers))))
+import json, time, urllib.request
+answers = set()
+for attempt in range(40):  # endpoints may still be propagating: stop once both replicas answered
+    host = ["echo", "echo.NS", "echo.NS.svc", "echo.NS.svc.cluster.local"][attempt % 4]
+    answers.add(urllib.request.urlopen(f"http://{host}/", timeout=5).read().decode())
+    if len(answers) == 2:
+        break
+    time.sleep(0.2)
+print(json.dumps(sorted(answers)))
 """
-
 
 def _apply(cluster: Cluster, namespace: str, *manifests: dict[str, Any]) -> None:
     cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump_all(manifests))
