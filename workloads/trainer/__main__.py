@@ -1,0 +1,66 @@
+"""`python -m loom.workloads.trainer --config /etc/loom/trainer.json`, one process per rank under torchrun.
+
+Exit codes (constants in loom.workloads.trainer.config): 0 success; 2 permanent (bad config, broken user
+entrypoint: a clear message on stderr, in the progress file and in the termination log); 143 stopped by
+SIGTERM after a final checkpoint; anything else retryable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from loom.workloads.trainer.config import (
+    DEFAULT_PROGRESS_FILE,
+    EXIT_PERMANENT,
+    EXIT_RETRYABLE,
+    ConfigError,
+    load_config,
+)
+
+
+def _report_failure(message: str, permanent: bool, progress_file: str) -> None:
+    print(f"loom-trainer: {'permanent' if permanent else 'retryable'} failure: {message}", file=sys.stderr)
+    # Kubernetes shows the termination log in the pod status; the operator reads it for the reason.
+    termination_log = os.environ.get("LOOM_TERMINATION_LOG", "/dev/termination-log")
+    try:
+        Path(termination_log).write_text(message[-4000:])
+    except OSError:
+        pass
+    if os.environ.get("RANK", "0") == "0":
+        try:
+            from loom.workloads.trainer.tracking import write_json_atomically
+
+            write_json_atomically(Path(progress_file), {"phase": "Failed", "message": message[-4000:],
+                                                        "permanentFailure": permanent})
+        except OSError:
+            pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="loom-trainer", description=__doc__)
+    parser.add_argument("--config", required=True, help="path to the TrainerConfig JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    progress_file = DEFAULT_PROGRESS_FILE
+    try:
+        config = load_config(args.config)
+        progress_file = config.progress.file
+        from loom.workloads.trainer.loop import run
+
+        return run(config)
+    except ConfigError as error:
+        _report_failure(str(error), permanent=True, progress_file=progress_file)
+        return EXIT_PERMANENT
+    except Exception as error:
+        traceback.print_exc()
+        _report_failure(f"{type(error).__name__}: {error}", permanent=False, progress_file=progress_file)
+        return EXIT_RETRYABLE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""The two training engines behind one small interface: FSDP2 (`fully_shard`) and DeepSpeed ZeRO 0-3.
+
+Both expose their state to torch.distributed.checkpoint (DCP) in a world-size independent form:
+FSDP2 as sharded DTensors (DCP reshards on load); DeepSpeed as full logical tensors per parameter
+(`safe_get_full_*`), which DCP de-duplicates across ranks on save so each rank writes only a share, and
+which `safe_set_full_*` scatters back into whatever ZeRO partitioning the new world size has.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from loom.workloads.trainer.config import TrainerConfig
+from loom.workloads.trainer.task import StepOutput, TrainTask
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}
+
+
+def lr_lambda(warmup_steps: int, max_steps: int):  # type: ignore[no-untyped-def]
+    """Linear warm-up then cosine decay to 10%: a picklable-free closure, state lives in the scheduler."""
+
+    def factor(step: int) -> float:
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+class Engine(ABC):
+    model: nn.Module
+    scheduler: LambdaLR
+
+    @abstractmethod
+    def step(self, batch: Any) -> StepOutput:
+        """Forward, backward, optimizer and scheduler step; returns the (detached) loss."""
+
+    @abstractmethod
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Model and optimizer state for DCP (save)."""
+
+    @abstractmethod
+    def load_checkpoint_state(self, load: Any) -> None:
+        """`load(state_dict)` fills the given DCP state dict in place; apply it to model and optimizer."""
+
+    @abstractmethod
+    def full_model_state(self) -> dict[str, torch.Tensor]:
+        """Full fp32 weights on CPU, on every rank (a collective): for the final model export."""
+
+
+class FSDPEngine(Engine):
+    def __init__(self, config: TrainerConfig, task: TrainTask, model: nn.Module, device: torch.device) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        self.task = task
+        self.device = device
+        spec = config.fsdp
+        world = dist.get_world_size()
+        blocks = list(task.blocks(model))
+        if spec.activation_checkpointing and blocks:
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+            block_ids = {id(b) for b in blocks}
+            apply_activation_checkpointing(model, check_fn=lambda m: id(m) in block_ids)
+            # The wrappers replaced the blocks; find them again for sharding.
+            blocks = [m for m in model.modules() if type(m).__name__ == "CheckpointWrapper"]
+        model.to(device)
+        mesh_type = device.type
+        if spec.sharding == "hybrid" and world > 1:
+            local = torch.cuda.device_count() if device.type == "cuda" else world
+            local = max(1, min(local, world))
+            mesh = init_device_mesh(mesh_type, (world // local, local), mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh(mesh_type, (world,), mesh_dim_names=("shard",))
+        dtype = _DTYPES[spec.mixed_precision]
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
+        # "no" sharding keeps parameters replicated (DDP-like) but still through FSDP2 so the state path
+        # is the same; reshard_after_forward=False avoids the extra all-gathers.
+        reshard = spec.sharding != "no"
+        for block in blocks:
+            fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+        self.model = model
+        training = config.training
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=training.learning_rate, weight_decay=training.weight_decay, foreach=True
+        )
+        self.scheduler = LambdaLR(self.optimizer, lr_lambda(training.warmup_steps, training.max_steps))
+        self.grad_clip = training.grad_clip
+
+    def step(self, batch: Any) -> StepOutput:
+        self.model.train()
+        output = self.task.train_step(self.model, batch)
+        output.loss.backward()
+        if self.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return StepOutput(loss=output.loss.detach(), metrics=output.metrics)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optim": optim_state}
+
+    def load_checkpoint_state(self, load: Any) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self.checkpoint_state()
+        load(state)
+        set_state_dict(
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+
+    def full_model_state(self) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False)
+        state = get_model_state_dict(self.model, options=options)
+        # Activation checkpointing wrappers add a path component; exported names match the plain model.
+        return {k.replace("_checkpoint_wrapped_module.", ""): v.float() for k, v in state.items()}
+
+
+class DeepSpeedEngine(Engine):
+    def __init__(self, config: TrainerConfig, task: TrainTask, model: nn.Module, device: torch.device) -> None:
+        import deepspeed
+
+        self.task = task
+        spec = config.deepspeed
+        training = config.training
+        ds_config: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": training.batch_size,
+            "gradient_accumulation_steps": 1,
+            "zero_optimization": {"stage": spec.zero_stage},
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+            # torch.optim optimizers with offload: no DeepSpeedCPUAdam, so no C++ op to compile.
+            "zero_force_ds_cpu_optimizer": False,
+        }
+        if training.grad_clip:
+            ds_config["gradient_clipping"] = training.grad_clip
+        if spec.bf16:
+            ds_config["bf16"] = {"enabled": True}
+        if spec.offload == "cpu":
+            ds_config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+            if spec.zero_stage == 3:
+                ds_config["zero_optimization"]["offload_param"] = {"device": "cpu"}
+        ds_config = _deep_merge(ds_config, spec.config)
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=training.learning_rate, weight_decay=training.weight_decay, foreach=False
+        )
+        scheduler = LambdaLR(optimizer, lr_lambda(training.warmup_steps, training.max_steps))
+        engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config, dist_init_required=False
+        )
+        self.engine = engine
+        self.model = engine.module
+        self.ds_optimizer = ds_optimizer
+        self.scheduler = ds_scheduler
+        self.names = [name for name, _ in self.model.named_parameters()]
+        self.dtype = torch.bfloat16 if spec.bf16 else None
+
+    def _base_optimizer(self) -> torch.optim.Optimizer:
+        return getattr(self.ds_optimizer, "optimizer", self.ds_optimizer)  # type: ignore[no-any-return]
+
+    def step(self, batch: Any) -> StepOutput:
+        self.engine.train()
+        output = self.task.train_step(self.engine, batch)
+        self.engine.backward(output.loss)
+        self.engine.step()  # optimizer, zero_grad and the LR scheduler
+        return StepOutput(loss=output.loss.detach().float(), metrics=output.metrics)
+
+    def _state_keys(self) -> list[str]:
+        keys: set[str] = set()
+        for state in self._base_optimizer().state.values():
+            keys.update(k for k, v in state.items() if k != "step" and torch.is_tensor(v) and v.dim() > 0)
+        return sorted(keys)
+
+    def _optimizer_step_count(self) -> float:
+        for state in self._base_optimizer().state.values():
+            if "step" in state:
+                return float(state["step"])
+        return 0.0
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+        model: dict[str, torch.Tensor] = {}
+        optim: dict[str, torch.Tensor] = {}
+        keys = self._state_keys()
+        base = self._base_optimizer()
+        for name, param in self.model.named_parameters():
+            full = safe_get_full_fp32_param(param)
+            model[name] = (full if full is not None else param.detach()).float().cpu().clone()
+            for key in keys:
+                value = safe_get_full_optimizer_state(param, key)
+                if value is None:  # no ZeRO: the torch optimizer owns per-parameter state
+                    value = base.state[param][key]
+                optim[f"{name}.{key}"] = value.float().cpu().clone()
+        return {"model": model, "optim": optim, "optim_step": torch.tensor(self._optimizer_step_count())}
+
+    def load_checkpoint_state(self, load: Any) -> None:
+        from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+        if not self._state_keys():
+            self._initialise_optimizer_state()
+        state = self.checkpoint_state()
+        load(state)
+        base = self._base_optimizer()
+        keys = self._state_keys()
+        for name, param in self.model.named_parameters():
+            if hasattr(param, "ds_id") or hasattr(param, "_hp_mapping"):
+                safe_set_full_fp32_param(param, state["model"][name])
+                for key in keys:
+                    safe_set_full_optimizer_state(param, state["optim"][f"{name}.{key}"], key)
+            else:
+                with torch.no_grad():
+                    param.copy_(state["model"][name].to(param.device, param.dtype))
+                for key in keys:
+                    base.state[param][key].copy_(state["optim"][f"{name}.{key}"])
+        for per_param in base.state.values():
+            if "step" in per_param:
+                per_param["step"] = torch.as_tensor(float(state["optim_step"]), dtype=per_param["step"].dtype) \
+                    if torch.is_tensor(per_param["step"]) else float(state["optim_step"])
+
+    def _initialise_optimizer_state(self) -> None:
+        """Without ZeRO the torch optimizer creates its state lazily; create it (zeros) before loading."""
+        base = self._base_optimizer()
+        for group in base.param_groups:
+            for param in group["params"]:
+                if param not in base.state or not base.state[param]:
+                    base.state[param] = {
+                        "step": torch.tensor(0.0),
+                        "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+                        "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
+                    }
+
+    def full_model_state(self) -> dict[str, torch.Tensor]:
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        state = {}
+        for name, param in self.model.named_parameters():
+            full = safe_get_full_fp32_param(param)
+            state[name] = (full if full is not None else param.detach()).float().cpu().clone()
+        for name, buffer in self.model.named_buffers():
+            state[name] = buffer.detach().cpu().clone()
+        return state
+
+
+def build_engine(config: TrainerConfig, task: TrainTask, model: nn.Module, device: torch.device) -> Engine:
+    if config.engine.value == "deepspeed":
+        return DeepSpeedEngine(config, task, model, device)
+    return FSDPEngine(config, task, model, device)
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged

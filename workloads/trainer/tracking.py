@@ -1,0 +1,142 @@
+"""What the trainer tells the outside world (rank 0 only): a progress file for the operator, Prometheus
+metrics, and MLflow (params, metrics, checkpoint locations, final model)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from loom.workloads.trainer.config import MLflowSpec, ProgressSpec
+
+log = logging.getLogger("loom.trainer")
+
+
+def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(payload, handle)
+    os.replace(temporary, path)
+
+
+class Progress:
+    """Progress file (rewritten atomically, read by the operator) and Prometheus gauges."""
+
+    def __init__(self, spec: ProgressSpec, total_steps: int) -> None:
+        self.path = Path(spec.file)
+        self.total_steps = total_steps
+        self.lock = threading.Lock()
+        self.state: dict[str, Any] = {"step": 0, "totalSteps": total_steps, "phase": "Starting"}
+        self.registry = CollectorRegistry()
+        self.g_step = Gauge("loom_trainer_step", "Last completed training step", registry=self.registry)
+        self.g_total = Gauge("loom_trainer_total_steps", "Configured number of steps", registry=self.registry)
+        self.g_loss = Gauge("loom_trainer_loss", "Training loss at the last step", registry=self.registry)
+        self.g_rate = Gauge("loom_trainer_samples_per_second", "Training throughput", registry=self.registry)
+        self.g_ckpt = Gauge("loom_trainer_checkpoint_step", "Step of the newest committed checkpoint",
+                            registry=self.registry)
+        self.c_ckpt = Counter("loom_trainer_checkpoints", "Committed checkpoints", registry=self.registry)
+        self.h_stall = Histogram("loom_trainer_checkpoint_stall_seconds", "Training-loop stall per checkpoint",
+                                 registry=self.registry, buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 30))
+        self.g_total.set(total_steps)
+        if spec.metrics_port:
+            start_http_server(spec.metrics_port, registry=self.registry)
+        self._flush()
+
+    def _flush(self) -> None:
+        self.state["updatedAt"] = time.time()
+        write_json_atomically(self.path, self.state)
+
+    def update(self, step: int, loss: float, samples_per_second: float, eta_s: float | None, phase: str) -> None:
+        with self.lock:
+            self.state.update(step=step, loss=loss, samplesPerSecond=samples_per_second, eta=eta_s, phase=phase)
+            self._flush()
+        self.g_step.set(step)
+        self.g_loss.set(loss)
+        self.g_rate.set(samples_per_second)
+
+    def checkpoint_committed(self, uri: str, step: int) -> None:
+        with self.lock:
+            self.state["latestCheckpoint"] = {"uri": uri, "step": step}
+            self._flush()
+        self.g_ckpt.set(step)
+        self.c_ckpt.inc()
+
+    def stalled(self, seconds: float) -> None:
+        self.h_stall.observe(seconds)
+
+    def finish(self, phase: str, message: str | None = None, permanent: bool | None = None) -> None:
+        with self.lock:
+            self.state["phase"] = phase
+            if message:
+                self.state["message"] = message
+            if permanent is not None:
+                self.state["permanentFailure"] = permanent
+            self._flush()
+
+
+class MLflowTracker:
+    """MLflow logging through the client API, batched (one request per flush, not per metric)."""
+
+    def __init__(self, spec: MLflowSpec, run_id: str | None, run_name: str | None = None) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=spec.tracking_uri)
+        self.run_id = run_id or os.environ.get("MLFLOW_RUN_ID") or spec.run_id
+        if not self.run_id:
+            experiment = self.client.get_experiment_by_name(spec.experiment)
+            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(spec.experiment)
+            self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
+        self.pending: list[Any] = []
+        self.last_flush = time.monotonic()
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        existing = self.client.get_run(self.run_id).data.params
+        # Params are immutable in MLflow: after a restart only log what is not there yet.
+        fresh = [Param(k, str(v)[:6000]) for k, v in params.items() if k not in existing]
+        for start in range(0, len(fresh), 100):
+            self.client.log_batch(self.run_id, params=fresh[start : start + 100])
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        timestamp = int(time.time() * 1000)
+        self.pending.extend(Metric(k, float(v), timestamp, step) for k, v in metrics.items())
+        if len(self.pending) >= 200 or time.monotonic() - self.last_flush > 5:
+            self.flush()
+
+    def flush(self) -> None:
+        while self.pending:
+            batch, self.pending = self.pending[:1000], self.pending[1000:]
+            self.client.log_batch(self.run_id, metrics=batch)
+        self.last_flush = time.monotonic()
+
+    def set_tag(self, key: str, value: str) -> None:
+        self.client.set_tag(self.run_id, key, value)
+
+    def log_artifacts(self, folder: Path, artifact_path: str) -> None:
+        self.client.log_artifacts(self.run_id, str(folder), artifact_path)
+
+    def end(self, status: str) -> None:
+        self.flush()
+        # A run the operator created is terminated by the operator; ours we close.
+        if not os.environ.get("MLFLOW_RUN_ID"):
+            self.client.set_terminated(self.run_id, status=status)
+
+
+def flatten(prefix: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(flatten(f"{prefix}.{key}" if prefix else str(key), item))
+        return out
+    return {prefix: value}
