@@ -1,0 +1,255 @@
+"""InferenceService status from what runs: Deployments, their pods, the rollout plan (pure).
+
+Conditions:
+- ModelLoaded: a replica running the model the spec asks for has loaded it (readiness means loaded). False
+  with FetchFailed / LoadFailed when its pods fail, Loading while they start, or the resolution error
+  (TrainingJobNotFound, NoCheckpointYet, ...) when there is nothing to run.
+- RolledOut: every track runs its current template on all of its replicas; False while rolling, promoting,
+  rolling back, or when the rollout is stuck (ProgressDeadlineExceeded) or the spec is unusable.
+- Ready: the Service has at least one ready replica to answer with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..api.common import Condition, set_condition
+from ..api.inferenceservice import CanaryStatus, InferenceServiceStatus, ServingPhase
+from .inferenceservice import CONFIG_HASH_ANNOTATION, selector_string, service_url
+from .inferenceservice_model import ResolveError
+from .inferenceservice_rollout import RolloutPlan, rolled_out
+
+Manifest = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the controller read and applied in this pass."""
+
+    plan: RolloutPlan
+    stable: Manifest | None  # Deployments as applied (or as live when not applied)
+    canary: Manifest | None
+    pods: list[Manifest]
+    serving_config_hash: str | None  # pod template hash of the track serving the spec's model
+    resolve_error: ResolveError | None = None
+    invalid: str | None = None  # an InvalidSpec message
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+def _replicas(deployment: Manifest | None, field: str) -> int:
+    if deployment is None:
+        return 0
+    return int((deployment.get("status") or {}).get(field, 0))
+
+
+def _wanted(deployment: Manifest | None) -> int:
+    return 0 if deployment is None else int(deployment.get("spec", {}).get("replicas", 1))
+
+
+def _pod_ready(pod: Manifest) -> bool:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return bool(cond.get("status") == "True")
+    return False
+
+
+def _pods_of(pods: list[Manifest], config_hash: str | None) -> list[Manifest]:
+    return [
+        p
+        for p in pods
+        if (p.get("metadata", {}).get("annotations") or {}).get(CONFIG_HASH_ANNOTATION) == config_hash
+        and not p.get("metadata", {}).get("deletionTimestamp")
+    ]
+
+
+def _failed(state: Manifest | None) -> bool:
+    if not state:
+        return False
+    terminated = state.get("terminated")
+    if terminated and int(terminated.get("exitCode", 0)) != 0:
+        return True
+    waiting = state.get("waiting") or {}
+    return waiting.get("reason") in ("CrashLoopBackOff", "CreateContainerConfigError", "CreateContainerError")
+
+
+def diagnose(pods: list[Manifest]) -> tuple[str, str]:
+    """Why none of these pods is ready yet: (reason, message). Never includes logs (they may hold secrets)."""
+    if not pods:
+        return "Pending", "no replica created yet"
+    for pod in pods:
+        name = pod.get("metadata", {}).get("name", "?")
+        status = pod.get("status") or {}
+        for init in status.get("initContainerStatuses") or []:
+            if _failed(init.get("state")) or _failed(init.get("lastState")):
+                return "FetchFailed", f"pod {name}: fetching the model failed (see its fetch-model log)"
+        for container in status.get("containerStatuses") or []:
+            if _failed(container.get("state")) or _failed(container.get("lastState")):
+                return "LoadFailed", f"pod {name}: the server exited (see its server log)"
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                return "Unschedulable", f"pod {name}: {cond.get('message') or cond.get('reason') or 'not scheduled'}"
+    fetching = any(
+        (i.get("state") or {}).get("running") is not None or (i.get("state") or {}).get("waiting") is not None
+        for pod in pods
+        for i in (pod.get("status") or {}).get("initContainerStatuses") or []
+    )
+    return ("Fetching", "fetching the model") if fetching else ("Loading", "loading the model")
+
+
+def _stuck(deployment: Manifest | None) -> str | None:
+    for cond in (deployment or {}).get("status", {}).get("conditions") or []:
+        if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
+            return str(cond.get("message") or "rollout made no progress")
+    return None
+
+
+def _condition(ctype: str, ok: bool | None, reason: str, message: str, generation: int | None) -> Condition:
+    status = "Unknown" if ok is None else ("True" if ok else "False")
+    return Condition(type=ctype, status=status, reason=reason, message=message, observed_generation=generation)
+
+
+def compute_status(
+    owner: Manifest, observed: Observed, previous: InferenceServiceStatus | None
+) -> tuple[InferenceServiceStatus, list[Event]]:
+    """The new status and the events its condition transitions deserve."""
+    generation = owner.get("metadata", {}).get("generation")
+    plan = observed.plan
+    stable, canary = observed.stable, observed.canary
+    ready = _replicas(stable, "readyReplicas") + _replicas(canary, "readyReplicas")
+    running = _replicas(stable, "replicas") + _replicas(canary, "replicas")
+    wanted = _wanted(stable) + _wanted(canary)
+    serving_pods = _pods_of(observed.pods, observed.serving_config_hash)
+    loaded = sum(1 for p in serving_pods if _pod_ready(p))
+    serving = plan.serving_ref
+    version = serving.display_version if serving else None
+    err = observed.resolve_error
+
+    # ModelLoaded
+    if observed.invalid is not None and plan.stable_ref is None:
+        model_loaded = _condition("ModelLoaded", False, "InvalidSpec", observed.invalid, generation)
+    elif plan.stable_ref is None:
+        reason, message = (err.reason, err.message) if err else ("Pending", "no model resolved yet")
+        model_loaded = _condition("ModelLoaded", False, reason, message, generation)
+    elif loaded > 0:
+        model_loaded = _condition(
+            "ModelLoaded", True, "Loaded", f"model {version} loaded on {loaded} replica(s)", generation
+        )
+    elif wanted == 0:
+        model_loaded = _condition("ModelLoaded", None, "ScaledToZero", "no replica runs", generation)
+    else:
+        reason, message = diagnose(serving_pods)
+        model_loaded = _condition("ModelLoaded", False, reason, f"model {version}: {message}", generation)
+
+    # RolledOut
+    stuck = _stuck(stable) or _stuck(canary)
+    if observed.invalid is not None:
+        rolled = _condition("RolledOut", False, "InvalidSpec", observed.invalid, generation)
+    elif err is not None:
+        rolled = _condition("RolledOut", False, err.reason, err.message, generation)
+    elif plan.stable_ref is None:
+        rolled = _condition("RolledOut", False, "Pending", "nothing to roll out yet", generation)
+    elif stuck is not None:
+        rolled = _condition("RolledOut", False, "ProgressDeadlineExceeded", stuck, generation)
+    elif plan.canary_action in ("keep", "retire"):
+        what = "promoting the canary" if plan.mode == "promoting" else "rolling back the canary"
+        rolled = _condition(
+            "RolledOut", False, "Promoting" if plan.mode == "promoting" else "RollingBack", what, generation
+        )
+    elif plan.canary_action == "apply":
+        done = rolled_out(stable) and rolled_out(canary)
+        message = (
+            f"canary {plan.canary_ref.display_version if plan.canary_ref else '?'} on {plan.canary_replicas} of "
+            f"{plan.stable_replicas + plan.canary_replicas} replicas (asked {plan.canary_percent}%)"
+        )
+        rolled = _condition("RolledOut", done, "CanaryRolledOut" if done else "RollingOut", message, generation)
+    else:
+        done = rolled_out(stable)
+        updated = _replicas(stable, "updatedReplicas")
+        message = (
+            f"model {version} on all {plan.stable_replicas} replica(s)"
+            if done
+            else (f"{updated} of {plan.stable_replicas} replica(s) updated to model {version}")
+        )
+        rolled = _condition("RolledOut", done, "RolledOut" if done else "RollingOut", message, generation)
+
+    # Ready
+    if observed.invalid is not None and ready == 0:
+        ready_cond = _condition("Ready", False, "InvalidSpec", observed.invalid, generation)
+    elif ready > 0:
+        ready_cond = _condition("Ready", True, "Serving", f"{ready} replica(s) ready", generation)
+    elif plan.stable_ref is not None and wanted == 0:
+        ready_cond = _condition("Ready", False, "ScaledToZero", "no replica runs", generation)
+    else:
+        ready_cond = _condition("Ready", False, model_loaded.reason, model_loaded.message, generation)
+
+    old = list(previous.conditions) if previous else []
+    conditions = old
+    for cond in (model_loaded, rolled, ready_cond):
+        conditions = set_condition(conditions, cond)
+
+    status = InferenceServiceStatus(
+        observed_generation=generation,
+        conditions=conditions,
+        phase=_phase(observed, model_loaded, rolled, ready, wanted),
+        url=service_url(owner),
+        replicas=running,
+        ready_replicas=ready,
+        selector=selector_string(owner),
+        model_version=plan.stable_ref.display_version if plan.stable_ref else None,
+        canary=_canary(plan, canary),
+    )
+    return status, transitions(old, conditions)
+
+
+def _canary(plan: RolloutPlan, canary: Manifest | None) -> CanaryStatus | None:
+    if canary is None or plan.canary_ref is None or plan.canary_action == "retire":
+        return None
+    return CanaryStatus(
+        percent=plan.canary_percent or 0,
+        model_version=plan.canary_ref.display_version,
+        replicas=_wanted(canary),
+        ready_replicas=_replicas(canary, "readyReplicas"),
+    )
+
+
+def _phase(observed: Observed, loaded: Condition, rolled: Condition, ready: int, wanted: int) -> ServingPhase:
+    err = observed.resolve_error
+    if observed.invalid is not None or (err is not None and not err.transient and ready == 0):
+        return "Failed"
+    if observed.plan.stable_ref is None:
+        return "Pending"
+    if ready == 0:
+        if wanted == 0:
+            return "Pending"
+        return "Failed" if loaded.reason in ("FetchFailed", "LoadFailed") else "Loading"
+    if rolled.status != "True":
+        return "RollingOut" if rolled.reason not in ("ProgressDeadlineExceeded",) else "Degraded"
+    return "Ready" if ready >= wanted else "Degraded"
+
+
+WARNING_REASONS = {
+    "FetchFailed", "LoadFailed", "InvalidSpec", "ProgressDeadlineExceeded", "TrainingJobNotFound",
+    "TrainingJobFailed", "HandlerRequired", "Unschedulable",
+}  # fmt: skip
+
+
+def transitions(old: list[Condition], new: list[Condition]) -> list[Event]:
+    """One event per condition whose status or reason changed (so a stuck state is reported once, not forever)."""
+    before = {c.type: c for c in old}
+    events: list[Event] = []
+    for cond in new:
+        prior = before.get(cond.type)
+        if prior is not None and prior.status == cond.status and prior.reason == cond.reason:
+            continue
+        warning = cond.reason in WARNING_REASONS
+        events.append(
+            Event("Warning" if warning else "Normal", cond.reason, f"{cond.type}={cond.status}: {cond.message}")
+        )
+    return events

@@ -1,0 +1,112 @@
+"""Resolving an InferenceService's model source (uri, MLflow, fromTrainingJob) to one concrete ModelRef."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from loom.operator.api.inferenceservice import ModelSource
+from loom.operator.render.inferenceservice_model import ModelRef, ResolveError, resolve_model
+
+
+def source(**wire: Any) -> ModelSource:
+    return ModelSource.model_validate(wire)
+
+
+def training_job(phase: str = "Running", latest: str | None = None, step: int | None = None) -> dict[str, Any]:
+    status: dict[str, Any] = {"phase": phase}
+    if latest:
+        status["checkpoint"] = {"latest": latest, "step": step}
+    return {
+        "apiVersion": "loom.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "train", "namespace": "ml"},
+        "spec": {
+            "checkpoint": {
+                "uri": "s3://ckpt/train",
+                "endpoint": "http://s3:9000",
+                "secretRef": {"name": "job-creds", "accessKeyIdKey": "id", "secretAccessKeyKey": "secret"},
+            }
+        },
+        "status": status,
+    }
+
+
+def test_uri_version_defaults_to_its_last_segment_and_explicit_wins() -> None:
+    ref = resolve_model(source(uri="s3://models/gpt/v2/"), "noop")
+    assert (ref.storage_uri, ref.storage_kind, ref.version, ref.handler) == ("s3://models/gpt/v2/", "s3", "v2", "noop")
+    assert resolve_model(source(uri="s3://models/gpt/v2", version="2024.1"), "noop").version == "2024.1"
+
+
+def test_mlflow_number_is_the_version_and_an_alias_is_left_to_the_fetch_step() -> None:
+    ref = resolve_model(source(mlflow="models:/gpt/7", trackingUri="http://mlflow:5000"), "auto")
+    assert (ref.storage_kind, ref.version, ref.handler, ref.tracking_uri) == (
+        "mlflow", "7", "mlflow-pyfunc", "http://mlflow:5000",
+    )  # fmt: skip
+    alias = resolve_model(source(mlflow="models:/gpt@champion"), "auto")
+    assert alias.version is None
+    assert alias.display_version == "models:/gpt@champion"
+
+
+def test_auto_handler_for_a_plain_uri_needs_a_choice() -> None:
+    with pytest.raises(ResolveError) as caught:
+        resolve_model(source(uri="s3://models/gpt"), "auto")
+    assert caught.value.reason == "HandlerRequired" and not caught.value.transient
+
+
+def test_training_job_latest_checkpoint_with_its_store_settings() -> None:
+    job = training_job(latest="s3://ckpt/train/step-00000200/", step=200)
+    ref = resolve_model(source(fromTrainingJob={"name": "train"}), "auto", job)
+    assert ref.storage_uri == "s3://ckpt/train/step-00000200/"
+    assert ref.storage_kind == "s3"
+    assert ref.version == "step-200"
+    assert ref.handler == "chargpt"
+    assert ref.endpoint == "http://s3:9000"
+    assert ref.secret_ref is not None and ref.secret_ref.name == "job-creds"
+    assert ref.secret_ref.access_key_id_key == "id"
+
+
+def test_a_newer_checkpoint_is_a_different_model() -> None:
+    spec = source(fromTrainingJob={"name": "train"})
+    old = resolve_model(spec, "chargpt", training_job(latest="s3://ckpt/train/step-100/", step=100))
+    new = resolve_model(spec, "chargpt", training_job(latest="s3://ckpt/train/step-200/", step=200))
+    same = resolve_model(spec, "chargpt", training_job(latest="s3://ckpt/train/step-100/", step=100))
+    assert old != new
+    assert old == same
+
+
+def test_own_secret_and_endpoint_win_over_the_jobs() -> None:
+    spec = source(fromTrainingJob={"name": "train"}, endpoint="http://other:9000", secretRef={"name": "mine"})
+    ref = resolve_model(spec, "chargpt", training_job(latest="s3://ckpt/train/step-1/", step=1))
+    assert ref.endpoint == "http://other:9000"
+    assert ref.secret_ref is not None and ref.secret_ref.name == "mine"
+
+
+@pytest.mark.parametrize(
+    ("job", "checkpoint", "reason"),
+    [
+        (None, "latest", "TrainingJobNotFound"),
+        (training_job("Running"), "latest", "NoCheckpointYet"),
+        (training_job("Running", "s3://ckpt/train/step-5/", 5), "final", "WaitingForTrainingJob"),
+        (training_job("Failed", "s3://ckpt/train/step-5/", 5), "final", "TrainingJobFailed"),
+    ],
+)
+def test_training_job_not_ready_to_serve(job: dict[str, Any] | None, checkpoint: str, reason: str) -> None:
+    with pytest.raises(ResolveError) as caught:
+        resolve_model(source(fromTrainingJob={"name": "train", "checkpoint": checkpoint}), "chargpt", job)
+    assert caught.value.reason == reason
+
+
+def test_final_checkpoint_of_a_succeeded_job() -> None:
+    job = training_job("Succeeded", "s3://ckpt/train/step-900/", 900)
+    ref = resolve_model(source(fromTrainingJob={"name": "train", "checkpoint": "final"}), "chargpt", job)
+    assert ref.version == "step-900"
+
+
+def test_annotation_round_trip_and_garbage() -> None:
+    ref = resolve_model(source(uri="s3://models/gpt/v1", secretRef={"name": "s"}), "noop")
+    assert ModelRef.from_annotation(ref.to_annotation()) == ref
+    assert ModelRef.from_annotation(None) is None
+    assert ModelRef.from_annotation("{not json") is None
+    assert ModelRef.from_annotation('{"storageUri": 3}') is None

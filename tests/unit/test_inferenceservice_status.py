@@ -1,0 +1,222 @@
+"""InferenceService status: conditions with reasons, phase, replica counts, canary state, events on transitions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loom.operator.api.inferenceservice import InferenceServiceStatus
+from loom.operator.render.inferenceservice import CONFIG_HASH_ANNOTATION
+from loom.operator.render.inferenceservice_model import MODEL_ANNOTATION, ModelRef, ResolveError
+from loom.operator.render.inferenceservice_rollout import RolloutPlan
+from loom.operator.render.inferenceservice_status import Observed, compute_status, diagnose
+
+OWNER = {
+    "apiVersion": "loom.dev/v1alpha1",
+    "kind": "InferenceService",
+    "metadata": {"name": "gpt", "namespace": "ml", "uid": "u", "generation": 4},
+}
+
+
+def ref(version: str) -> ModelRef:
+    return ModelRef(storage_uri=f"s3://m/{version}", storage_kind="s3", handler="noop", version=version)
+
+
+def deployment(model: ModelRef, wanted: int, ready: int, *, updated: int | None = None) -> dict[str, Any]:
+    updated = wanted if updated is None else updated
+    return {
+        "metadata": {"generation": 2, "annotations": {MODEL_ANNOTATION: model.to_annotation()}},
+        "spec": {"replicas": wanted},
+        "status": {
+            "observedGeneration": 2,
+            "replicas": max(wanted, updated),
+            "updatedReplicas": updated,
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+        },
+    }
+
+
+def pod(config_hash: str, ready: bool, **status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"gpt-{config_hash}", "annotations": {CONFIG_HASH_ANNOTATION: config_hash}},
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}], **status},
+    }
+
+
+def conditions(status: InferenceServiceStatus) -> dict[str, tuple[str, str]]:
+    return {c.type: (c.status, c.reason) for c in status.conditions}
+
+
+def test_steady_and_ready() -> None:
+    observed = Observed(
+        plan=RolloutPlan(stable_ref=ref("v1"), stable_replicas=2),
+        stable=deployment(ref("v1"), 2, 2),
+        canary=None,
+        pods=[pod("h1", True), pod("h1", True)],
+        serving_config_hash="h1",
+    )
+    status, events = compute_status(OWNER, observed, None)
+    assert conditions(status) == {
+        "ModelLoaded": ("True", "Loaded"),
+        "RolledOut": ("True", "RolledOut"),
+        "Ready": ("True", "Serving"),
+    }
+    assert status.phase == "Ready"
+    assert (status.replicas, status.ready_replicas, status.model_version) == (2, 2, "v1")
+    assert status.url == "http://gpt.ml.svc"
+    assert status.selector and "app.kubernetes.io/instance=gpt" in status.selector
+    assert status.canary is None
+    assert status.observed_generation == 4
+    assert all(c.observed_generation == 4 for c in status.conditions)
+    assert {e.reason for e in events} == {"Loaded", "RolledOut", "Serving"}
+    assert all(e.type == "Normal" for e in events)
+    # The same observation again: no transition, no event.
+    again, events = compute_status(OWNER, observed, status)
+    assert events == []
+    assert [c.last_transition_time for c in again.conditions] == [c.last_transition_time for c in status.conditions]
+
+
+def test_rolling_update_serves_old_replicas_while_new_ones_load() -> None:
+    observed = Observed(
+        plan=RolloutPlan(stable_ref=ref("v2"), stable_replicas=2),
+        stable=deployment(ref("v2"), 2, 2, updated=1),
+        canary=None,
+        pods=[pod("old", True), pod("old", True), pod("new", False)],
+        serving_config_hash="new",
+    )
+    status, _ = compute_status(OWNER, observed, None)
+    assert conditions(status)["ModelLoaded"] == ("False", "Loading")
+    assert conditions(status)["RolledOut"] == ("False", "RollingOut")
+    assert conditions(status)["Ready"] == ("True", "Serving")
+    assert status.phase == "RollingOut"
+
+
+def test_canary_state_in_status() -> None:
+    plan = RolloutPlan(
+        stable_ref=ref("v1"), stable_replicas=4, canary_ref=ref("v2"), canary_replicas=1,
+        canary_action="apply", canary_percent=20, mode="canary",
+    )  # fmt: skip
+    observed = Observed(
+        plan=plan,
+        stable=deployment(ref("v1"), 4, 4),
+        canary=deployment(ref("v2"), 1, 1),
+        pods=[pod("s", True)] * 4 + [pod("c", True)],
+        serving_config_hash="c",
+    )
+    status, _ = compute_status(OWNER, observed, None)
+    assert status.model_version == "v1"
+    assert status.canary is not None
+    assert (status.canary.percent, status.canary.model_version, status.canary.replicas) == (20, "v2", 1)
+    assert status.canary.ready_replicas == 1
+    assert (status.replicas, status.ready_replicas) == (5, 5)
+    assert conditions(status)["RolledOut"] == ("True", "CanaryRolledOut")
+    assert status.phase == "Ready"
+
+
+def test_promotion_in_progress_is_not_rolled_out() -> None:
+    plan = RolloutPlan(
+        stable_ref=ref("v2"), stable_replicas=5, canary_ref=ref("v2"), canary_replicas=1,
+        canary_action="keep", mode="promoting",
+    )  # fmt: skip
+    observed = Observed(
+        plan=plan, stable=deployment(ref("v2"), 5, 4, updated=2), canary=deployment(ref("v2"), 1, 1),
+        pods=[pod("s2", True)] * 2, serving_config_hash="s2",
+    )  # fmt: skip
+    status, _ = compute_status(OWNER, observed, None)
+    assert conditions(status)["RolledOut"] == ("False", "Promoting")
+    assert status.phase == "RollingOut"
+    assert status.model_version == "v2"
+
+
+def test_fetch_failure_is_reported_with_a_warning_and_no_logs() -> None:
+    failing = pod(
+        "h", False,
+        initContainerStatuses=[{"name": "fetch-model", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                                "lastState": {"terminated": {"exitCode": 1}}}],
+    )  # fmt: skip
+    observed = Observed(
+        plan=RolloutPlan(stable_ref=ref("v1"), stable_replicas=1),
+        stable=deployment(ref("v1"), 1, 0, updated=1),
+        canary=None,
+        pods=[failing],
+        serving_config_hash="h",
+    )
+    status, events = compute_status(OWNER, observed, None)
+    assert conditions(status)["ModelLoaded"] == ("False", "FetchFailed")
+    assert conditions(status)["Ready"] == ("False", "FetchFailed")
+    assert status.phase == "Failed"
+    assert any(e.type == "Warning" and e.reason == "FetchFailed" for e in events)
+
+
+def test_diagnose_pods() -> None:
+    assert diagnose([])[0] == "Pending"
+    crashed = pod("h", False, containerStatuses=[{"name": "server", "lastState": {"terminated": {"exitCode": 1}}}])
+    assert diagnose([crashed])[0] == "LoadFailed"
+    fetching = pod("h", False, initContainerStatuses=[{"name": "fetch-model", "state": {"running": {}}}])
+    assert diagnose([fetching])[0] == "Fetching"
+    unscheduled = {"metadata": {"name": "p"}, "status": {"conditions": [
+        {"type": "PodScheduled", "status": "False", "message": "0/3 nodes have free nvidia.com/gpu"}]}}  # fmt: skip
+    assert diagnose([unscheduled]) == ("Unschedulable", "pod p: 0/3 nodes have free nvidia.com/gpu")
+    assert diagnose([pod("h", False)])[0] == "Loading"
+
+
+def test_unresolved_training_job_model_with_nothing_running() -> None:
+    observed = Observed(
+        plan=RolloutPlan(stable_ref=None, stable_replicas=0, mode="waiting"),
+        stable=None, canary=None, pods=[], serving_config_hash=None,
+        resolve_error=ResolveError("NoCheckpointYet", "TrainingJob train has not written a checkpoint yet"),
+    )  # fmt: skip
+    status, _ = compute_status(OWNER, observed, None)
+    assert conditions(status) == {
+        "ModelLoaded": ("False", "NoCheckpointYet"),
+        "RolledOut": ("False", "NoCheckpointYet"),
+        "Ready": ("False", "NoCheckpointYet"),
+    }
+    assert status.phase == "Pending"
+    assert status.model_version is None
+
+
+def test_unresolved_model_while_the_previous_one_serves() -> None:
+    observed = Observed(
+        plan=RolloutPlan(stable_ref=ref("v1"), stable_replicas=1),
+        stable=deployment(ref("v1"), 1, 1), canary=None, pods=[pod("h", True)], serving_config_hash="h",
+        resolve_error=ResolveError("TrainingJobNotFound", "TrainingJob train does not exist"),
+    )  # fmt: skip
+    status, _ = compute_status(OWNER, observed, None)
+    assert conditions(status)["Ready"] == ("True", "Serving")
+    assert conditions(status)["RolledOut"] == ("False", "TrainingJobNotFound")
+    assert status.phase == "RollingOut"
+
+
+def test_invalid_spec_fails_without_touching_anything() -> None:
+    observed = Observed(
+        plan=RolloutPlan(stable_ref=None, stable_replicas=0, mode="waiting"),
+        stable=None, canary=None, pods=[], serving_config_hash=None,
+        invalid="rollout.maxSurge and rollout.maxUnavailable cannot both be 0",
+    )  # fmt: skip
+    status, events = compute_status(OWNER, observed, None)
+    assert conditions(status)["Ready"] == ("False", "InvalidSpec")
+    assert status.phase == "Failed"
+    assert any(e.type == "Warning" for e in events)
+
+
+def test_scaled_to_zero() -> None:
+    observed = Observed(
+        plan=RolloutPlan(stable_ref=ref("v1"), stable_replicas=0),
+        stable=deployment(ref("v1"), 0, 0), canary=None, pods=[], serving_config_hash="h",
+    )  # fmt: skip
+    status, _ = compute_status(OWNER, observed, None)
+    assert conditions(status)["Ready"] == ("False", "ScaledToZero")
+    assert conditions(status)["ModelLoaded"] == ("Unknown", "ScaledToZero")
+    assert status.phase == "Pending"
+
+
+def test_degraded_when_a_rolled_out_replica_is_lost() -> None:
+    stable = deployment(ref("v1"), 3, 2)
+    stable["status"]["availableReplicas"] = 3  # rolled out, then one replica stopped being ready
+    observed = Observed(
+        plan=RolloutPlan(stable_ref=ref("v1"), stable_replicas=3),
+        stable=stable, canary=None, pods=[pod("h", True)] * 2, serving_config_hash="h",
+    )  # fmt: skip
+    status, _ = compute_status(OWNER, observed, None)
+    assert status.phase == "Degraded"
