@@ -199,8 +199,15 @@ class MlflowRun(ApiModel):
 class TrainingJobStatus(StatusBase):
     phase: TrainingPhase | None = None
     workers: WorkerCounts | None = None
-    restarts: int = Field(0, description="Gang restarts so far (counts against backoffLimit when caused by failures).")
-    failures: int = Field(0, description="Failures counted against runPolicy.backoffLimit.")
+    restarts: int = Field(0, description="Recoveries so far: gang restarts plus single-worker replacements.")
+    failures: int = Field(0, description="Failures counted against runPolicy.backoffLimit (never reset).")
+    attempt: int = Field(0, description="Gang attempt; worker pods labelled with an older one are restart leftovers.")
+    replaced_pods: list[str] = Field(
+        default_factory=list,
+        description="UIDs of failed or lost worker pods already accounted for, kept until those pods are gone.",
+        max_length=2048,
+    )
+    children_deleted: bool | None = Field(None, description="ttlSecondsAfterFinished removed the pods and services.")
     checkpoint: CheckpointStatus | None = None
     progress: Progress | None = None
     mlflow: MlflowRun | None = None

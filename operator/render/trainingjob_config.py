@@ -1,0 +1,138 @@
+"""TrainingJob -> the trainer's own config model and the torchrun command line (pure).
+
+The trainer's pydantic model (loom.workloads.trainer.config.TrainerConfig) is the contract: the operator
+builds an instance of it, never a look-alike dict, so a field the trainer does not know fails here, in a
+unit test, instead of inside a pod.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from loom.workloads.trainer import config as trainer
+
+from ..api.trainingjob import TrainingJobSpec
+
+CONFIG_DIR = "/etc/loom/trainer"
+CONFIG_FILE = "config.json"
+CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
+RENDEZVOUS_PORT = 29400
+# The trainer's rank 0 serves Prometheus metrics and its progress document on this port.
+PROGRESS_PORT = 9400
+# torchrun's own budget for restarting the local workers after a peer joins or leaves (elastic
+# re-rendezvous). Real pod failures are counted by the operator against runPolicy.backoffLimit.
+AGENT_MAX_RESTARTS = 3
+
+
+class SpecError(ValueError):
+    """The spec cannot be turned into a trainer config; reported as a condition, never retried."""
+
+
+def worker_range(spec: TrainingJobSpec) -> tuple[int, int]:
+    """(min, max) workers torchrun's rendezvous accepts."""
+    workers = spec.workers
+    low = workers.min_replicas or workers.replicas
+    high = max(workers.max_replicas or workers.replicas, workers.replicas)
+    return low, high
+
+
+def task_args(args: list[str]) -> dict[str, Any]:
+    """`key=value` arguments -> the task's args dict; values that parse as JSON keep their type."""
+    parsed: dict[str, Any] = {}
+    for arg in args:
+        key, sep, raw = arg.partition("=")
+        key = key.strip().lstrip("-")
+        if not sep or not key:
+            raise SpecError(f"entrypoint.args entry {arg!r} is not key=value")
+        try:
+            parsed[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            parsed[key] = raw
+    return parsed
+
+
+def trainer_config(spec: TrainingJobSpec) -> trainer.TrainerConfig:
+    """The TrainerConfig every worker reads from the ConfigMap."""
+    training: dict[str, Any] = {"device": "cuda" if spec.workers.gpus_per_worker > 0 else "cpu"}
+    if spec.max_steps is not None:
+        training["maxSteps"] = spec.max_steps
+    if spec.entrypoint.module is not None:
+        training["taskArgs"] = task_args(spec.entrypoint.args)
+    data: dict[str, Any] = {
+        "engine": spec.engine,
+        "training": training,
+        "progress": {"metricsPort": PROGRESS_PORT},
+    }
+    if spec.entrypoint.module is not None:
+        data["entrypoint"] = spec.entrypoint.module
+    if spec.deepspeed is not None:
+        ds = spec.deepspeed
+        data["deepspeed"] = {
+            "zeroStage": ds.zero_stage,
+            "offload": ds.offload,
+            "bf16": ds.bf16,
+            "config": ds.config or {},
+        }
+    if spec.fsdp is not None:
+        fsdp = spec.fsdp
+        data["fsdp"] = {
+            # The API says "none" for no sharding (kubectl users read it); the trainer's model says "no".
+            "sharding": "no" if fsdp.sharding == "none" else fsdp.sharding,
+            "mixedPrecision": fsdp.mixed_precision,
+            "activationCheckpointing": fsdp.activation_checkpointing,
+        }
+    if spec.checkpoint is not None:
+        ckpt = spec.checkpoint
+        data["checkpoint"] = {
+            "uri": ckpt.uri,
+            "endpoint": ckpt.endpoint,
+            "everySteps": ckpt.every_steps,
+            "everyMinutes": ckpt.every_minutes,
+            "async": ckpt.async_,
+            "keepLast": ckpt.keep_last,
+            "resume": ckpt.resume,
+        }
+    if spec.tracking is not None and spec.tracking.mlflow is not None:
+        # The run id is not rendered here: it arrives as MLFLOW_RUN_ID so the ConfigMap never changes with it.
+        data["tracking"] = {
+            "mlflow": {"trackingUri": spec.tracking.mlflow.tracking_uri, "experiment": spec.tracking.mlflow.experiment}
+        }
+    try:
+        return trainer.TrainerConfig.model_validate(_drop_none(data))
+    except ValueError as error:
+        raise SpecError(f"the trainer rejects this spec: {error}") from error
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    return value
+
+
+def rendezvous_endpoint(job_name: str, namespace: str) -> str:
+    """worker-0's stable DNS name through the headless Service: the c10d store lives there."""
+    return f"{job_name}-worker-0.{job_name}.{namespace}.svc:{RENDEZVOUS_PORT}"
+
+
+def torchrun_command(spec: TrainingJobSpec, *, job_name: str, namespace: str, job_uid: str, index: int) -> list[str]:
+    """The worker container's command: torchrun's elastic agent around the trainer launcher."""
+    low, high = worker_range(spec)
+    nproc = spec.workers.gpus_per_worker if spec.workers.gpus_per_worker > 0 else 1
+    command = [
+        "torchrun",
+        f"--nnodes={low}:{high}",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={rendezvous_endpoint(job_name, namespace)}",
+        f"--rdzv-id={job_uid}",
+        # worker-0 hosts the store explicitly: torchrun's hostname guess misses when the pod's FQDN
+        # carries the cluster domain and the endpoint does not.
+        f"--rdzv-conf=is_host={1 if index == 0 else 0}",
+        f"--max-restarts={AGENT_MAX_RESTARTS}",
+        # Peers reach rank 0's process group through the pod IP: no dependency on DNS for the data path.
+        "--local-addr=$(POD_IP)",
+    ]
+    if spec.entrypoint.command:
+        return [*command, "--no-python", *spec.entrypoint.command, *spec.entrypoint.args]
+    return [*command, "-m", "loom.workloads.trainer", "--config", CONFIG_PATH]

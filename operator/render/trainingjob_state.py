@@ -1,0 +1,371 @@
+"""The TrainingJob state machine (pure): observation in, new status and actions out.
+
+Every decision is a function of the spec, the previous status, the observed pods/nodes/progress and `now`,
+so it is unit-tested transition by transition, and an operator restart loses nothing: all memory lives in
+status (attempt, restarts, failures, the UIDs of pods already accounted for).
+
+Rules, in order of precedence:
+- Finished (Succeeded/Failed) is terminal: leftover running pods are stopped; after ttlSecondsAfterFinished
+  the children are deleted (checkpoints in object storage are never touched).
+- suspend: every pod gets a graceful delete (SIGTERM -> the trainer's final checkpoint); Suspended once
+  gone. Resuming starts a new gang attempt that resumes from that checkpoint. Restarts/failures are kept.
+- activeDeadlineSeconds (from startTime, reset on resume like a Job) -> Failed/DeadlineExceeded.
+- A worker that failed, was evicted, or sits on a node NotReady for longer than the grace period (then it is
+  force-deleted) is lost. Exit codes the trainer marks permanent -> Failed/PermanentError at once. Other
+  non-zero exits count one failure per incident against backoffLimit (disruptions count none); more than
+  backoffLimit failures -> Failed/BackoffLimitExceeded. Survivors >= minReplicas with worker 0 (the c10d
+  store host) among them -> only the lost workers are replaced; otherwise the whole gang restarts.
+- Success policy AllWorkers: every worker exited 0. Worker0: worker 0 exited 0 (the rest are stopped).
+- Pods that stay unschedulable past scheduling.scheduleTimeoutSeconds -> Ready=False/Unschedulable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from loom.workloads.trainer.config import EXIT_PERMANENT
+
+from ..api.common import Condition
+from ..api.trainingjob import CheckpointStatus, Progress, TrainingJobSpec, TrainingJobStatus, WorkerCounts
+from .trainingjob_config import worker_range
+from .trainingjob_observe import NodeView, ProgressReport, WorkerView, format_time
+
+PERMANENT_EXIT_CODES = frozenset({EXIT_PERMANENT})
+CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed", "Ready")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Operator-wide knobs (not per job)."""
+
+    node_lost_grace_seconds: float = 60.0
+
+
+@dataclass(frozen=True)
+class Observation:
+    generation: int | None
+    spec: TrainingJobSpec
+    status: TrainingJobStatus
+    pods: tuple[WorkerView, ...]
+    now: datetime
+    nodes: dict[str, NodeView] = field(default_factory=dict)
+    progress: ProgressReport | None = None
+    tracking_ready: bool = True  # the MLflow run exists (or no tracking is configured)
+    spec_error: str | None = None  # the spec cannot be rendered (reported, never retried)
+
+
+@dataclass(frozen=True)
+class Delete:
+    name: str
+    uid: str
+    force: bool = False  # grace period 0: only for pods on a node that stopped answering
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Decision:
+    status: TrainingJobStatus
+    create: list[int] = field(default_factory=list)  # worker indices to create in status.attempt
+    delete: list[Delete] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    delete_children: bool = False  # ttlSecondsAfterFinished: pods, Service, ConfigMap, PodGroup
+
+
+class _Machine:
+    def __init__(self, obs: Observation, policy: Policy) -> None:
+        self.obs = obs
+        self.policy = policy
+        self.spec = obs.spec
+        self.old_phase = obs.status.phase
+        self.st = obs.status.model_copy(deep=True)
+        self.st.observed_generation = obs.generation
+        self.decision = Decision(status=self.st)
+        self.desired = self.spec.workers.replicas
+        self.minimum, _ = worker_range(self.spec)
+        self.reason_detail: tuple[str, str] | None = None  # (reason, message) for Ready while not running
+
+    # ---- helpers -------------------------------------------------------------------------------------
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.decision.events.append(Event(type_, reason, message))
+
+    def delete(self, pod: WorkerView, *, force: bool = False) -> None:
+        if pod.deleting and not force:
+            return
+        if any(d.uid == pod.uid for d in self.decision.delete):
+            return
+        self.decision.delete.append(Delete(pod.name, pod.uid, force))
+
+    def stop_all(self, pods: list[WorkerView] | tuple[WorkerView, ...]) -> None:
+        for pod in pods:
+            if _live(pod):
+                self.delete(pod, force=self.node_lost(pod))
+
+    def node_lost(self, pod: WorkerView) -> bool:
+        """The pod's node has not been Ready for longer than the grace period."""
+        node = self.obs.nodes.get(pod.node_name or "")
+        if node is None or node.ready:
+            return False
+        since = node.since or self.obs.now
+        return (self.obs.now - since).total_seconds() >= self.policy.node_lost_grace_seconds
+
+    def finish(self, phase: str, reason: str, message: str) -> Decision:
+        self.st.phase = phase  # type: ignore[assignment]
+        self.st.completion_time = format_time(self.obs.now)
+        self.stop_all(self.obs.pods)
+        self.event("Normal" if phase == "Succeeded" else "Warning", reason, message)
+        self.reason_detail = (reason, message)
+        return self.conclude()
+
+    # ---- the machine ---------------------------------------------------------------------------------
+    def run(self) -> Decision:
+        st, obs = self.st, self.obs
+        self.apply_progress()
+        if st.phase in ("Succeeded", "Failed"):
+            return self.finished()
+        if obs.spec_error:
+            return self.finish("Failed", "InvalidSpec", obs.spec_error)
+        if self.spec.run_policy.suspend:
+            return self.suspend()
+        if st.phase == "Suspended":
+            st.attempt += 1
+            st.start_time = None
+            self.event("Normal", "Resumed", f"resuming as gang attempt {st.attempt} from the latest checkpoint")
+        deadline = self.spec.run_policy.active_deadline_seconds
+        started = _time(st.start_time)
+        if deadline and started and obs.now - started >= timedelta(seconds=deadline):
+            return self.finish(
+                "Failed", "DeadlineExceeded", f"the job ran longer than activeDeadlineSeconds={deadline}"
+            )
+        if not obs.tracking_ready:
+            st.phase = "Pending"
+            self.reason_detail = ("WaitingForTracking", "creating the MLflow run before starting workers")
+            return self.conclude()
+        return self.active()
+
+    def finished(self) -> Decision:
+        st, obs = self.st, self.obs
+        self.stop_all(obs.pods)
+        ttl = self.spec.run_policy.ttl_seconds_after_finished
+        done = _time(st.completion_time)
+        if ttl is not None and done and not st.children_deleted and obs.now - done >= timedelta(seconds=ttl):
+            self.decision.delete_children = True
+            st.children_deleted = True
+            self.event("Normal", "ChildrenDeleted", f"ttlSecondsAfterFinished={ttl}: pods and services deleted")
+        return self.conclude()
+
+    def suspend(self) -> Decision:
+        st = self.st
+        self.stop_all(self.obs.pods)
+        remaining = [p for p in self.obs.pods if _live(p)]
+        if st.phase != "Suspended":
+            self.event("Normal", "Suspending", "stopping workers after their final checkpoint")
+        st.phase = "Suspended"
+        st.replaced_pods = []
+        self.reason_detail = (
+            ("Suspending", f"waiting for {len(remaining)} worker(s) to stop")
+            if remaining
+            else ("Suspended", "suspended")
+        )
+        return self.conclude()
+
+    def active(self) -> Decision:
+        st, obs = self.st, self.obs
+        stale = [p for p in obs.pods if p.attempt != st.attempt or p.index >= self.desired]
+        self.stop_all(stale)
+        if any(p.attempt != st.attempt for p in stale):
+            # Same names across attempts: the new gang starts only once every old pod is gone.
+            st.phase = "Restarting"
+            self.reason_detail = ("Restarting", f"waiting for {len(stale)} worker(s) of an earlier attempt to stop")
+            return self.conclude()
+        current = {p.index: p for p in obs.pods if p.attempt == st.attempt and p.index < self.desired}
+        handled = set(st.replaced_pods)
+        st.replaced_pods = [uid for uid in st.replaced_pods if any(p.uid == uid for p in obs.pods)]
+
+        worker0 = current.get(0)
+        if worker0 is not None and worker0.phase == "Succeeded" and self.spec.success_policy == "Worker0":
+            return self.finish("Succeeded", "Worker0Succeeded", "worker 0 exited 0")
+        if len(current) == self.desired and all(p.phase == "Succeeded" for p in current.values()):
+            return self.finish("Succeeded", "AllWorkersSucceeded", f"all {self.desired} workers exited 0")
+
+        lost = [p for p in current.values() if p.uid not in handled and self.is_lost(p)]
+        if lost:
+            return self.recover(lost, current)
+
+        missing = [i for i in range(self.desired) if i not in current]
+        if missing:
+            if st.start_time is None:
+                st.start_time = format_time(obs.now)
+            self.decision.create = missing
+        return self.conclude(current)
+
+    def is_lost(self, pod: WorkerView) -> bool:
+        # A pod stuck terminating on a dead node counts too: only a force delete ever removes it.
+        return pod.phase == "Failed" or (_live(pod) and self.node_lost(pod))
+
+    def recover(self, lost: list[WorkerView], current: dict[int, WorkerView]) -> Decision:
+        st = self.st
+        permanent = [p for p in lost if p.phase == "Failed" and p.exit_code in PERMANENT_EXIT_CODES]
+        if permanent:
+            pod = permanent[0]
+            return self.finish(
+                "Failed",
+                "PermanentError",
+                f"{pod.name} exited {pod.exit_code} (permanent, not retried): {pod.message}".strip(),
+            )
+        real = [p for p in lost if p.phase == "Failed" and not p.disrupted]
+        what = "; ".join(_describe(p, self.node_lost(p)) for p in lost)
+        if real:
+            st.failures += 1
+            limit = self.spec.run_policy.backoff_limit
+            if st.failures > limit:
+                return self.finish(
+                    "Failed", "BackoffLimitExceeded", f"{st.failures} failures > backoffLimit {limit}: {what}"
+                )
+        lost_ids = {p.uid for p in lost}
+        survivors = [p for p in current.values() if p.uid not in lost_ids and p.active]
+        st.restarts += 1
+        if 0 not in {p.index for p in lost} and len(survivors) >= self.minimum:
+            for pod in lost:
+                self.delete(pod, force=_live(pod))
+                st.replaced_pods.append(pod.uid)
+            self.event(
+                "Warning", "WorkerReplaced", f"replacing {len(lost)} worker(s), {len(survivors)} continue: {what}"
+            )
+            st.phase = "Restarting"
+            self.reason_detail = ("WorkerReplaced", what)
+            return self.conclude(current)
+        st.attempt += 1
+        st.replaced_pods = []
+        for pod in current.values():
+            self.delete(pod, force=_live(pod) and self.node_lost(pod))
+        self.event("Warning", "GangRestart", f"restarting all workers as attempt {st.attempt}: {what}")
+        st.phase = "Restarting"
+        self.reason_detail = ("GangRestart", what)
+        return self.conclude()
+
+    def apply_progress(self) -> None:
+        report = self.obs.progress
+        if report is None:
+            return
+        self.st.progress = Progress(
+            step=report.step,
+            total_steps=report.total_steps,
+            loss=report.loss,
+            samples_per_second=report.samples_per_second,
+            eta=report.eta,
+        )
+        latest = report.latest_checkpoint
+        if latest is not None and (self.st.checkpoint is None or self.st.checkpoint.latest != latest.uri):
+            self.st.checkpoint = CheckpointStatus(
+                latest=latest.uri, step=latest.step, time=latest.time or format_time(self.obs.now)
+            )
+
+    # ---- phase, counts and conditions ------------------------------------------------------------------
+    def conclude(self, current: dict[int, WorkerView] | None = None) -> Decision:
+        st = self.st
+        workers = current or {}
+        if self.reason_detail is None and st.phase == self.old_phase:
+            # A phase that persists keeps the reason it was entered with (e.g. GangRestart, BackoffLimitExceeded).
+            previous = next((c for c in st.conditions if c.type == st.phase and c.status == "True"), None)
+            if previous is not None and st.phase in ("Restarting", "Suspended", "Succeeded", "Failed"):
+                self.reason_detail = (previous.reason, previous.message)
+        ready = sum(1 for p in workers.values() if p.ready and p.uid not in st.replaced_pods)
+        st.workers = WorkerCounts(
+            desired=0 if st.phase in ("Succeeded", "Failed", "Suspended") else self.desired, ready=ready
+        )
+        if current is not None and st.phase not in ("Succeeded", "Failed"):
+            self.running_phase(workers, ready)
+        self.set_conditions()
+        if st.phase != self.old_phase and st.phase in ("Running", "Created") and self.old_phase != "Restarting":
+            messages = {"Running": f"{ready}/{self.desired} workers running", "Created": "worker pods created"}
+            self.event("Normal", st.phase, messages[st.phase])
+        return self.decision
+
+    def running_phase(self, workers: dict[int, WorkerView], ready: int) -> None:
+        st, obs = self.st, self.obs
+        timeout = timedelta(seconds=self.spec.scheduling.schedule_timeout_seconds)
+        stuck = [
+            p
+            for p in workers.values()
+            if p.unschedulable and p.active and p.created is not None and obs.now - p.created >= timeout
+        ]
+        recovering = st.phase == "Restarting"
+        # Workers that already exited 0 are done, not missing: the gang is still running to completion.
+        ready += sum(1 for p in workers.values() if p.phase == "Succeeded")
+        if ready >= self.desired or (ready >= self.minimum and st.phase == "Running"):
+            if recovering:
+                self.event("Normal", "Recovered", f"{ready}/{self.desired} workers running again")
+            st.phase = "Running"
+            return
+        if not recovering:
+            st.phase = "Created" if (workers or self.decision.create) else "Pending"
+        if stuck:
+            self.reason_detail = ("Unschedulable", f"{stuck[0].name}: {stuck[0].unschedulable}")
+        elif self.reason_detail is None:
+            self.reason_detail = ("WaitingForWorkers", f"{ready}/{self.desired} workers running")
+
+    def set_conditions(self) -> None:
+        st, gen, now = self.st, self.obs.generation, self.obs.now
+        phase = st.phase or "Pending"
+        reason, message = self.reason_detail or (phase, "")
+        created = st.start_time is not None or phase not in ("Pending",)
+        table: dict[str, tuple[bool, str, str]] = {
+            "Created": (created, "WorkersCreated", "worker pods created") if created else (False, reason, message),
+            "Running": (phase == "Running", "WorkersRunning" if phase == "Running" else reason, message),
+        }
+        for kind in ("Restarting", "Suspended", "Succeeded", "Failed"):
+            table[kind] = (True, reason, message) if phase == kind else (False, f"Not{kind}", "")
+        ready_ok = phase in ("Running", "Succeeded")
+        table["Ready"] = (ready_ok, "WorkersRunning" if phase == "Running" else reason, message)
+        previous = {c.type: c for c in st.conditions}
+        merged: list[Condition] = []
+        for kind in CONDITION_TYPES:
+            ok, why, text = table[kind]
+            status = "True" if ok else "False"
+            old = previous.get(kind)
+            since = old.last_transition_time if old is not None and old.status == status else format_time(now)
+            merged.append(
+                Condition(
+                    type=kind,
+                    status=status,
+                    reason=why,
+                    message=text,
+                    last_transition_time=since,
+                    observed_generation=gen,
+                )
+            )
+            if kind == "Ready" and why == "Unschedulable" and (old is None or old.reason != "Unschedulable"):
+                self.event("Warning", "Unschedulable", text)
+        st.conditions = merged
+
+
+def _live(pod: WorkerView) -> bool:
+    """Not terminated yet (possibly already being deleted)."""
+    return pod.phase in ("Pending", "Running", "Unknown")
+
+
+def _time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _describe(pod: WorkerView, node_lost: bool) -> str:
+    if pod.phase != "Failed" and node_lost:
+        return f"{pod.name} on NotReady node {pod.node_name}"
+    detail = f"exit {pod.exit_code}" if pod.exit_code is not None else (pod.reason or "failed")
+    if pod.disrupted:
+        detail += ", disrupted"
+    return f"{pod.name} {detail}"
+
+
+def decide(obs: Observation, policy: Policy | None = None) -> Decision:
+    """One reconcile step of a TrainingJob."""
+    return _Machine(obs, policy or Policy()).run()
