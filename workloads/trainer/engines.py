@@ -224,6 +224,9 @@ class DeepSpeedEngine(Engine):
                 safe_set_full_fp32_param(param, state["model"][name])
                 for key in keys:
                     safe_set_full_optimizer_state(param, state["optim"][f"{name}.{key}"], key)
+                # The setters only touch the fp32 master partition; the (low-precision, possibly
+                # partitioned) weights the forward pass uses must be refreshed too.
+                self._set_compute_weight(param, state["model"][name])
             else:
                 with torch.no_grad():
                     param.copy_(state["model"][name].to(param.device, param.dtype))
@@ -233,6 +236,17 @@ class DeepSpeedEngine(Engine):
             if "step" in per_param:
                 per_param["step"] = torch.as_tensor(float(state["optim_step"]), dtype=per_param["step"].dtype) \
                     if torch.is_tensor(per_param["step"]) else float(state["optim_step"])
+
+    @staticmethod
+    def _set_compute_weight(param: nn.Parameter, value: torch.Tensor) -> None:
+        if hasattr(param, "ds_id"):
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters([param], modifier_rank=0), torch.no_grad():
+                param.data.copy_(value.view_as(param.data).to(param.device, param.dtype))
+        else:
+            with torch.no_grad():
+                param.data.copy_(value.view_as(param.data).to(param.device, param.dtype))
 
     def _initialise_optimizer_state(self) -> None:
         """Without ZeRO the torch optimizer creates its state lazily; create it (zeros) before loading."""
