@@ -11,7 +11,9 @@ from ..settings import OperatorSettings
 from . import placeholder
 
 # Kinds whose real controllers exist; each module exposes register(settings).
-_CONTROLLERS: dict[str, str] = {}
+_CONTROLLERS: dict[str, str] = {
+    "TrainingJob": "trainingjob",
+}
 
 
 def register(settings: OperatorSettings) -> None:

@@ -55,6 +55,16 @@ def config_map_name(job_name: str) -> str:
     return f"{job_name}-trainer"
 
 
+def name_problem(job_name: str, max_workers: int) -> str | None:
+    """Why this job name cannot name its Service and worker hostnames (DNS-1035 labels), or None."""
+    longest = worker_name(job_name, max_workers - 1)
+    if len(longest) > 63:
+        return f"name too long: worker hostname {longest!r} exceeds 63 characters; use a shorter TrainingJob name"
+    if not job_name[:1].isalpha():
+        return f"name {job_name!r} must start with a letter: it names the rendezvous Service"
+    return None
+
+
 def worker_selector(job_name: str) -> str:
     """Label selector for every worker pod of one job."""
     return f"{JOB_LABEL}={job_name},app.kubernetes.io/component={WORKER}"

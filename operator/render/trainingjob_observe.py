@@ -198,3 +198,45 @@ def format_duration(seconds: float) -> str:
     if minutes:
         return f"{minutes}m{secs:02d}s"
     return f"{secs}s"
+
+
+# The trainer's Prometheus gauges on rank 0 (workloads/trainer/tracking.py) -> progress fields.
+_METRIC_FIELDS = {
+    "loom_trainer_step": "step",
+    "loom_trainer_total_steps": "totalSteps",
+    "loom_trainer_loss": "loss",
+    "loom_trainer_samples_per_second": "samplesPerSecond",
+}
+
+
+def progress_from_metrics(text: str, checkpoint_uri: str | None) -> ProgressReport | None:
+    """Progress from the trainer's Prometheus exposition, for trainers that serve metrics but no JSON.
+
+    The checkpoint URI follows the trainer's layout `<checkpoint.uri>/step-<9 digits>`; without a
+    committed checkpoint (gauge 0 or absent) none is reported.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    doc: dict[str, Any] = {}
+    checkpoint_step: int | None = None
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError:
+        return None
+    for family in families:
+        for sample in family.samples:
+            if sample.name in _METRIC_FIELDS:
+                doc[_METRIC_FIELDS[sample.name]] = sample.value
+            elif sample.name == "loom_trainer_checkpoint_step":
+                checkpoint_step = int(sample.value)
+    if not doc:
+        return None
+    for key in ("step", "totalSteps"):
+        if key in doc:
+            doc[key] = int(doc[key])
+    if checkpoint_uri and checkpoint_step:
+        doc["latestCheckpoint"] = {
+            "uri": f"{checkpoint_uri.rstrip('/')}/step-{checkpoint_step:09d}",
+            "step": checkpoint_step,
+        }
+    return parse_progress(doc)

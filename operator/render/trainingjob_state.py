@@ -52,6 +52,7 @@ class Observation:
     nodes: dict[str, NodeView] = field(default_factory=dict)
     progress: ProgressReport | None = None
     tracking_ready: bool = True  # the MLflow run exists (or no tracking is configured)
+    tracking_error: str | None = None  # why the run could not be created yet
     spec_error: str | None = None  # the spec cannot be rendered (reported, never retried)
 
 
@@ -118,6 +119,10 @@ class _Machine:
     def finish(self, phase: str, reason: str, message: str) -> Decision:
         self.st.phase = phase  # type: ignore[assignment]
         self.st.completion_time = format_time(self.obs.now)
+        progress = self.st.progress
+        if phase == "Succeeded" and progress is not None and progress.total_steps is not None:
+            # Exit 0 is the trainer's word that every step ran; the last poll may have been a few steps earlier.
+            self.st.progress = progress.model_copy(update={"step": progress.total_steps, "eta": "0s"})
         self.stop_all(self.obs.pods)
         self.event("Normal" if phase == "Succeeded" else "Warning", reason, message)
         self.reason_detail = (reason, message)
@@ -145,7 +150,10 @@ class _Machine:
             )
         if not obs.tracking_ready:
             st.phase = "Pending"
-            self.reason_detail = ("WaitingForTracking", "creating the MLflow run before starting workers")
+            self.reason_detail = (
+                "WaitingForTracking",
+                obs.tracking_error or "creating the MLflow run before starting workers",
+            )
             return self.conclude()
         return self.active()
 

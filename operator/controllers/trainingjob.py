@@ -1,0 +1,293 @@
+"""TrainingJob controller: thin Kopf handlers around the pure state machine.
+
+One reconcile = read the job fresh from the API server (status is the only memory), take worker pods and
+nodes from Kopf's in-memory indexes (no list calls), create the MLflow run if needed, poll rank 0's
+progress, run `decide`, write status FIRST, then act (apply children, delete pods) and post events.
+Writing status before acting is what makes a crash at any instant harmless: the next reconcile repeats
+idempotent actions (deterministic names, server-side apply, uid-guarded deletes) and never re-counts a
+restart. Triggers: job create/update/resume, every worker pod event, and a timer (deadlines, grace
+periods, progress). Triggers for a job that is already reconciling coalesce into one more pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import httpx
+import kopf
+from pydantic import ValidationError
+
+from .. import kube
+from ..api import GROUP, VERSION
+from ..api.trainingjob import MlflowRun, TrainingJobSpec, TrainingJobStatus
+from ..render import trainingjob as render
+from ..render.trainingjob_config import SpecError
+from ..render.trainingjob_observe import NodeView, ProgressReport, WorkerView, observe_node, observe_pod
+from ..render.trainingjob_state import Decision, Observation, Policy, decide
+from ..settings import OperatorSettings
+from .trainingjob_mlflow import TrackingError, ensure_run, finish_run
+from .trainingjob_progress import fetch_progress, new_client
+
+log = logging.getLogger("loom.trainingjob")
+
+API_VERSION = f"{GROUP}/{VERSION}"
+PLURAL = "trainingjobs"
+FINISHED = ("Succeeded", "Failed")
+
+PodIndex = kopf.Index[tuple[str, str], tuple[WorkerView, str | None]]
+NodeIndex = kopf.Index[str, NodeView]
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """Knobs of this controller, from the environment (the Helm chart / e2e fixture set them)."""
+
+    poll_interval_s: float = 5.0
+    node_lost_grace_s: float = 60.0
+
+    @classmethod
+    def from_env(cls) -> TrainingSettings:
+        return cls(
+            poll_interval_s=float(os.environ.get("LOOM_TRAINING_POLL_S", cls.poll_interval_s)),
+            node_lost_grace_s=float(os.environ.get("LOOM_NODE_LOST_GRACE_S", cls.node_lost_grace_s)),
+        )
+
+
+@dataclass
+class Controller:
+    image: str
+    training: TrainingSettings
+    busy: set[tuple[str, str]] = field(default_factory=set)
+    again: set[tuple[str, str]] = field(default_factory=set)
+    pods: PodIndex | None = None
+    nodes: NodeIndex | None = None
+    http: httpx.AsyncClient | None = None
+
+    def remember(self, kwargs: dict[str, Any]) -> None:
+        """Kopf hands its indexes to every handler; keep them for reconciles started elsewhere."""
+        self.pods = kwargs.get("loom_training_pods", self.pods)
+        self.nodes = kwargs.get("loom_training_nodes", self.nodes)
+
+    async def trigger(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        if key in self.busy:
+            self.again.add(key)
+            return
+        self.busy.add(key)
+        try:
+            while True:
+                self.again.discard(key)
+                try:
+                    await self.reconcile(namespace, name)
+                except Exception:
+                    # One broken job never stalls the rest; the timer retries it.
+                    log.exception("reconciling TrainingJob %s/%s failed", namespace, name)
+                if key not in self.again:
+                    break
+        finally:
+            self.busy.discard(key)
+
+    def worker_views(self, namespace: str, name: str) -> list[tuple[WorkerView, str | None]]:
+        if self.pods is None:
+            return []
+        return list(self.pods.get((namespace, name), []))
+
+    async def reconcile(self, namespace: str, name: str) -> None:
+        job = await kube.get(API_VERSION, "TrainingJob", namespace, name)
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            return
+        meta = job["metadata"]
+        spec = TrainingJobSpec.model_validate(job.get("spec") or {})
+        old_wire: dict[str, Any] = dict(job.get("status") or {})
+        try:
+            status = TrainingJobStatus.model_validate(old_wire)
+        except ValidationError:
+            log.warning("TrainingJob %s/%s has an unreadable status; starting from an empty one", namespace, name)
+            status = TrainingJobStatus()
+        observed = self.worker_views(namespace, name)
+        views = tuple(v for v, _ in observed)
+        nodes: dict[str, NodeView] = {}
+        for view in views:
+            if view.node_name and self.nodes is not None and view.node_name in self.nodes:
+                nodes[view.node_name] = next(iter(self.nodes[view.node_name]))
+        spec_error = render.name_problem(name, max(spec.workers.replicas, spec.workers.max_replicas or 0))
+        if spec_error is None:
+            try:
+                render.config_map(job, spec)
+            except SpecError as error:
+                spec_error = str(error)
+        tracking_error = await self.ensure_tracking(job, spec, status)
+        progress = await self.poll_progress(spec, status, observed)
+        decision = decide(
+            Observation(
+                generation=meta.get("generation"),
+                spec=spec,
+                status=status,
+                pods=views,
+                now=datetime.now(UTC),
+                nodes=nodes,
+                progress=progress,
+                tracking_ready=spec.tracking is None
+                or spec.tracking.mlflow is None
+                or bool(status.mlflow and status.mlflow.run_id),
+                tracking_error=tracking_error,
+                spec_error=spec_error,
+            ),
+            Policy(node_lost_grace_seconds=self.training.node_lost_grace_s),
+        )
+        new_wire = decision.status.to_wire()
+        if new_wire != old_wire:
+            patch: dict[str, Any] = {key: None for key in old_wire if key not in new_wire}
+            patch.update(new_wire)
+            await kube.patch_status(API_VERSION, "TrainingJob", namespace, name, patch)
+        for event in decision.events:
+            post = kopf.warn if event.type == "Warning" else kopf.info
+            # kopf only reads apiVersion/kind/metadata from it, which the raw object has.
+            post(cast(kopf.Body, job), reason=event.reason, message=event.message)
+        await self.act(job, spec, decision, views, spec_changed=status.observed_generation != meta.get("generation"))
+        if decision.status.phase in FINISHED and status.phase not in FINISHED:
+            await self.close_run(spec, decision)
+
+    async def ensure_tracking(self, job: kube.Manifest, spec: TrainingJobSpec, status: TrainingJobStatus) -> str | None:
+        """Create (or find) the MLflow run before any worker starts; its id goes into status with the rest."""
+        mlflow = spec.tracking.mlflow if spec.tracking else None
+        if mlflow is None or (status.mlflow and status.mlflow.run_id) or status.phase in FINISHED:
+            return None
+        meta = job["metadata"]
+        try:
+            ref = await ensure_run(
+                mlflow.tracking_uri,
+                mlflow.experiment,
+                job_uid=meta["uid"],
+                job_name=meta["name"],
+                namespace=meta["namespace"],
+                now_ms=int(time.time() * 1000),
+            )
+        except TrackingError as error:
+            log.warning("TrainingJob %s/%s: %s", meta["namespace"], meta["name"], error)
+            return str(error)
+        status.mlflow = MlflowRun(run_id=ref.run_id, url=ref.url)
+        return None
+
+    async def close_run(self, spec: TrainingJobSpec, decision: Decision) -> None:
+        run = decision.status.mlflow
+        mlflow = spec.tracking.mlflow if spec.tracking else None
+        if mlflow is None or run is None or not run.run_id:
+            return
+        try:
+            await finish_run(
+                mlflow.tracking_uri,
+                run.run_id,
+                succeeded=decision.status.phase == "Succeeded",
+                now_ms=int(time.time() * 1000),
+            )
+        except TrackingError as error:
+            log.warning("could not close MLflow run %s: %s", run.run_id, error)
+
+    async def poll_progress(
+        self, spec: TrainingJobSpec, status: TrainingJobStatus, observed: list[tuple[WorkerView, str | None]]
+    ) -> ProgressReport | None:
+        if status.phase not in ("Running", "Restarting", "Created"):
+            return None
+        rank0 = next(
+            (ip for v, ip in observed if v.index == 0 and v.attempt == status.attempt and v.phase == "Running" and ip),
+            None,
+        )
+        if rank0 is None:
+            return None
+        if self.http is None:
+            self.http = new_client()
+        return await fetch_progress(self.http, rank0, spec.checkpoint.uri if spec.checkpoint else None)
+
+    async def act(
+        self,
+        job: kube.Manifest,
+        spec: TrainingJobSpec,
+        decision: Decision,
+        views: tuple[WorkerView, ...],
+        *,
+        spec_changed: bool,
+    ) -> None:
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        status = decision.status
+        if decision.create or (spec_changed and status.phase not in FINISHED and not decision.delete_children):
+            await self.apply_children(job, spec)
+        if decision.create:
+            run_id = status.mlflow.run_id if status.mlflow else None
+            pods = [
+                render.worker_pod(job, spec, index, attempt=status.attempt, image=self.image, mlflow_run_id=run_id)
+                for index in decision.create
+            ]
+            await asyncio.gather(*(kube.apply(pod) for pod in pods))
+        deletes = [
+            kube.delete("v1", "Pod", namespace, d.name, grace_period_seconds=0 if d.force else None, uid=d.uid)
+            for d in decision.delete
+        ]
+        await asyncio.gather(*deletes)
+        if decision.delete_children:
+            await asyncio.gather(
+                *(kube.delete("v1", "Pod", namespace, v.name, uid=v.uid) for v in views),
+                kube.delete("v1", "Service", namespace, name),
+                kube.delete("v1", "ConfigMap", namespace, render.config_map_name(name)),
+            )
+            group = render.pod_group(job, spec)
+            if group is not None:
+                await kube.delete(group["apiVersion"], "PodGroup", namespace, name)
+
+    async def apply_children(self, job: kube.Manifest, spec: TrainingJobSpec) -> None:
+        await asyncio.gather(kube.apply(render.headless_service(job)), kube.apply(render.config_map(job, spec)))
+        group = render.pod_group(job, spec)
+        if group is None:
+            return
+        try:
+            await kube.apply(group)
+        except kube.NotFound:
+            # The gang scheduler's CRD is not installed: say so, and let the pods be scheduled without it.
+            kopf.warn(
+                cast(kopf.Body, job),
+                reason="GangSchedulerMissing",
+                message=f"{group['apiVersion']} PodGroup is not installed",
+            )
+
+
+def register(settings: OperatorSettings) -> None:
+    controller = Controller(image=settings.trainer_image, training=TrainingSettings.from_env())
+
+    @kopf.index("pods", labels={render.JOB_LABEL: kopf.PRESENT})
+    def loom_training_pods(body: kopf.Body, **_: Any) -> dict[tuple[str, str], tuple[WorkerView, str | None]] | None:
+        view = observe_pod(dict(body))
+        if view is None:
+            return None
+        key = (str(body.metadata.namespace), body.metadata.labels[render.JOB_LABEL])
+        return {key: (view, body.status.get("podIP"))}
+
+    @kopf.index("nodes")
+    def loom_training_nodes(body: kopf.Body, **_: Any) -> dict[str, NodeView]:
+        return {str(body.metadata.name): observe_node(dict(body))}
+
+    @kopf.on.resume(GROUP, VERSION, PLURAL)
+    @kopf.on.create(GROUP, VERSION, PLURAL)
+    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+    async def trainingjob_changed(body: kopf.Body, **kwargs: Any) -> None:
+        controller.remember(kwargs)
+        await controller.trigger(str(body.metadata.namespace), str(body.metadata.name))
+
+    @kopf.on.event("pods", labels={render.JOB_LABEL: kopf.PRESENT})
+    async def trainingjob_worker_event(body: kopf.Body, **kwargs: Any) -> None:
+        controller.remember(kwargs)
+        await controller.trigger(str(body.metadata.namespace), body.metadata.labels[render.JOB_LABEL])
+
+    @kopf.timer(GROUP, VERSION, PLURAL, interval=controller.training.poll_interval_s)
+    async def trainingjob_resync(body: kopf.Body, **kwargs: Any) -> None:
+        controller.remember(kwargs)
+        status, spec = body.get("status") or {}, body.get("spec") or {}
+        ttl = (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished")
+        if status.get("phase") in FINISHED and (ttl is None or status.get("childrenDeleted")):
+            return  # nothing left to do for a finished job: no API calls
+        await controller.trigger(str(body.metadata.namespace), str(body.metadata.name))

@@ -1,0 +1,108 @@
+"""The MLflow run of a TrainingJob, created through MLflow's REST API before any worker starts.
+
+The operator install stays light (no mlflow package). Runs are tagged with the job's UID and looked up by it
+first, so an operator killed between creating the run and recording its id in status finds the same run
+again instead of creating a second one; every retry and restart of the job logs into that one run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+JOB_UID_TAG = "loom.dev/trainingjob-uid"
+TIMEOUT = httpx.Timeout(10.0)
+
+
+class TrackingError(Exception):
+    """MLflow could not be reached or refused the request (reported as a condition, retried later)."""
+
+
+@dataclass(frozen=True)
+class RunRef:
+    run_id: str
+    url: str
+
+
+def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+async def _post(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    response = await client.post(f"/api/2.0/mlflow/{path}", json=body)
+    if response.status_code >= 400:
+        raise TrackingError(f"MLflow {path}: HTTP {response.status_code}: {response.text[:300]}")
+    result: dict[str, Any] = response.json()
+    return result
+
+
+async def _experiment_id(client: httpx.AsyncClient, name: str) -> str:
+    response = await client.get("/api/2.0/mlflow/experiments/get-by-name", params={"experiment_name": name})
+    if response.status_code == 200:
+        return str(response.json()["experiment"]["experiment_id"])
+    if response.status_code not in (400, 404):  # RESOURCE_DOES_NOT_EXIST comes back as 404 (older servers: 400)
+        raise TrackingError(f"MLflow experiments/get-by-name: HTTP {response.status_code}: {response.text[:300]}")
+    try:
+        created = await _post(client, "experiments/create", {"name": name})
+    except TrackingError:
+        # Another job created it concurrently: read it back.
+        again = await client.get("/api/2.0/mlflow/experiments/get-by-name", params={"experiment_name": name})
+        if again.status_code != 200:
+            raise
+        return str(again.json()["experiment"]["experiment_id"])
+    return str(created["experiment_id"])
+
+
+async def ensure_run(
+    tracking_uri: str, experiment: str, *, job_uid: str, job_name: str, namespace: str, now_ms: int
+) -> RunRef:
+    """The job's run: found by its UID tag, or created (RUNNING) when there is none."""
+    try:
+        async with httpx.AsyncClient(base_url=tracking_uri.rstrip("/"), timeout=TIMEOUT) as client:
+            experiment_id = await _experiment_id(client, experiment)
+            found = await _post(
+                client,
+                "runs/search",
+                {
+                    "experiment_ids": [experiment_id],
+                    "filter": f"tags.`{JOB_UID_TAG}` = '{job_uid}'",
+                    "max_results": 1,
+                },
+            )
+            runs = found.get("runs") or []
+            if runs:
+                run_id = str(runs[0]["info"]["run_id"])
+            else:
+                created = await _post(
+                    client,
+                    "runs/create",
+                    {
+                        "experiment_id": experiment_id,
+                        "run_name": f"{namespace}/{job_name}",
+                        "start_time": now_ms,
+                        "tags": [
+                            {"key": JOB_UID_TAG, "value": job_uid},
+                            {"key": "loom.dev/trainingjob", "value": f"{namespace}/{job_name}"},
+                            {"key": "mlflow.runName", "value": f"{namespace}/{job_name}"},
+                        ],
+                    },
+                )
+                run_id = str(created["run"]["info"]["run_id"])
+    except httpx.HTTPError as error:
+        raise TrackingError(f"MLflow at {tracking_uri} is unreachable: {error}") from error
+    return RunRef(run_id=run_id, url=run_url(tracking_uri, experiment_id, run_id))
+
+
+async def finish_run(tracking_uri: str, run_id: str, *, succeeded: bool, now_ms: int) -> None:
+    """Mark the run FINISHED or FAILED once the job is over (best effort: the job's status is what counts)."""
+    try:
+        async with httpx.AsyncClient(base_url=tracking_uri.rstrip("/"), timeout=TIMEOUT) as client:
+            await _post(
+                client,
+                "runs/update",
+                {"run_id": run_id, "status": "FINISHED" if succeeded else "FAILED", "end_time": now_ms},
+            )
+    except httpx.HTTPError as error:
+        raise TrackingError(f"MLflow at {tracking_uri} is unreachable: {error}") from error
