@@ -1,0 +1,128 @@
+"""Pytest plugin (registered with `-p loom.e2e.pytest_operator`): the real Loom operator against the local stack.
+
+Fixtures:
+
+- ``loom_operator`` (session): CRDs applied, then `loom operator` started as a subprocess with the stack's
+  kubeconfig. It watches only namespaces named ``<prefix>-*`` (the prefix is random per session), so test
+  sessions running side by side never reconcile each other's objects. Its log is ``loom_operator.log``.
+- ``operator_namespace`` (function): a fresh namespace the session's operator watches; deleted after the test.
+
+Tuning for tests (all plain LOOM_* settings): fast progress polling and a short node-lost grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from loom.e2e.services import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 90.0
+
+
+@dataclass(frozen=True)
+class OperatorProcess:
+    namespace_prefix: str
+    log: Path
+    metrics_port: int
+    health_port: int
+    env: dict[str, str]
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no operator log)"
+
+
+def apply_crds(cluster: Any) -> None:
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def operator_process(cluster: Any, log: Path, extra_env: dict[str, str] | None = None) -> Iterator[OperatorProcess]:
+    """Run `loom operator` until the block ends (SIGTERM, then SIGKILL after 20 s)."""
+    prefix = f"lo{uuid.uuid4().hex[:6]}"
+    metrics_port, health_port = free_port(), free_port()
+    env = dict(cluster.env)
+    env.update(
+        {
+            "LOOM_NAMESPACES": f"{prefix}-*",
+            "LOOM_METRICS_PORT": str(metrics_port),
+            "LOOM_HEALTH_PORT": str(health_port),
+            "LOOM_TRAINING_POLL_S": "1",
+            "LOOM_NODE_LOST_GRACE_S": "10",
+            "PYTHONSAFEPATH": "1",
+            "PYTHONUNBUFFERED": "1",
+            "NO_PROXY": "127.0.0.1,localhost,::1",
+            "no_proxy": "127.0.0.1,localhost,::1",
+        }
+    )
+    env.update(extra_env or {})
+    loom = Path(sys.executable).parent / "loom"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([str(loom), "operator"], env=env, stdout=out, stderr=subprocess.STDOUT, cwd="/")
+    handle = OperatorProcess(prefix, log, metrics_port, health_port, env)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not _healthy(health_port):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"loom operator did not become healthy; log {log}:\n{handle.log_tail()}")
+            time.sleep(0.3)
+        yield handle
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def loom_operator(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    apply_crds(cluster)
+    log = tmp_path_factory.mktemp("loom-operator") / "loom_operator.log"
+    with operator_process(cluster, log) as handle:
+        yield handle
+    print(f"[loom operator] log: {log}", file=sys.__stderr__)
+
+
+@pytest.fixture
+def operator_namespace(loom_operator: OperatorProcess, cluster: Any) -> Iterator[str]:
+    name = f"{loom_operator.namespace_prefix}-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl("label", "namespace", name, "loom.dev/e2e=true")
+    deadline = time.monotonic() + 30
+    # Pods are refused until the service-account controller has created `default`.
+    while cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode != 0:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no default ServiceAccount in {name}")
+        time.sleep(0.25)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
