@@ -115,7 +115,8 @@ def _go_env() -> dict[str, str]:
     # Static binaries: nothing depends on the host's libc, and no C compiler is needed.
     env["CGO_ENABLED"] = "0"
     # go.mod and go.sum are checked in; a build must never rewrite them.
-    env["GOFLAGS"] = " ".join(f for f in (env.get("GOFLAGS", ""), "-mod=readonly", "-buildvcs=false") if f)
+    flags = [f for f in env.get("GOFLAGS", "").split() if not f.startswith(("-mod=", "-buildvcs="))]
+    env["GOFLAGS"] = " ".join([*flags, "-mod=readonly", "-buildvcs=false"])
     return env
 
 
@@ -126,6 +127,7 @@ def _build_module(module: GoModule, progress: Progress) -> None:
     final = module.bin_dir()
     final.parent.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{module.name}-", dir=final.parent.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be shared.
     cmd = [go, "build", "-v", "-trimpath", f"-ldflags={module.ldflags}", "-o", f"{staging}/", "tool"]
     progress(f"{module.name}: go build {', '.join(module.binaries)} (cold builds take a while)")
     started = time.monotonic()
@@ -167,6 +169,7 @@ def _build_module(module: GoModule, progress: Progress) -> None:
 def _link_stack_bin_dir() -> Path:
     target = stack_bin_dir()
     staging = Path(tempfile.mkdtemp(prefix=".bin-", dir=target.parent))
+    staging.chmod(0o755)
     for module in MODULES:
         for name in module.binaries:
             (staging / name).symlink_to(module.bin_dir() / name)

@@ -227,16 +227,18 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
         state = StackState(ports=ports, config=config, started_by=started_by, bin_dir=str(bin_dir))
         state.save()
 
-        components = control_plane(bin_dir, pki, ports)
+        etcd, apiserver, *controllers = control_plane(bin_dir, pki, ports)
         agent = node_agent(pki, ports, config.agent_gpus)
-        if agent is not None:
-            components.append(agent)
-        for component in components:
-            _ensure_running(component, progress)
-            # Components found running are checked too: `up` must only return a usable cluster.
-            if check := _ready_check(component.name, pki, ports):
-                _wait(component.name, component.name, check)
-        progress(f"API server ready at {server} ({time.monotonic() - started:.1f}s)")
+        # etcd, then the API server, then everything that only talks to the API server, together.
+        for phase in ([etcd], [apiserver], [*controllers, *([agent] if agent else [])]):
+            for component in phase:
+                _ensure_running(component, progress)
+            for component in phase:
+                # Components found running are checked too: `up` must only return a usable cluster.
+                if check := _ready_check(component.name, pki, ports):
+                    _wait(component.name, component.name, check)
+            if phase == [apiserver]:
+                progress(f"API server ready at {server} ({time.monotonic() - started:.1f}s)")
 
         cluster = Cluster(kubeconfig=KUBECONFIG, server=server, bin_dir=bin_dir, ca_cert=pki.ca_cert)
         with cluster.api_client() as api:
