@@ -110,9 +110,14 @@ def _drop_none(value: Any) -> Any:
     return value
 
 
+def worker_address(job_name: str, namespace: str, index: int) -> str:
+    """A worker's stable DNS name through the headless Service (hostname.subdomain.namespace.svc)."""
+    return f"{job_name}-worker-{index}.{job_name}.{namespace}.svc"
+
+
 def rendezvous_endpoint(job_name: str, namespace: str) -> str:
-    """worker-0's stable DNS name through the headless Service: the c10d store lives there."""
-    return f"{job_name}-worker-0.{job_name}.{namespace}.svc:{RENDEZVOUS_PORT}"
+    """worker-0's stable DNS name: the c10d store lives there."""
+    return f"{worker_address(job_name, namespace, 0)}:{RENDEZVOUS_PORT}"
 
 
 def torchrun_command(spec: TrainingJobSpec, *, job_name: str, namespace: str, job_uid: str, index: int) -> list[str]:
@@ -130,8 +135,9 @@ def torchrun_command(spec: TrainingJobSpec, *, job_name: str, namespace: str, jo
         # carries the cluster domain and the endpoint does not.
         f"--rdzv-conf=is_host={1 if index == 0 else 0}",
         f"--max-restarts={AGENT_MAX_RESTARTS}",
-        # Peers reach rank 0's process group through the pod IP: no dependency on DNS for the data path.
-        "--local-addr=$(POD_IP)",
+        # torchrun ranks agents by sorting their addresses: the stable DNS names make worker 0 always rank 0
+        # (the trainer's progress endpoint and MASTER_ADDR live there), whatever IPs the pods got.
+        f"--local-addr={worker_address(job_name, namespace, index)}",
     ]
     if spec.entrypoint.command:
         return [*command, "--no-python", *spec.entrypoint.command, *spec.entrypoint.args]

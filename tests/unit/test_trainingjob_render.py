@@ -79,6 +79,8 @@ def test_torchrun_arguments() -> None:
     assert "--rdzv-endpoint=gpt-worker-0.gpt.team-a.svc:29400" in cmd
     assert "--rdzv-id=uid-123" in cmd
     assert "--rdzv-conf=is_host=1" in cmd
+    # torchrun sorts agents by address to assign ranks: worker 0's name sorts first, so it is rank 0.
+    assert "--local-addr=gpt-worker-0.gpt.team-a.svc" in cmd
     assert any(a.startswith("--max-restarts=") for a in cmd)
     assert cmd[cmd.index("-m") + 1 :] == ["loom.workloads.trainer", "--config", "/etc/loom/trainer/config.json"]
     other = torchrun_command(spec(), job_name="gpt", namespace="team-a", job_uid="u", index=1)
