@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from loom.operator.api.trainingjob import TrainingJobSpec
 from loom.operator.render import trainingjob as render
@@ -13,6 +15,7 @@ from loom.operator.render.trainingjob_config import SpecError, task_args, torchr
 from loom.operator.render.trainingjob_observe import observe_node, observe_pod, parse_progress
 from loom.workloads.trainer.config import TrainerConfig
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 JOB: dict[str, Any] = {
     "apiVersion": "loom.dev/v1alpha1",
     "kind": "TrainingJob",
@@ -260,3 +263,22 @@ def test_parse_progress_contract() -> None:
     assert parse_progress("garbage") is None
     odd = parse_progress({"step": "ten", "loss": True})
     assert odd is not None and odd.step is None and odd.loss is None
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("trainingjob-*.yaml")), ids=lambda p: p.name)
+def test_examples_render_into_children(path: Path) -> None:
+    doc = yaml.safe_load(path.read_text())
+    job = {**doc, "metadata": {**doc["metadata"], "namespace": "ns", "uid": "u"}}
+    the_spec = TrainingJobSpec.model_validate(doc["spec"])
+    assert (
+        render.name_problem(doc["metadata"]["name"], the_spec.workers.max_replicas or the_spec.workers.replicas) is None
+    )
+    TrainerConfig.model_validate(json.loads(render.config_map(job, the_spec)["data"]["config.json"]))
+    worker = render.worker_pod(job, the_spec, 0, attempt=0, image="loom/trainer:0.1.0", mlflow_run_id="r")
+    assert worker["spec"]["containers"][0]["command"][0] == "torchrun"
+
+
+def test_names_that_cannot_be_hostnames_are_reported() -> None:
+    assert render.name_problem("a" * 60, 2) is not None
+    assert render.name_problem("9lives", 2) is not None
+    assert render.name_problem("gpt", 1000) is None
