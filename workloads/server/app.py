@@ -25,7 +25,7 @@ from loom.workloads.server.batching import AdaptiveBatcher, QueueFullError, Shut
 from loom.workloads.server.config import ServerConfig
 from loom.workloads.server.flow import ApiKeys, RateLimiter
 from loom.workloads.server.guard import GuardMiddleware
-from loom.workloads.server.metrics import ServerMetrics
+from loom.workloads.server.metrics import NvmlCollector, ServerMetrics
 from loom.workloads.server.model import InferRequest, Model, ModelError, Tensor
 from loom.workloads.server.protocol import ProtocolError, decode_infer_request, encode_infer_response
 
@@ -79,7 +79,7 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 def build_app(config: ServerConfig, model: Model, model_folder: Path | None = None) -> Starlette:
     """The ASGI app for one model. The model is loaded in the background after startup, so liveness
     answers at once and readiness turns true only once the model is loaded."""
-    metrics = ServerMetrics(model.name)
+    metrics = ServerMetrics(model.name, gpu=NvmlCollector.create())
     state = ServerState(config, model, metrics)
     folder = model_folder or Path(config.model_dir)
 

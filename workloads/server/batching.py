@@ -125,18 +125,26 @@ class AdaptiveBatcher:
             if not batch:
                 continue
             started = time.monotonic()
-            results = await loop.run_in_executor(
-                self._executor, self._run_batch, [p.request for p in batch]
-            )
+            running = loop.run_in_executor(self._executor, self._run_batch, [p.request for p in batch])
+            try:
+                results = await asyncio.shield(running)
+            except asyncio.CancelledError:
+                # Stopping: finish the batch in hand so its requests get their answers, then stop.
+                self._deliver(batch, await running)
+                raise
             if self._observer is not None:
                 self._observer.batch_done(len(batch), time.monotonic() - started)
-            for pending, result in zip(batch, results, strict=True):
-                if pending.future.done():
-                    continue
-                if isinstance(result, Exception):
-                    pending.future.set_exception(result)
-                else:
-                    pending.future.set_result(result)
+            self._deliver(batch, results)
+
+    @staticmethod
+    def _deliver(batch: list[_Pending], results: list[InferResponse | Exception]) -> None:
+        for pending, result in zip(batch, results, strict=True):
+            if pending.future.done():
+                continue
+            if isinstance(result, Exception):
+                pending.future.set_exception(result)
+            else:
+                pending.future.set_result(result)
 
     def _run_batch(self, requests: list[InferRequest]) -> list[InferResponse | Exception]:
         try:

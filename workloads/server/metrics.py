@@ -25,8 +25,12 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 class ServerMetrics:
     """All server metrics, in their own registry (one per app, so tests can build many apps)."""
 
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None):
+    def __init__(
+        self, model_name: str, registry: CollectorRegistry | None = None, gpu: NvmlCollector | None = None
+    ):
         self.registry = registry or CollectorRegistry()
+        if gpu is not None:
+            self.registry.register(gpu)
         self.model = model_name
         self.request_latency = Histogram(
             "loom_server_request_duration_seconds",
