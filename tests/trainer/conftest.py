@@ -1,82 +1,18 @@
-"""Helpers for the trainer tests: write a TrainerConfig, run the real launcher under torchrun, parse its
-structured events."""
+"""Fixtures for the trainer tests: a fresh bucket per test and a torchrun launcher."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from loom.e2e.services import S3Endpoint
-
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
-# Small enough that a step takes milliseconds on one CPU core, big enough that the loss visibly falls.
-TINY_MODEL = {"nLayer": 2, "nEmbd": 64, "nHead": 4, "blockSize": 32}
-
-
-@dataclass
-class TrainerRun:
-    returncode: int
-    output: str
-
-    @property
-    def events(self) -> list[dict[str, Any]]:
-        found = []
-        for line in self.output.splitlines():
-            start = line.find('{"event"')
-            if start >= 0:
-                try:
-                    found.append(json.loads(line[start:]))
-                except json.JSONDecodeError:
-                    continue
-        return found
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e["event"] == kind]
-
-    def losses(self) -> dict[int, float]:
-        """Loss by step; for a step seen twice (before and after a restart) the later value wins."""
-        return {e["step"]: e["loss"] for e in self.of("step")}
-
-
-def trainer_env(s3: S3Endpoint) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(s3.env())
-    env.update(PYTHONSAFEPATH="1", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONUNBUFFERED="1")
-    env.pop("MLFLOW_RUN_ID", None)
-    return env
-
-
-def make_config(tmp_path: Path, bucket_uri: str, **overrides: Any) -> dict[str, Any]:
-    config: dict[str, Any] = {
-        "engine": "fsdp",
-        "training": {"maxSteps": 12, "batchSize": 8, "learningRate": 0.003, "taskArgs": dict(TINY_MODEL)},
-        "checkpoint": {"uri": bucket_uri, "everySteps": 4, "keepLast": 2,
-                       "stagingDir": str(tmp_path / "staging")},
-        "progress": {"file": str(tmp_path / "progress.json")},
-    }
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(config.get(key), dict):
-            config[key] = {**config[key], **value}
-        else:
-            config[key] = value
-    return config
-
-
-def torchrun_argv(config_path: Path, nproc: int, max_restarts: int = 0) -> list[str]:
-    return [
-        TORCHRUN, "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--monitor-interval", "0.5",
-        "-m", "loom.workloads.trainer", "--config", str(config_path),
-    ]
+from loom.e2e.trainer_harness import TrainerRun, torchrun_argv, trainer_env
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from loom.workloads.trainer.config import (
     DEFAULT_PROGRESS_FILE,
+    EXIT_INTERRUPTED,
     EXIT_PERMANENT,
     EXIT_RETRYABLE,
     ConfigError,
@@ -62,5 +63,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_RETRYABLE
 
 
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code not in (0, EXIT_INTERRUPTED):
+        # After a failure a checkpoint thread may still wait on a dead peer; a normal exit would join it
+        # and hang until torchrun kills the process. Nothing left to save: leave now.
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

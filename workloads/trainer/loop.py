@@ -38,9 +38,7 @@ def load_task(entrypoint: str) -> TrainTask:
         target = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as error:
         raise TaskError(f"entrypoint {entrypoint!r} cannot be loaded: {error}") from error
-    if isinstance(target, type):
-        target = target()
-    elif not isinstance(target, TrainTask) and callable(target):
+    if isinstance(target, type) or (not isinstance(target, TrainTask) and callable(target)):
         target = target()
     if not isinstance(target, TrainTask):
         raise TaskError(f"entrypoint {entrypoint!r} is {type(target).__name__}, not a TrainTask")
@@ -77,6 +75,24 @@ def _device(config: TrainerConfig, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def _init_process_group(backend: str, rank: int, world: int, restart: int) -> None:
+    """Join the process group through torchrun's store, namespaced by the restart count.
+
+    After an elastic restart the agent can hand out the same store; without a per-attempt namespace the new
+    workers may read the dead workers' gloo addresses and fail to connect.
+    """
+    timeout = timedelta(minutes=10)
+    address, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not (address and port):
+        dist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timeout)
+        return
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(address, int(port), world, is_master=(not agent_hosts_store and rank == 0),
+                          timeout=timeout, multi_tenant=True)
+    dist.init_process_group(backend=backend, store=dist.PrefixStore(f"loom/attempt-{restart}", store),
+                            rank=rank, world_size=world, timeout=timeout)
+
+
 def run(config: TrainerConfig) -> int:
     stop = StopFlag()
     rank = int(os.environ.get("RANK", "0"))
@@ -90,7 +106,7 @@ def run(config: TrainerConfig) -> int:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timedelta(minutes=10))
+        _init_process_group(backend, rank, world, restart)
     training = config.training
     ctx = TaskContext(rank, world, local_rank, str(device), training.seed, training.batch_size, training.task_args)
 
