@@ -3,9 +3,10 @@
     python -m loom.workloads.server.fetch --config /etc/loom/server.json
 
 Sources: an S3 prefix (or object), an MLflow registry URI (models:/name/version, models:/name@alias,
-models:/name/latest; the resolved version is recorded), or a TrainingJob checkpoint root (the
-newest checkpoint whose manifest.json exists; the trainer writes the manifest last, so a torn
-checkpoint is never served).
+models:/name/latest; the resolved version is recorded), or a TrainingJob checkpoint root: its final
+export (``<root>/final``: weights + config.json, what handlers load) once training completed, else
+the newest checkpoint whose manifest.json exists (the trainer writes the manifest last, so a torn
+checkpoint is never served; every file is checked against the manifest's SHA-256).
 
 Layout of the cache volume::
 
@@ -35,7 +36,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from loom.workloads.common.s3 import S3Location, download_file, make_client, sha256_file
 from loom.workloads.server.config import ServerConfig, parse_mlflow_uri
+from loom.workloads.trainer.checkpoint.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    checkpoint_dir_name,
+    complete_steps,
+)
 
 log = logging.getLogger("loom.workloads.server.fetch")
 
@@ -79,41 +87,26 @@ def model_folder(config: ServerConfig) -> tuple[Path, str | None]:
 # ----------------------------------------------------------------------------------------- S3
 
 
-def s3_client() -> Any:
-    """boto3 client from the environment (AWS_* variables, AWS_ENDPOINT_URL_S3), with retries."""
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client("s3", config=Config(retries={"mode": "standard", "max_attempts": 8}))
-
-
-def split_s3(uri: str) -> tuple[str, str]:
-    if not uri.startswith("s3://"):
-        raise ValueError(f"not an s3:// URI: {uri!r}")
-    bucket, _, key = uri[len("s3://") :].partition("/")
-    if not bucket:
-        raise ValueError(f"s3 URI without a bucket: {uri!r}")
-    return bucket, key
-
-
-def list_objects(client: Any, bucket: str, prefix: str) -> list[dict[str, Any]]:
+def list_objects(client: Any, location: S3Location) -> list[dict[str, Any]]:
+    """Objects under a prefix with their ETags (a retrained model often has the same sizes)."""
+    prefix = location.key + "/" if location.key else ""
     objects: list[dict[str, Any]] = []
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=location.bucket, Prefix=prefix):
         objects.extend(page.get("Contents", []))
     return objects
 
 
-def _s3_listing(client: Any, uri: str) -> tuple[str, str, list[dict[str, Any]]]:
+def _s3_listing(client: Any, uri: str) -> tuple[S3Location, list[dict[str, Any]]]:
     """Objects under a prefix; a URI naming a single object lists just that object."""
-    bucket, key = split_s3(uri)
-    prefix = key if not key or key.endswith("/") else key + "/"
-    objects = list_objects(client, bucket, prefix)
-    if not objects and key:
-        objects = [o for o in list_objects(client, bucket, key) if o["Key"] == key]
-        prefix = key.rsplit("/", 1)[0] + "/" if "/" in key else ""
+    location = S3Location.parse(uri)
+    objects = list_objects(client, location)
+    if not objects and location.key:
+        parent = S3Location(location.bucket, location.key.rsplit("/", 1)[0] if "/" in location.key else "")
+        objects = [o for o in list_objects(client, parent) if o["Key"] == location.key]
+        location = parent
     if not objects:
         raise FileNotFoundError(f"nothing found at {uri}")
-    return bucket, prefix, objects
+    return location, objects
 
 
 def _listing_version(objects: list[dict[str, Any]]) -> str:
@@ -123,33 +116,49 @@ def _listing_version(objects: list[dict[str, Any]]) -> str:
     return digest.hexdigest()[:16]
 
 
-def _download(client: Any, bucket: str, prefix: str, objects: list[dict[str, Any]], dest: Path) -> None:
+def _target(dest: Path, relative: str) -> Path:
+    target = dest / relative
+    if not target.resolve().is_relative_to(dest.resolve()):
+        raise ValueError(f"refusing object key that escapes the cache folder: {relative!r}")
+    return target
+
+
+def _download_listing(client: Any, location: S3Location, objects: list[dict[str, Any]], dest: Path) -> None:
+    skip = len(location.key) + 1 if location.key else 0
     for obj in objects:
-        relative = obj["Key"][len(prefix) :]
-        if not relative or relative.endswith("/"):
-            continue
-        target = dest / relative
-        if not target.resolve().is_relative_to(dest.resolve()):
-            raise ValueError(f"refusing object key that escapes the cache folder: {obj['Key']!r}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        client.download_file(bucket, obj["Key"], str(target))  # multipart + retries inside boto3
+        relative = obj["Key"][skip:]
+        if relative and not relative.endswith("/"):
+            download_file(client, S3Location(location.bucket, obj["Key"]), _target(dest, relative))
 
 
-def latest_checkpoint(client: Any, root_uri: str) -> tuple[str, dict[str, Any]]:
-    """The newest complete checkpoint under a TrainingJob's checkpoint root: (prefix URI, manifest)."""
-    bucket, key = split_s3(root_uri)
-    prefix = key if not key or key.endswith("/") else key + "/"
-    manifests = [o for o in list_objects(client, bucket, prefix) if o["Key"].endswith("/manifest.json")]
-    best: tuple[int, str, dict[str, Any]] | None = None
-    for obj in manifests:
-        manifest = json.loads(client.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
-        step = int(manifest.get("step", -1))
-        if best is None or (step, obj["Key"]) > (best[0], best[1]):
-            best = (step, obj["Key"], manifest)
-    if best is None:
-        raise FileNotFoundError(f"no complete checkpoint (manifest.json) under {root_uri}")
-    checkpoint_prefix = best[1][: -len("manifest.json")]
-    return f"s3://{bucket}/{checkpoint_prefix}", best[2]
+def training_output(client: Any, root_uri: str) -> tuple[str, dict[str, Any]]:
+    """What a TrainingJob's checkpoint root offers to serve, newest first: the final export
+    (<root>/final, written when training completed) or else the newest complete checkpoint."""
+    root = S3Location.parse(root_uri)
+    final = root.child("final")
+    final_objects = list_objects(client, final)
+    if final_objects:
+        return "final-" + _listing_version(final_objects), {"export": final.uri}
+    keys = [obj["Key"] for obj in list_objects(client, root)]
+    steps = complete_steps(keys, root.key)
+    if not steps:
+        raise FileNotFoundError(f"no final export and no complete checkpoint (manifest.json) under {root_uri}")
+    step = steps[-1]
+    return f"step-{step}", {"checkpoint": root.child(checkpoint_dir_name(step)).uri, "step": step}
+
+
+def _download_checkpoint(client: Any, checkpoint_uri: str, dest: Path) -> None:
+    """Download the files a manifest lists, each checked against its recorded SHA-256."""
+    location = S3Location.parse(checkpoint_uri)
+    manifest_key = location.child(MANIFEST_NAME)
+    body = client.get_object(Bucket=manifest_key.bucket, Key=manifest_key.key)["Body"].read()
+    manifest = Manifest.model_validate_json(body)
+    for entry in manifest.files:
+        target = _target(dest, entry.path)
+        download_file(client, location.child(entry.path), target)
+        if sha256_file(target) != entry.sha256:
+            raise ValueError(f"{entry.path} of {checkpoint_uri} does not match its manifest")
+    (dest / MANIFEST_NAME).write_bytes(body)
 
 
 # ------------------------------------------------------------------------------------- fetching
@@ -204,12 +213,10 @@ def _resolve(config: ServerConfig) -> tuple[str, dict[str, Any]]:
             found = client.get_model_version(name, str(version))
         details = {"name": name, "alias": alias, "runId": found.run_id, "source": found.source}
         return str(found.version), details
-    client = s3_client()
+    client = make_client()
     if kind == "checkpoint":
-        checkpoint_uri, manifest = latest_checkpoint(client, uri)
-        version = f"step-{manifest.get('step', 'unknown')}"
-        return version, {"checkpoint": checkpoint_uri, "step": manifest.get("step")}
-    _bucket, _prefix, objects = _s3_listing(client, uri)
+        return training_output(client, uri)
+    _location, objects = _s3_listing(client, uri)
     return _listing_version(objects), {"objects": len(objects)}
 
 
@@ -221,10 +228,12 @@ def _download_version(config: ServerConfig, version: str, details: dict[str, Any
 
         download_artifacts(artifact_uri=f"models:/{details['name']}/{version}", dst_path=str(dest))
         return
-    client = s3_client()
-    source = details["checkpoint"] if kind == "checkpoint" else uri
-    bucket, prefix, objects = _s3_listing(client, source)
-    _download(client, bucket, prefix, objects, dest)
+    client = make_client()
+    if "checkpoint" in details:
+        _download_checkpoint(client, details["checkpoint"], dest)
+        return
+    location, objects = _s3_listing(client, details.get("export", uri))
+    _download_listing(client, location, objects, dest)
 
 
 def fetch(config: ServerConfig) -> FetchedModel | None:
