@@ -94,8 +94,20 @@ def control_plane(bin_dir: Path, pki: Pki, ports: Ports) -> list[Component]:
             f"--kubelet-client-key={pki.key('apiserver-kubelet-client')}",
             "--allow-privileged=true",
             "--enable-admission-plugins=NodeRestriction",
+            # Aggregated API servers (a metrics adapter, say) trust requests the API server proxies
+            # to them with this identity.
+            f"--proxy-client-cert-file={pki.cert('front-proxy-client')}",
+            f"--proxy-client-key-file={pki.key('front-proxy-client')}",
+            f"--requestheader-client-ca-file={pki.ca_cert}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             "--profiling=false",
             "--v=1",
+            # The API server advertises a loopback address, which the `kubernetes` Service's
+            # endpoints may not hold; nothing routes service IPs here anyway (no kube-proxy).
+            "--endpoint-reconciler-type=none",
         ],
     )
     controller_manager = Component(

@@ -45,6 +45,7 @@ _LEAVES: dict[str, tuple[str, tuple[str, ...], bool, bool, tuple[str, ...], tupl
     "scheduler": ("system:kube-scheduler", (), True, False, (), ()),
     # The API server presents this to kubelets (our node agent) for logs, exec and port-forward.
     "apiserver-kubelet-client": ("kube-apiserver-kubelet-client", ("system:masters",), True, False, (), ()),
+    "front-proxy-client": ("front-proxy-client", (), True, False, (), ()),
     "kubelet": (
         f"system:node:{AGENT_NODE_NAME}",
         ("system:nodes",),

@@ -278,7 +278,9 @@ def test_service_account_is_refused_what_its_role_does_not_grant(
         kubectl("-n", "default", "get", "configmaps"),
     ):
         assert refused.returncode != 0
-        assert "Forbidden" in refused.stderr, refused.stderr
+        # Refused by authorization (403) for this identity: not a typo, not an authentication failure.
+        assert "forbidden" in refused.stderr.lower(), refused.stderr
+        assert f'User "system:serviceaccount:{namespace}:reader" cannot' in refused.stderr, refused.stderr
     # The refused delete really changed nothing.
     assert core.read_namespaced_config_map("visible", namespace).metadata.name == "visible"
 
