@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from loom.e2e.agent.config import AgentConfig
@@ -80,8 +81,7 @@ class NodeKeeper:
         self.uid: str | None = None
 
     async def register(self) -> None:
-        version = await asyncio.to_thread(self.api.api_client.call_api, "/version", "GET",
-                                          response_type="object", _return_http_data_only=True)
+        version = await self.api.call(client.VersionApi(self.api.api_client).get_code)
         self.kubelet_version = str(version.get("gitVersion", "v0.0.0"))
         body = {
             "apiVersion": "v1", "kind": "Node",
@@ -108,8 +108,8 @@ class NodeKeeper:
             body["metadata"]["ownerReferences"] = [
                 {"apiVersion": "v1", "kind": "Node", "name": self.cfg.node_name, "uid": self.uid}]
         try:
-            await self.api.call(self.api.coordination.replace_namespaced_lease, self.cfg.node_name,
-                                "kube-node-lease", body)
+            await self.api.call(self.api.coordination.patch_namespaced_lease, self.cfg.node_name,
+                                "kube-node-lease", {"spec": body["spec"]})
         except ApiException as exc:
             if exc.status != 404:
                 raise
