@@ -12,6 +12,7 @@ from . import placeholder
 
 # Kinds whose real controllers exist; each module exposes register(settings).
 _CONTROLLERS: dict[str, str] = {
+    "InferenceService": "inferenceservice",
     "TrainingJob": "trainingjob",
 }
 

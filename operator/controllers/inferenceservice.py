@@ -1,0 +1,236 @@
+"""InferenceService controller: thin Kopf handlers around one idempotent `reconcile`.
+
+Every entry point (create/resume/spec update, a periodic resync, a change of one of our Deployments, a new
+checkpoint of a referenced TrainingJob) runs the same pass: read -> resolve the model -> plan (pure) -> render
+(pure) -> server-side apply -> status (pure) -> status patch + events. Everything the pass needs is in the
+cluster (the stable model is an annotation on the stable Deployment), so the operator can be killed at any
+instant: the next pass converges, creating nothing twice (deterministic names, server-side apply).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, cast
+
+import kopf
+from pydantic import ValidationError
+
+from ..api import GROUP, VERSION
+from ..api.inferenceservice import InferenceServiceSpec, InferenceServiceStatus
+from ..kube import client as kube
+from ..render.inferenceservice import (
+    CONFIG_HASH_ANNOTATION,
+    KIND_LABEL,
+    InvalidSpec,
+    Track,
+    config_map_name,
+    deployment_name,
+    render_deployment,
+    render_service,
+    rollout_strategy,
+    selector_string,
+)
+from ..render.inferenceservice_model import ModelRef, ResolveError, resolve_model
+from ..render.inferenceservice_rollout import RolloutPlan, desired_total_replicas, plan_rollout
+from ..render.inferenceservice_status import Event, Observed, compute_status
+from ..settings import OperatorSettings
+
+log = logging.getLogger("loom.operator.inferenceservice")
+
+API_VERSION = f"{GROUP}/{VERSION}"
+PLURAL = "inferenceservices"
+Manifest = dict[str, Any]
+
+# One pass at a time per object: handlers, the resync timer and watch events of children may fire together.
+_locks: dict[tuple[str, str], asyncio.Lock] = {}
+# Last (checkpoint, phase) seen per TrainingJob: a job's status changes often, only these matter here.
+_seen_checkpoints: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+
+def _owner(body: Manifest) -> Manifest:
+    meta = body["metadata"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "InferenceService",
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+            "generation": meta.get("generation"),
+        },
+    }
+
+
+async def _resolve(spec: InferenceServiceSpec, namespace: str) -> tuple[ModelRef | None, ResolveError | None]:
+    job = None
+    if spec.model.from_training_job is not None:
+        job = await kube.get(API_VERSION, "TrainingJob", namespace, spec.model.from_training_job.name)
+    try:
+        return resolve_model(spec.model, spec.handler, job), None
+    except ResolveError as err:
+        return None, err
+
+
+async def _apply_track(
+    owner: Manifest, spec: InferenceServiceSpec, track: Track, ref: ModelRef, replicas: int, image: str
+) -> Manifest:
+    config_map, deployment = render_deployment(owner, spec, track, ref, replicas, image)
+    await kube.apply(config_map)  # before the Deployment: new pods must find their config
+    return await kube.apply(deployment)
+
+
+async def _retire_canary(namespace: str, name: str) -> None:
+    # ConfigMap first: if the operator dies in between, the Deployment is still there to retire next pass.
+    await kube.delete("v1", "ConfigMap", namespace, config_map_name(name, "canary"))
+    await kube.delete("apps/v1", "Deployment", namespace, deployment_name(name, "canary"))
+
+
+def _template_hash(deployment: Manifest | None) -> str | None:
+    if deployment is None:
+        return None
+    annotations = deployment["spec"]["template"]["metadata"].get("annotations") or {}
+    return annotations.get(CONFIG_HASH_ANNOTATION)
+
+
+def _status_patch(status: InferenceServiceStatus) -> Manifest:
+    """Status as a merge patch: fields that became empty are sent as null so they are removed."""
+    wire = status.to_wire()
+    for key in ("phase", "url", "selector", "modelVersion", "canary"):
+        wire.setdefault(key, None)
+    return wire
+
+
+async def reconcile(body: Manifest, settings: OperatorSettings) -> None:
+    """One full pass for one InferenceService (serialized per object)."""
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    lock = _locks.setdefault(key, asyncio.Lock())
+    async with lock:
+        await _reconcile(body, settings)
+
+
+async def _reconcile(body: Manifest, settings: OperatorSettings) -> None:
+    owner = _owner(body)
+    namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+    previous = _previous_status(body)
+    stable = await kube.get("apps/v1", "Deployment", namespace, deployment_name(name, "stable"))
+    canary = await kube.get("apps/v1", "Deployment", namespace, deployment_name(name, "canary"))
+    invalid: str | None = None
+    resolve_error: ResolveError | None = None
+    plan = RolloutPlan(stable_ref=None, stable_replicas=0, mode="waiting")
+    try:
+        spec = InferenceServiceSpec.model_validate(body.get("spec") or {})
+        rollout_strategy(spec)  # raises InvalidSpec for what admission cannot catch
+        desired, resolve_error = await _resolve(spec, namespace)
+        plan = plan_rollout(spec, desired, stable, canary, desired_total_replicas(spec))
+        if plan.stable_ref is not None:
+            stable, canary, plan = await _apply(owner, spec, plan, stable, canary, settings.server_image)
+    except (InvalidSpec, ValidationError) as exc:
+        invalid = _short(exc)
+    serving_track: Track = "canary" if plan.canary_action == "apply" else "stable"
+    pods = await kube.list_objects("v1", "Pod", namespace, selector_string(owner))
+    observed = Observed(
+        plan=plan,
+        stable=stable,
+        canary=canary,
+        pods=pods,
+        serving_config_hash=_template_hash(canary if serving_track == "canary" else stable),
+        resolve_error=resolve_error,
+        invalid=invalid,
+    )
+    status, events = compute_status(owner, observed, previous)
+    await kube.patch_status(API_VERSION, "InferenceService", namespace, name, _status_patch(status))
+    _post(body, events)
+
+
+async def _apply(
+    owner: Manifest,
+    spec: InferenceServiceSpec,
+    plan: RolloutPlan,
+    stable: Manifest | None,
+    canary: Manifest | None,
+    image: str,
+) -> tuple[Manifest | None, Manifest | None, RolloutPlan]:
+    namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+    assert plan.stable_ref is not None
+    await kube.apply(render_service(owner))
+    stable = await _apply_track(owner, spec, "stable", plan.stable_ref, plan.stable_replicas, image)
+    if plan.canary_action == "apply":
+        assert plan.canary_ref is not None
+        canary = await _apply_track(owner, spec, "canary", plan.canary_ref, plan.canary_replicas, image)
+    elif plan.canary_action == "keep":
+        # Judge the stable track as it is after this apply: a no-op apply may show it already rolled out.
+        settled = plan_rollout(spec, plan.stable_ref, stable, canary, plan.stable_replicas)
+        if settled.canary_action == "retire":
+            plan = settled
+    if plan.canary_action == "retire":
+        await _retire_canary(namespace, name)
+        canary = None
+        plan = RolloutPlan(stable_ref=plan.stable_ref, stable_replicas=plan.stable_replicas)  # steady from now
+    return stable, canary, plan
+
+
+def _previous_status(body: Manifest) -> InferenceServiceStatus | None:
+    try:
+        return InferenceServiceStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        return None  # a status written by another version: start the conditions afresh
+
+
+def _short(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return f"spec.{where}: {first.get('msg')}" if where else str(first.get("msg"))
+    return str(exc)
+
+
+def _post(body: Manifest, events: list[Event]) -> None:
+    for event in events:
+        # kopf only reads apiVersion/kind/metadata from it, which a plain manifest has.
+        kopf.event(cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message)
+
+
+async def _reconcile_by_name(namespace: str, name: str, settings: OperatorSettings) -> None:
+    body = await kube.get(API_VERSION, "InferenceService", namespace, name)
+    if body is not None and not body["metadata"].get("deletionTimestamp"):
+        await reconcile(body, settings)
+
+
+def register(settings: OperatorSettings) -> None:
+    @kopf.on.resume(GROUP, VERSION, PLURAL)
+    @kopf.on.create(GROUP, VERSION, PLURAL)
+    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+    async def _spec_handler(body: kopf.Body, **_: Any) -> None:
+        await reconcile(dict(body), settings)
+
+    # The safety net: status converges and drift is corrected even after a missed watch event.
+    @kopf.timer(GROUP, VERSION, PLURAL, interval=settings.resync_interval_s, initial_delay=settings.resync_interval_s)
+    async def _resync(body: kopf.Body, **_: Any) -> None:
+        await reconcile(dict(body), settings)
+
+    # Rollouts progress with the Deployments' status: react to it instead of polling.
+    @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/name": KIND_LABEL})
+    async def _deployment_changed(body: kopf.Body, **_: Any) -> None:
+        meta = body.get("metadata", {})
+        owner = (meta.get("labels") or {}).get(f"loom.dev/{KIND_LABEL}")
+        if owner and meta.get("namespace"):
+            await _reconcile_by_name(meta["namespace"], owner, settings)
+
+    # Train-to-serve: a newer checkpoint of a referenced TrainingJob rolls out by itself.
+    @kopf.on.event(GROUP, VERSION, "trainingjobs")
+    async def _training_job_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
+        meta = body.get("metadata", {})
+        namespace, job = meta.get("namespace"), meta.get("name")
+        if not namespace or not job:
+            return
+        status = body.get("status") or {}
+        seen = ((status.get("checkpoint") or {}).get("latest"), status.get("phase"))
+        if type != "DELETED" and _seen_checkpoints.get((namespace, job)) == seen:
+            return
+        _seen_checkpoints[(namespace, job)] = seen
+        for isvc in await kube.list_objects(API_VERSION, "InferenceService", namespace):
+            source = ((isvc.get("spec") or {}).get("model") or {}).get("fromTrainingJob") or {}
+            if source.get("name") == job:
+                await reconcile(isvc, settings)

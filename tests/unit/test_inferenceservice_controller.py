@@ -1,0 +1,269 @@
+"""The reconcile pass against an in-memory API server: create, canary, promotion, rollback, train-to-serve.
+
+The fake stores what is applied (bumping metadata.generation when the spec changes, as the API server does) and
+lets a test play the Deployment controller (`settle`). It checks the controller's sequencing: what it applies,
+what it deletes and when, and what status it writes. Rendering details are covered by the render tests; the real
+API server is exercised in e2e/tests/test_inferenceservice.py.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from loom.operator.controllers import inferenceservice as controller
+from loom.operator.render.inferenceservice_model import MODEL_ANNOTATION, ModelRef
+from loom.operator.settings import OperatorSettings
+
+Key = tuple[str, str, str | None, str]
+
+
+class FakeApi:
+    def __init__(self) -> None:
+        self.objects: dict[Key, dict[str, Any]] = {}
+        self.deleted: list[Key] = []
+        self.events: list[tuple[str, str]] = []
+
+    @staticmethod
+    def key(api_version: str, kind: str, namespace: str | None, name: str) -> Key:
+        return (api_version, kind, namespace, name)
+
+    async def apply(self, manifest: dict[str, Any], **_: Any) -> dict[str, Any]:
+        meta = manifest["metadata"]
+        key = self.key(manifest["apiVersion"], manifest["kind"], meta.get("namespace"), meta["name"])
+        old = self.objects.get(key)
+        new = copy.deepcopy(manifest)
+        generation = 1
+        if old is not None:
+            generation = old["metadata"]["generation"] + (old.get("spec") != new.get("spec"))
+            new["status"] = old.get("status", {})
+        new["metadata"]["generation"] = generation
+        self.objects[key] = new
+        return copy.deepcopy(new)
+
+    async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        found = self.objects.get(self.key(api_version, kind, namespace, name))
+        return copy.deepcopy(found) if found else None
+
+    async def list_objects(
+        self, api_version: str, kind: str, namespace: str | None, label_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(o)
+            for (a, k, ns, _), o in self.objects.items()
+            if (a, k, ns) == (api_version, kind, namespace)
+        ]
+
+    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str, **_: Any) -> bool:
+        key = self.key(api_version, kind, namespace, name)
+        self.deleted.append(key)
+        return self.objects.pop(key, None) is not None
+
+    async def patch_status(
+        self, api_version: str, kind: str, namespace: str, name: str, status: dict[str, Any]
+    ) -> None:
+        obj = self.objects[self.key(api_version, kind, namespace, name)]
+        merged = {**obj.get("status", {}), **status}
+        obj["status"] = {k: v for k, v in merged.items() if v is not None}
+
+    # ---- helpers for the test, playing the Deployment controller
+    def deployment(self, name: str) -> dict[str, Any] | None:
+        return self.objects.get(("apps/v1", "Deployment", "ml", name))
+
+    def settle(self, name: str) -> None:
+        """The Deployment controller finished: every wanted replica runs the current template and is ready."""
+        dep = self.objects[("apps/v1", "Deployment", "ml", name)]
+        n = dep["spec"]["replicas"]
+        dep["status"] = {
+            "observedGeneration": dep["metadata"]["generation"], "replicas": n, "updatedReplicas": n,
+            "readyReplicas": n, "availableReplicas": n,
+        }  # fmt: skip
+
+    def model(self, name: str) -> str | None:
+        dep = self.deployment(name)
+        if dep is None:
+            return None
+        ref = ModelRef.from_annotation(dep["metadata"]["annotations"][MODEL_ANNOTATION])
+        return ref.version if ref else None
+
+    def isvc(self) -> dict[str, Any]:
+        return self.objects[("loom.dev/v1alpha1", "InferenceService", "ml", "gpt")]
+
+
+@pytest.fixture
+def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
+    fake = FakeApi()
+    for name in ("apply", "get", "list_objects", "delete", "patch_status"):
+        monkeypatch.setattr(controller.kube, name, getattr(fake, name))
+    monkeypatch.setattr(
+        controller.kopf, "event", lambda body, *, type, reason, message: fake.events.append((type, reason))
+    )
+    return fake
+
+
+SETTINGS = OperatorSettings(server_image="loom/server:test")
+
+
+def put_isvc(api: FakeApi, spec: dict[str, Any]) -> dict[str, Any]:
+    key = ("loom.dev/v1alpha1", "InferenceService", "ml", "gpt")
+    old = api.objects.get(key)
+    generation = 1 if old is None else old["metadata"]["generation"] + 1
+    body = {
+        "apiVersion": "loom.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "gpt", "namespace": "ml", "uid": "uid-1", "generation": generation},
+        "spec": spec,
+        "status": (old or {}).get("status", {}),
+    }
+    api.objects[key] = body
+    return body
+
+
+async def reconcile(api: FakeApi) -> dict[str, Any]:
+    await controller.reconcile(copy.deepcopy(api.isvc()), SETTINGS)
+    return api.isvc()["status"]
+
+
+def spec(version: str, canary: int | None = None, replicas: int = 5) -> dict[str, Any]:
+    wire: dict[str, Any] = {"model": {"uri": f"s3://models/gpt/{version}"}, "handler": "noop", "replicas": replicas}
+    if canary is not None:
+        wire["rollout"] = {"canaryPercent": canary}
+    return wire
+
+
+def cond(status: dict[str, Any], ctype: str) -> tuple[str, str]:
+    found = next(c for c in status["conditions"] if c["type"] == ctype)
+    return found["status"], found["reason"]
+
+
+async def test_create_renders_children_and_becomes_ready(api: FakeApi) -> None:
+    put_isvc(api, spec("v1"))
+    status = await reconcile(api)
+    assert api.objects[("v1", "Service", "ml", "gpt")]["spec"]["ports"][0]["port"] == 80
+    assert ("v1", "ConfigMap", "ml", "gpt-config") in api.objects
+    assert api.model("gpt") == "v1" and api.deployment("gpt")["spec"]["replicas"] == 5  # type: ignore[index]
+    assert status["phase"] == "Loading"
+    assert cond(status, "Ready") == ("False", "Pending")
+    api.settle("gpt")
+    status = await reconcile(api)
+    assert cond(status, "RolledOut") == ("True", "RolledOut")
+    assert cond(status, "Ready") == ("True", "Serving")
+    assert (status["readyReplicas"], status["modelVersion"], status["url"]) == (5, "v1", "http://gpt.ml.svc")
+    assert ("Normal", "Serving") in api.events
+    # A second pass changes nothing and posts no new event.
+    before = copy.deepcopy(api.objects)
+    events = len(api.events)
+    await reconcile(api)
+    assert api.objects == before and len(api.events) == events
+
+
+async def test_canary_promotion_and_rollback(api: FakeApi) -> None:
+    put_isvc(api, spec("v1"))
+    await reconcile(api)
+    api.settle("gpt")
+    await reconcile(api)
+
+    # New model with 20% canary: v1 stays stable on 4 replicas, v2 runs on 1.
+    put_isvc(api, spec("v2", canary=20))
+    status = await reconcile(api)
+    assert (api.model("gpt"), api.deployment("gpt")["spec"]["replicas"]) == ("v1", 4)  # type: ignore[index]
+    assert (api.model("gpt-canary"), api.deployment("gpt-canary")["spec"]["replicas"]) == ("v2", 1)  # type: ignore[index]
+    api.settle("gpt")
+    api.settle("gpt-canary")
+    status = await reconcile(api)
+    assert status["canary"] == {"percent": 20, "modelVersion": "v2", "replicas": 1, "readyReplicas": 1}
+    assert status["modelVersion"] == "v1"
+    assert cond(status, "RolledOut") == ("True", "CanaryRolledOut")
+
+    # Promote: stable rolls to v2; the canary keeps serving until the stable track is rolled out.
+    put_isvc(api, spec("v2"))
+    status = await reconcile(api)
+    assert (api.model("gpt"), api.deployment("gpt")["spec"]["replicas"]) == ("v2", 5)  # type: ignore[index]
+    assert api.deployment("gpt-canary") is not None
+    assert cond(status, "RolledOut") == ("False", "Promoting")
+    api.settle("gpt")
+    status = await reconcile(api)
+    assert api.deployment("gpt-canary") is None
+    assert ("v1", "ConfigMap", "ml", "gpt-canary-config") not in api.objects
+    assert "canary" not in status and status["modelVersion"] == "v2"
+    assert cond(status, "RolledOut") == ("True", "RolledOut")
+
+    # Another canary, then roll back by setting the model back to the stable one.
+    put_isvc(api, spec("v3", canary=20))
+    await reconcile(api)
+    assert api.model("gpt-canary") == "v3"
+    put_isvc(api, spec("v2", canary=20))
+    status = await reconcile(api)
+    assert api.model("gpt") == "v2"
+    assert cond(status, "RolledOut") == ("False", "RollingBack")
+    api.settle("gpt")
+    status = await reconcile(api)
+    assert api.deployment("gpt-canary") is None
+    assert cond(status, "RolledOut") == ("True", "RolledOut")
+
+
+async def test_operator_restart_mid_canary_keeps_the_previous_version(api: FakeApi) -> None:
+    put_isvc(api, spec("v1"))
+    await reconcile(api)
+    api.settle("gpt")
+    put_isvc(api, spec("v2", canary=20))
+    await reconcile(api)
+    controller._locks.clear()  # a fresh process: nothing in memory
+    await reconcile(api)
+    assert (api.model("gpt"), api.model("gpt-canary")) == ("v1", "v2")
+
+
+async def test_invalid_rollout_is_a_condition_and_touches_nothing(api: FakeApi) -> None:
+    put_isvc(api, {**spec("v1"), "rollout": {"maxSurge": 0, "maxUnavailable": 0}})
+    status = await reconcile(api)
+    assert cond(status, "Ready") == ("False", "InvalidSpec")
+    assert status["phase"] == "Failed"
+    assert api.deployment("gpt") is None
+    assert ("Warning", "InvalidSpec") in api.events
+
+
+def training_job(api: FakeApi, latest: str | None, step: int | None) -> None:
+    api.objects[("loom.dev/v1alpha1", "TrainingJob", "ml", "train")] = {
+        "apiVersion": "loom.dev/v1alpha1", "kind": "TrainingJob",
+        "metadata": {"name": "train", "namespace": "ml", "generation": 1},
+        "spec": {"checkpoint": {"uri": "s3://ckpt/train", "secretRef": {"name": "s3"}}},
+        "status": {"phase": "Running", "checkpoint": {"latest": latest, "step": step} if latest else None},
+    }  # fmt: skip
+
+
+async def test_from_training_job_waits_for_a_checkpoint_then_follows_new_ones(api: FakeApi) -> None:
+    put_isvc(api, {"model": {"fromTrainingJob": {"name": "train"}}, "replicas": 1})
+    status = await reconcile(api)
+    assert cond(status, "ModelLoaded") == ("False", "TrainingJobNotFound")
+    assert api.deployment("gpt") is None
+
+    training_job(api, None, None)
+    status = await reconcile(api)
+    assert cond(status, "ModelLoaded") == ("False", "NoCheckpointYet")
+    assert status["phase"] == "Pending"
+
+    training_job(api, "s3://ckpt/train/step-100/", 100)
+    await reconcile(api)
+    assert api.model("gpt") == "step-100"
+    env = api.deployment("gpt")["spec"]["template"]["spec"]["containers"][0]["env"]  # type: ignore[index]
+    assert {
+        "name": "AWS_ACCESS_KEY_ID",
+        "valueFrom": {"secretKeyRef": {"name": "s3", "key": "AWS_ACCESS_KEY_ID"}},
+    } in env
+    api.settle("gpt")
+
+    # The job writes a newer checkpoint: the same pass rolls it out, no spec change needed.
+    training_job(api, "s3://ckpt/train/step-200/", 200)
+    status = await reconcile(api)
+    assert api.model("gpt") == "step-200"
+    assert cond(status, "RolledOut") == ("False", "RollingOut")
+
+    # The job disappears: keep serving what was loaded, say why nothing new rolls out.
+    del api.objects[("loom.dev/v1alpha1", "TrainingJob", "ml", "train")]
+    api.settle("gpt")
+    status = await reconcile(api)
+    assert api.model("gpt") == "step-200"
+    assert cond(status, "Ready") == ("True", "Serving")
+    assert cond(status, "RolledOut") == ("False", "TrainingJobNotFound")
