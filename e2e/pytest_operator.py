@@ -40,6 +40,12 @@ class OperatorProcess:
     metrics_port: int
     health_port: int
     env: dict[str, str]
+    process: subprocess.Popen[bytes]
+
+    def crash(self) -> None:
+        """SIGKILL, as when the node under the operator dies: no clean-up code runs."""
+        self.process.kill()
+        self.process.wait(timeout=10)
 
     def log_tail(self, lines: int = 60) -> str:
         try:
@@ -64,9 +70,15 @@ def _healthy(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def operator_process(cluster: Any, log: Path, extra_env: dict[str, str] | None = None) -> Iterator[OperatorProcess]:
-    """Run `loom operator` until the block ends (SIGTERM, then SIGKILL after 20 s)."""
-    prefix = f"lo{uuid.uuid4().hex[:6]}"
+def operator_process(
+    cluster: Any, log: Path, extra_env: dict[str, str] | None = None, prefix: str | None = None
+) -> Iterator[OperatorProcess]:
+    """Run `loom operator` until the block ends (SIGTERM, then SIGKILL after 20 s).
+
+    It watches namespaces `<prefix>-*`; a random prefix unless one is given (e.g. to restart an operator
+    on the same namespaces).
+    """
+    prefix = prefix or f"lo{uuid.uuid4().hex[:6]}"
     metrics_port, health_port = free_port(), free_port()
     env = dict(cluster.env)
     env.update(
@@ -83,10 +95,15 @@ def operator_process(cluster: Any, log: Path, extra_env: dict[str, str] | None =
         }
     )
     env.update(extra_env or {})
-    loom = Path(sys.executable).parent / "loom"
+    # The `loom operator` command itself, with logging switched on so the log file tells what happened.
+    launch = (
+        "import logging, sys; "
+        "logging.basicConfig(level=logging.INFO, format='%(asctime)s %(levelname)s %(name)s: %(message)s'); "
+        "from loom.operator.cli import main; sys.exit(main(['operator']))"
+    )
     with open(log, "ab") as out:
-        proc = subprocess.Popen([str(loom), "operator"], env=env, stdout=out, stderr=subprocess.STDOUT, cwd="/")
-    handle = OperatorProcess(prefix, log, metrics_port, health_port, env)
+        proc = subprocess.Popen([sys.executable, "-c", launch], env=env, stdout=out, stderr=subprocess.STDOUT, cwd="/")
+    handle = OperatorProcess(prefix, log, metrics_port, health_port, env, proc)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not _healthy(health_port):

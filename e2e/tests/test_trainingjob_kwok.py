@@ -7,12 +7,14 @@ not training itself (test_trainingjob_training.py does that on the node agent).
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from typing import Any
 
 import pytest
 import yaml
 
-from loom.e2e.pytest_operator import OperatorProcess
+from loom.e2e.pytest_operator import OperatorProcess, operator_process
 from loom.e2e.stack import Cluster
 from loom.e2e.stack.cluster import wait_until
 from loom.e2e.stack.nodes import KWOK_TOLERATION
@@ -230,3 +232,47 @@ def test_suspend_deletes_workers_and_resume_starts_a_new_attempt(
     status = wait_phase(cluster, loom_operator, ns, "pausable", "Running")
     assert status["attempt"] == 1 and status["restarts"] == 0
     assert {p["metadata"]["labels"]["loom.dev/attempt"] for p in pods(cluster, ns, "pausable")} == {"1"}
+
+
+def test_operator_killed_at_any_moment_converges_without_duplicates(
+    cluster: Cluster, loom_operator: OperatorProcess, tmp_path: Any
+) -> None:
+    """SIGKILL the operator, break a worker while it is down, start a new one: exactly one restart."""
+    prefix = f"lr{uuid.uuid4().hex[:6]}"
+    ns = f"{prefix}-a"
+    cluster.kubectl("create", "namespace", ns)
+    try:
+        wait_until(
+            lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", ns, check=False).returncode == 0,
+            timeout=30,
+            what="default ServiceAccount",
+        )
+        with operator_process(cluster, tmp_path / "first.log", prefix=prefix) as first:
+            apply(cluster, ns, training_job("durable"))
+            wait_phase(cluster, first, ns, "durable", "Running")
+            uids = {p["metadata"]["uid"] for p in pods(cluster, ns, "durable")}
+            first.crash()
+        fail_pod(cluster, ns, "durable-worker-1", exit_code=1)
+        with operator_process(cluster, tmp_path / "second.log", prefix=prefix) as second:
+
+            def recovered() -> dict[str, Any] | None:
+                status = job_status(cluster, ns, "durable")
+                current = pods(cluster, ns, "durable")
+                fresh = {p["metadata"]["labels"]["loom.dev/attempt"] for p in current} == {"1"}
+                return status if status.get("phase") == "Running" and fresh and len(current) == 2 else None
+
+            try:
+                status = wait_until(recovered, timeout=120, what="recovery by the restarted operator", interval=0.5)
+            except TimeoutError as error:
+                raise AssertionError(f"{error}: {job_status(cluster, ns, 'durable')}\n{second.log_tail()}") from None
+            assert (status["restarts"], status["failures"], status["attempt"]) == (1, 1, 1)
+            assert not uids & {p["metadata"]["uid"] for p in pods(cluster, ns, "durable")}
+            # A third operator start on a converged job changes nothing.
+            second.crash()
+        with operator_process(cluster, tmp_path / "third.log", prefix=prefix):
+            time.sleep(3)  # give it the chance to (wrongly) act; nothing below may change
+            status = job_status(cluster, ns, "durable")
+            assert (status["restarts"], status["failures"], status["attempt"]) == (1, 1, 1)
+            assert len(pods(cluster, ns, "durable")) == 2
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)

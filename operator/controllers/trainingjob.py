@@ -39,6 +39,8 @@ log = logging.getLogger("loom.trainingjob")
 API_VERSION = f"{GROUP}/{VERSION}"
 PLURAL = "trainingjobs"
 FINISHED = ("Succeeded", "Failed")
+POD_INDEX = "loom_training_pods"
+NODE_INDEX = "loom_training_nodes"
 
 PodIndex = kopf.Index[tuple[str, str], tuple[WorkerView, str | None]]
 NodeIndex = kopf.Index[str, NodeView]
@@ -71,8 +73,8 @@ class Controller:
 
     def remember(self, kwargs: dict[str, Any]) -> None:
         """Kopf hands its indexes to every handler; keep them for reconciles started elsewhere."""
-        self.pods = kwargs.get("loom_training_pods", self.pods)
-        self.nodes = kwargs.get("loom_training_nodes", self.nodes)
+        self.pods = kwargs.get(POD_INDEX, self.pods)
+        self.nodes = kwargs.get(NODE_INDEX, self.nodes)
 
     async def trigger(self, namespace: str, name: str) -> None:
         key = (namespace, name)
@@ -216,6 +218,16 @@ class Controller:
     ) -> None:
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         status = decision.status
+        if decision.create or decision.delete or decision.delete_children:
+            log.info(
+                "TrainingJob %s/%s %s: create workers %s, delete %s%s",
+                namespace,
+                name,
+                status.phase,
+                decision.create,
+                [f"{d.name}{' (force)' if d.force else ''}" for d in decision.delete],
+                ", delete children" if decision.delete_children else "",
+            )
         if decision.create or (spec_changed and status.phase not in FINISHED and not decision.delete_children):
             await self.apply_children(job, spec)
         if decision.create:
@@ -259,7 +271,9 @@ class Controller:
 def register(settings: OperatorSettings) -> None:
     controller = Controller(image=settings.trainer_image, training=TrainingSettings.from_env())
 
-    @kopf.index("pods", labels={render.JOB_LABEL: kopf.PRESENT})
+    # Explicit ids: Kopf passes each index to handlers as a kwarg named by it (nested functions' default
+    # ids would carry "register.<locals>.").
+    @kopf.index("pods", labels={render.JOB_LABEL: kopf.PRESENT}, id=POD_INDEX)
     def loom_training_pods(body: kopf.Body, **_: Any) -> dict[tuple[str, str], tuple[WorkerView, str | None]] | None:
         view = observe_pod(dict(body))
         if view is None:
@@ -267,7 +281,7 @@ def register(settings: OperatorSettings) -> None:
         key = (str(body.metadata.namespace), body.metadata.labels[render.JOB_LABEL])
         return {key: (view, body.status.get("podIP"))}
 
-    @kopf.index("nodes")
+    @kopf.index("nodes", id=NODE_INDEX)
     def loom_training_nodes(body: kopf.Body, **_: Any) -> dict[str, NodeView]:
         return {str(body.metadata.name): observe_node(dict(body))}
 
