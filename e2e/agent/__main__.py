@@ -65,7 +65,8 @@ async def amain(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    for noisy in ("kubernetes", "httpx", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     asyncio.run(amain(args))
 
 

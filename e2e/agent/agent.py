@@ -26,7 +26,7 @@ from loom.e2e.agent.node import NodeKeeper
 from loom.e2e.agent.plan import ClusterData
 from loom.e2e.agent.podworker import PodWorker
 from loom.e2e.agent.runtime import ContainerProcess
-from loom.e2e.agent.services import ServiceTable
+from loom.e2e.agent.services import PodEndpoint, ServiceTable
 from loom.e2e.agent.status import pod_status
 from loom.e2e.agent.volumes import needs_token
 
@@ -95,8 +95,8 @@ class Agent:
     async def reconcile(self, first: bool) -> None:
         pods = await self.api.list_pods(self.cfg.node_name)
         services, slices = await asyncio.gather(self.api.list_services(), self.api.list_endpoint_slices())
-        await self.services.sync(services, slices)
         live = {p["metadata"]["uid"]: p for p in pods}
+        await self.services.sync(services, slices, self._endpoints(live))
         if first:
             await self._reap_unknown(set(live))
         for uid, pod in live.items():
@@ -112,6 +112,22 @@ class Agent:
                 self.deleting[uid] = asyncio.create_task(self._delete(self.workers[uid].pod, force=True))
         for worker in self.workers.values():
             self._write_hosts(worker)
+
+    def _endpoints(self, live: dict[str, Obj]) -> list[PodEndpoint]:
+        """This node's pods as Service endpoints; readiness straight from the workers' probes."""
+        endpoints = []
+        for uid, worker in self.workers.items():
+            pod = live.get(uid)
+            if pod is None:
+                continue
+            spec = pod["spec"]
+            ready = (not pod["metadata"].get("deletionTimestamp") and worker.state.final_phase is None
+                     and bool(worker.state.main) and all(c.ready for c in worker.state.main))
+            ports = {p["name"]: int(p["containerPort"]) for c in spec["containers"] for p in c.get("ports") or []
+                     if p.get("name")}
+            endpoints.append(PodEndpoint(worker.namespace, pod["metadata"].get("labels") or {}, worker.state.pod_ip,
+                                         ready, spec.get("hostname"), spec.get("subdomain"), ports))
+        return endpoints
 
     async def _reap_unknown(self, live: set[str]) -> None:
         """At start: kill processes of pods that were deleted while the agent was down."""

@@ -1,6 +1,10 @@
 """ClusterIP Services on this machine: a local 127.x address per Service and a userspace TCP proxy
 per Service port (as kube-proxy's userspace mode once did) that spreads connections round robin
-over the ready endpoints of the Service's EndpointSlices.
+over the Service's ready endpoints.
+
+Endpoints of Services with a selector are computed here from this node's pods: the API server
+refuses loopback addresses in EndpointSlices, so the endpointslice controller cannot list our
+127.x pod IPs. Services without a selector use their (hand-written) EndpointSlices.
 
 The mapping is written to `<state dir>/services.json`; `service_address()` reads it for the host.
 """
@@ -13,7 +17,7 @@ import itertools
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +59,52 @@ def ready_endpoints(slices: list[Obj], port_name: str | None) -> tuple[list[tupl
                 continue
             endpoints.extend((ip, endpoint.get("hostname")) for ip in endpoint.get("addresses", []))
     return sorted(set(endpoints)), target
+
+
+@dataclass(frozen=True)
+class PodEndpoint:
+    """What endpoint selection needs to know of a pod running here."""
+
+    namespace: str
+    labels: dict[str, str]
+    ip: str
+    ready: bool
+    hostname: str | None = None
+    subdomain: str | None = None
+    ports: dict[str, int] = field(default_factory=dict)  # named container ports
+
+
+def selected_pods(service: Obj, pods: list[PodEndpoint]) -> list[PodEndpoint]:
+    selector: dict[str, str] = service["spec"].get("selector") or {}
+    namespace = service["metadata"]["namespace"]
+    return [p for p in pods if p.namespace == namespace and all(p.labels.get(k) == v for k, v in selector.items())]
+
+
+def target_port(port: Obj, pod: PodEndpoint) -> int | None:
+    target: Any = port.get("targetPort", port["port"])
+    if isinstance(target, int) or str(target).isdigit():
+        return int(target)
+    return pod.ports.get(str(target))
+
+
+def pod_backends(service: Obj, port: Obj, pods: list[PodEndpoint]) -> list[tuple[str, int]]:
+    """(ip, port) of the ready pods behind one Service port."""
+    backends = []
+    for pod in selected_pods(service, pods):
+        number = target_port(port, pod)
+        if pod.ready and number is not None:
+            backends.append((pod.ip, number))
+    return sorted(backends)
+
+
+def headless_endpoints(service: Obj, pods: list[PodEndpoint]) -> list[tuple[str, str | None]]:
+    """(ip, hostname) records of a headless Service: hostname only where subdomain names it."""
+    publish_all = bool(service["spec"].get("publishNotReadyAddresses"))
+    name = service["metadata"]["name"]
+    return sorted(
+        (p.ip, p.hostname if p.subdomain == name else None)
+        for p in selected_pods(service, pods) if p.ready or publish_all
+    )
 
 
 class PortProxy:
@@ -131,7 +181,7 @@ class ServiceTable:
         except (OSError, ValueError):
             self._addresses = {}
 
-    async def sync(self, services: list[Obj], slices: list[Obj]) -> None:
+    async def sync(self, services: list[Obj], slices: list[Obj], pods: list[PodEndpoint]) -> None:
         by_service: dict[str, list[Obj]] = {}
         for slice_ in slices:
             owner = (slice_["metadata"].get("labels") or {}).get("kubernetes.io/service-name")
@@ -146,13 +196,16 @@ class ServiceTable:
                 continue
             own_slices = by_service.get(key, [])
             if is_headless(service):
-                endpoints, _ = ready_endpoints(own_slices, None)
+                if spec.get("selector"):
+                    endpoints = headless_endpoints(service, pods)
+                else:
+                    endpoints, _ = ready_endpoints(own_slices, None)
                 views.append(ServiceView(meta["name"], meta["namespace"], None, tuple(endpoints)))
                 continue
             wanted.add(key)
             entry = await self._ensure(key)
             views.append(ServiceView(meta["name"], meta["namespace"], entry.address))
-            await self._sync_ports(entry, spec.get("ports") or [], own_slices)
+            await self._sync_ports(entry, service, own_slices, pods)
         for key in set(self.entries) - wanted:
             for proxy in self.entries.pop(key).ports.values():
                 await proxy.close()
@@ -169,7 +222,8 @@ class ServiceTable:
             self.entries[key] = ServiceEntry(address, {})
         return self.entries[key]
 
-    async def _sync_ports(self, entry: ServiceEntry, ports: list[Obj], slices: list[Obj]) -> None:
+    async def _sync_ports(self, entry: ServiceEntry, service: Obj, slices: list[Obj], pods: list[PodEndpoint]) -> None:
+        ports = service["spec"].get("ports") or []
         wanted = {int(p["port"]): p for p in ports if p.get("protocol", "TCP") == "TCP"}
         for number in set(entry.ports) - set(wanted):
             await entry.ports.pop(number).close()
@@ -182,9 +236,10 @@ class ServiceTable:
                     log.warning("cannot listen on %s:%s: %s", entry.address, number, exc)
                     continue
                 entry.ports[number] = proxy
+            if service["spec"].get("selector"):
+                entry.ports[number].backends = pod_backends(service, port, pods)
+                continue
             endpoints, target = ready_endpoints(slices, port.get("name"))
-            if target is None and isinstance(port.get("targetPort", number), int):
-                target = int(port.get("targetPort", number))
             entry.ports[number].backends = [(ip, target) for ip, _ in endpoints] if target else []
 
     def _save(self) -> None:

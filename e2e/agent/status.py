@@ -115,9 +115,9 @@ def _condition(kind: str, ok: bool, reason: str | None, previous: dict[str, Obj]
     status = "True" if ok else "False"
     old = previous.get(kind)
     changed_at = old["lastTransitionTime"] if old and old.get("status") == status else now()
-    cond: Obj = {"type": kind, "status": status, "lastTransitionTime": changed_at, "lastProbeTime": None}
-    if not ok and reason:
-        cond["reason"] = reason
+    # reason is always sent (null when fine): conditions are merged by type in a strategic-merge patch.
+    cond: Obj = {"type": kind, "status": status, "lastTransitionTime": changed_at, "lastProbeTime": None,
+                 "reason": None if ok else reason}
     return cond
 
 

@@ -8,7 +8,7 @@ import contextlib
 from loom.e2e.agent.logserver import tail
 from loom.e2e.agent.probes import ProbeTracker, resolve_port
 from loom.e2e.agent.runtime import parse_exit
-from loom.e2e.agent.services import PortProxy, ready_endpoints
+from loom.e2e.agent.services import PodEndpoint, PortProxy, headless_endpoints, pod_backends, ready_endpoints
 from loom.e2e.agent.status import ContainerState, PodState, backoff_seconds, pod_status
 
 
@@ -130,3 +130,21 @@ async def test_proxy_spreads_connections_and_skips_dead_backends() -> None:
         assert await ask() == b""
     first.close()
     await proxy.close()
+
+
+def test_service_endpoints_come_from_ready_selected_pods() -> None:
+    service = {"metadata": {"name": "workers", "namespace": "ns"},
+               "spec": {"selector": {"app": "w"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}
+    pods = [
+        PodEndpoint("ns", {"app": "w"}, "127.10.0.2", True, "w-0", "workers", {"http": 8080}),
+        PodEndpoint("ns", {"app": "w", "extra": "x"}, "127.10.0.3", False, "w-1", "workers", {"http": 8080}),
+        PodEndpoint("ns", {"app": "w"}, "127.10.0.4", True, None, None, {"http": 9000}),
+        PodEndpoint("other", {"app": "w"}, "127.10.0.5", True),
+        PodEndpoint("ns", {"app": "v"}, "127.10.0.6", True),
+    ]
+    port = service["spec"]["ports"][0]
+    assert pod_backends(service, port, pods) == [("127.10.0.2", 8080), ("127.10.0.4", 9000)]
+    assert pod_backends(service, {"port": 80}, pods) == [("127.10.0.2", 80), ("127.10.0.4", 80)]
+    assert headless_endpoints(service, pods) == [("127.10.0.2", "w-0"), ("127.10.0.4", None)]
+    service["spec"]["publishNotReadyAddresses"] = True
+    assert ("127.10.0.3", "w-1") in headless_endpoints(service, pods)
