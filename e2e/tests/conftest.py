@@ -30,21 +30,34 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from loom.e2e.stack import Cluster, StackConfig, current, down, up
+from loom.e2e.stack.build import build, is_built
 from loom.e2e.stack.cluster import wait_until
 from loom.e2e.stack.stack import join_session, leave_session
 
 HERE = Path(__file__).resolve().parent
 
 
+def _in_this_tier(item: pytest.Item) -> bool:
+    return HERE in Path(str(item.path)).resolve().parents
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if HERE in Path(str(item.path)).resolve().parents:
+        if _in_this_tier(item):
             item.add_marker(pytest.mark.e2e)
 
 
 def _progress(line: str) -> None:
     # A cold build takes many minutes: show progress even while pytest captures output.
     print(f"[loom stack] {line}", file=sys.__stderr__, flush=True)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the stack before the first test starts, so no test's timeout includes a cold build."""
+    if session.config.option.collectonly or not any(_in_this_tier(item) for item in session.items):
+        return
+    if not is_built():
+        build(progress=_progress)
 
 
 @pytest.fixture(scope="session")
