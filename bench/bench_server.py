@@ -140,9 +140,22 @@ async def closed_loop(url: str, body: dict[str, Any], clients: int, total: int) 
                 latencies.append(time.perf_counter() - started)
                 response.raise_for_status()
 
+        async def scrape_gpu_metrics() -> None:
+            # Mid-run, while the GPU is busy: NVML utilization is a recent-window average.
+            await asyncio.sleep(1.0)
+            text = (await client.get("/metrics")).text
+            gpu_lines.extend(line for line in text.splitlines() if line.startswith("DCGM_FI_DEV_"))
+
+        gpu_lines: list[str] = []
         started = time.perf_counter()
+        scraper = asyncio.ensure_future(scrape_gpu_metrics())
         await asyncio.gather(*(worker() for _ in range(clients)))
-        return total / (time.perf_counter() - started), latencies
+        elapsed = time.perf_counter() - started
+        await scraper
+        if gpu_lines:
+            print("GPU metrics scraped from the server's /metrics during the run:")
+            print("\n".join(f"  {line}" for line in gpu_lines))
+        return total / elapsed, latencies
 
 
 def bench_batching(
