@@ -199,7 +199,7 @@ class Agent:
 
     # ---- data the workers need -------------------------------------------------------------------
 
-    async def _fetch(self, pod: Obj) -> tuple[ClusterData, str | None]:
+    async def _fetch(self, pod: Obj, want_token: bool) -> tuple[ClusterData, str | None]:
         """The ConfigMaps and Secrets a pod refers to, and a service account token if it mounts one."""
         namespace, spec = pod["metadata"]["namespace"], pod["spec"]
         cm_names, secret_names = set(), set()
@@ -225,7 +225,7 @@ class Agent:
         cms = {n: cm for n in cm_names if (cm := await self.api.config_map(namespace, n)) is not None}
         secrets = {n: s for n in secret_names if (s := await self.api.secret(namespace, n)) is not None}
         token = None
-        for projection in needs_token(pod)[:1]:
+        for projection in needs_token(pod)[:1] if want_token else []:
             token = await self.api.token(namespace, spec.get("serviceAccountName", "default"),
                                          projection.get("audience"),
                                          int(projection.get("expirationSeconds", 3600)), pod)

@@ -25,8 +25,16 @@ Obj = dict[str, Any]
 log = logging.getLogger("loom.agent.pod")
 RETRY_CONFIG_SECONDS = 2.0
 
-# Fetches what a pod refers to (configmaps, secrets, a service account token).
-DataFetcher = Callable[[Obj], Awaitable[tuple[ClusterData, str | None]]]
+# Fetches what a pod refers to (configmaps, secrets, and a service account token when asked).
+DataFetcher = Callable[[Obj, bool], Awaitable[tuple[ClusterData, str | None]]]
+
+
+def _as_config_error(error: Exception) -> ConfigError:
+    if isinstance(error, ConfigError):
+        return error
+    log.warning("preparing a container failed, will retry: %s", str(error).splitlines()[0] if str(error) else error)
+    return ConfigError("CreateContainerConfigError", f"node agent could not prepare the container: "
+                                                     f"{type(error).__name__}: {str(error)[:200]}")
 
 
 class PodWorker:
@@ -106,10 +114,11 @@ class PodWorker:
         """Create volumes, retrying while something they need is missing."""
         while True:
             try:
-                data, token = await self.fetch(self.pod)
+                data, token = await self.fetch(self.pod, True)
                 self.folders = materialize(self.pod, self.dir, self.cfg.state_dir, data, token)
                 return
-            except ConfigError as exc:
+            except Exception as error:  # API hiccups (or a terminating namespace) retry like config errors
+                exc = _as_config_error(error)
                 first = next((c for c in self.state.init + self.state.main if c.state == "waiting"), None)
                 if first is not None and (first.reason, first.message) != (exc.reason, exc.message):
                     first.waiting(exc.reason, exc.message)
@@ -160,7 +169,8 @@ class PodWorker:
                 try:
                     await self._launch(container, proc)
                     break
-                except ConfigError as exc:
+                except Exception as error:
+                    exc = _as_config_error(error)
                     if (container.reason, container.message) != (exc.reason, exc.message):
                         container.waiting(exc.reason, exc.message)
                         self._changed(container)
@@ -187,7 +197,7 @@ class PodWorker:
 
     async def _launch(self, container: ContainerState, proc: ContainerProcess) -> None:
         spec = self.spec_of(container.name)
-        data, _ = await self.fetch(self.pod)
+        data, _ = await self.fetch(self.pod, False)
         mains = [c["name"] for c in self.pod["spec"]["containers"]]
         env = self.container_env(spec, data, mains.index(spec["name"]) if spec["name"] in mains else 0)
         argv = plan.command_line(spec, env)

@@ -40,7 +40,7 @@ def _pod(uid: str, containers: list[dict[str, Any]], restart: str = "Always", **
             "spec": {"restartPolicy": restart, "containers": containers, "terminationGracePeriodSeconds": 2, **spec}}
 
 
-async def _fetch(pod: dict[str, Any]) -> tuple[ClusterData, str | None]:
+async def _fetch(pod: dict[str, Any], want_token: bool) -> tuple[ClusterData, str | None]:
     return ClusterData({"app": {"data": {"mode": "fast"}}}, {}), None
 
 
