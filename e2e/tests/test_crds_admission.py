@@ -24,9 +24,7 @@ def crds_installed(cluster: Any) -> Any:
 
 
 def apply(cluster: Any, namespace: str, obj: dict[str, Any]) -> Any:
-    return cluster.kubectl(
-        "apply", "--server-side", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(obj), check=False
-    )
+    return cluster.kubectl("apply", "--server-side", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(obj), check=False)
 
 
 def tj(**spec: Any) -> dict[str, Any]:
@@ -81,7 +79,7 @@ def test_crds_are_established_and_categorised(crds_installed: Any, namespace: st
                     }
                 },
             },
-            "spec.nodes.root",
+            "spec.nodes[root]",
             "Splitter weights must sum to 100",
         ),
         (
