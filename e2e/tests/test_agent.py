@@ -29,6 +29,8 @@ import http.server, os
 name = os.environ["POD_NAME"]
 class Echo(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        if self.path == "/ready" and os.path.exists("unready"):  # a file in the pod's work dir
+            self.send_response(503); self.end_headers(); return
         self.send_response(200); self.end_headers(); self.wfile.write(name.encode())
     def log_message(self, *args):
         pass
@@ -47,6 +49,7 @@ for attempt in range(40):  # endpoints may still be propagating: stop once both 
     time.sleep(0.2)
 print(json.dumps(sorted(answers)))
 """
+
 
 def _apply(cluster: Cluster, namespace: str, *manifests: dict[str, Any]) -> None:
     cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump_all(manifests))
@@ -84,18 +87,38 @@ def _alive(pid: int) -> bool:
 def _echo(namespace: str) -> list[dict[str, Any]]:
     labels = {"app": "echo"}
     deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "echo"},
-        "spec": {"replicas": 2, "selector": {"matchLabels": labels}, "template": {
-            "metadata": {"labels": labels},
-            "spec": {"nodeSelector": ON_AGENT, "terminationGracePeriodSeconds": 5, "containers": [{
-                "name": "server", "image": "python:3.11-slim", "command": ["python", "-c", ECHO_SERVER],
-                "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
-                "ports": [{"name": "http", "containerPort": 8080}],
-                "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
-                "livenessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 2},
-            }]}}}}
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "echo"},
-               "spec": {"selector": labels, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "echo"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": ON_AGENT,
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [
+                        {
+                            "name": "server",
+                            "image": "python:3.11-slim",
+                            "command": ["python", "-c", ECHO_SERVER],
+                            "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                            "ports": [{"name": "http", "containerPort": 8080}],
+                            "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 1},
+                            "livenessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 2},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "echo"},
+        "spec": {"selector": labels, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]},
+    }
     return [deployment, service]
 
 
@@ -109,21 +132,43 @@ def test_deployment_serves_through_its_service_restarts_and_cleans_up(cluster: C
     assert all(p["spec"]["nodeName"] == AGENT_NODE_NAME for p in pods)
 
     # A third pod reaches both replicas through the Service's DNS names.
-    client_pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client"}, "spec": {
-        "nodeSelector": ON_AGENT, "restartPolicy": "Never",
-        "containers": [{"name": "client", "image": "python", "command": ["python", "-c",
-                                                                          CLIENT.replace("NS", namespace)]}]}}
+    client_pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "client"},
+        "spec": {
+            "nodeSelector": ON_AGENT,
+            "restartPolicy": "Never",
+            "containers": [
+                {"name": "client", "image": "python", "command": ["python", "-c", CLIENT.replace("NS", namespace)]}
+            ],
+        },
+    }
     _apply(cluster, namespace, client_pod)
-    wait_until(lambda: _pod(cluster, namespace, "client")["status"].get("phase") in ("Succeeded", "Failed"),
-               timeout=60, what="the client pod to finish")
+    wait_until(
+        lambda: _pod(cluster, namespace, "client")["status"].get("phase") in ("Succeeded", "Failed"),
+        timeout=60,
+        what="the client pod to finish",
+    )
     logs = cluster.kubectl("logs", "-n", namespace, "client").stdout
     assert _pod(cluster, namespace, "client")["status"]["phase"] == "Succeeded", logs
     assert json.loads(logs) == names
 
     # The host reaches the Service too, through the address the agent publishes.
     address = wait_until(lambda: _try_address("echo", namespace), timeout=30, what="the echo service address")
-    seen = {httpx.get(f"http://{address}:80/", timeout=5, trust_env=False).text for _ in range(6)}
-    assert seen == set(names)
+    assert _answers(address) == set(names)
+
+    # A replica that turns unready gets no more connections through the Service.
+    unready = AGENT_STATE_DIR / "pods" / pods[1]["metadata"]["uid"] / "work" / "unready"
+    unready.touch()
+    wait_until(
+        lambda: not _is_ready(_pod(cluster, namespace, names_of(pods)[1])),
+        timeout=30,
+        what="the replica to turn unready",
+    )
+    wait_until(lambda: _answers(address) == {names_of(pods)[0]}, timeout=30, what="the service to skip it")
+    unready.unlink()
+    wait_until(lambda: _answers(address) == set(names), timeout=30, what="the replica to serve again")
 
     # Killing the server process makes the agent restart it.
     victim = pods[0]
@@ -150,6 +195,18 @@ def test_deployment_serves_through_its_service_restarts_and_cleans_up(cluster: C
     assert [pid for pid in recorded if _alive(pid)] == []
 
 
+def names_of(pods: list[dict[str, Any]]) -> list[str]:
+    return [p["metadata"]["name"] for p in pods]
+
+
+def _is_ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+
+
+def _answers(address: str) -> set[str]:
+    return {httpx.get(f"http://{address}:80/", timeout=5, trust_env=False).text for _ in range(6)}
+
+
 def _try_address(name: str, namespace: str) -> str | None:
     try:
         return service_address(name, namespace, AGENT_STATE_DIR)
@@ -163,15 +220,30 @@ def _pods_any(cluster: Cluster, namespace: str, selector: str) -> list[Any]:
 
 
 def test_failing_job_ends_failed_with_exit_code(cluster: Cluster, namespace: str) -> None:
-    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "fails"}, "spec": {
-        "backoffLimit": 0, "template": {"spec": {"nodeSelector": ON_AGENT, "restartPolicy": "Never", "containers": [
-            {"name": "main", "image": "busybox", "command": ["sh", "-c", "echo about to fail; exit 1"]}]}}}}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "fails"},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "nodeSelector": ON_AGENT,
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {"name": "main", "image": "busybox", "command": ["sh", "-c", "echo about to fail; exit 1"]}
+                    ],
+                }
+            },
+        },
+    }
     _apply(cluster, namespace, job)
 
     def failed() -> bool:
         conditions = json.loads(cluster.kubectl("get", "job", "-n", namespace, "fails", "-o", "json").stdout)
-        return any(c["type"] == "Failed" and c["status"] == "True"
-                   for c in conditions.get("status", {}).get("conditions", []))
+        return any(
+            c["type"] == "Failed" and c["status"] == "True" for c in conditions.get("status", {}).get("conditions", [])
+        )
 
     wait_until(failed, timeout=90, what="the job to fail")
     pod = _pods_any(cluster, namespace, "job-name=fails")[0]
@@ -185,35 +257,89 @@ def test_failing_job_ends_failed_with_exit_code(cluster: Cluster, namespace: str
 def test_headless_names_volumes_and_bad_pods(cluster: Cluster, namespace: str, kube_api: client.ApiClient) -> None:
     core = client.CoreV1Api(kube_api)
     core.create_namespaced_config_map(namespace, {"metadata": {"name": "settings"}, "data": {"mode": "fast"}})
-    headless = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "workers"}, "spec": {
-        "clusterIP": "None", "selector": {"role": "worker"}, "publishNotReadyAddresses": True,
-        "ports": [{"name": "rdzv", "port": 29500}]}}
-    worker = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "worker-0", "labels": {"role": "worker"}},
-              "spec": {"nodeSelector": ON_AGENT, "hostname": "worker-0", "subdomain": "workers",
-                       "terminationGracePeriodSeconds": 1,
-                       "containers": [{"name": "main", "image": "python", "command": ["sleep", "600"]}]}}
+    headless = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "workers"},
+        "spec": {
+            "clusterIP": "None",
+            "selector": {"role": "worker"},
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "rdzv", "port": 29500}],
+        },
+    }
+    worker = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "worker-0", "labels": {"role": "worker"}},
+        "spec": {
+            "nodeSelector": ON_AGENT,
+            "hostname": "worker-0",
+            "subdomain": "workers",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "python", "command": ["sleep", "600"]}],
+        },
+    }
     probe = (
         "import socket; print(socket.gethostbyname('worker-0.workers.NS.svc.cluster.local'), "
         "socket.gethostbyname('worker-0.workers.NS.svc'), open('/etc/settings/mode').read(), "
         "open('/data/note').read() if __import__('os').path.exists('/data/note') else 'none', socket.gethostname())"
     ).replace("NS", namespace)
-    reader = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "reader"}, "spec": {
-        "nodeSelector": ON_AGENT, "restartPolicy": "Never", "hostname": "reader",
-        "initContainers": [{"name": "write", "image": "sh", "command": ["sh", "-c", "echo -n kept > /data/note"],
-                            "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
-        "containers": [{"name": "main", "image": "python", "command": ["python", "-c", probe],
-                        "volumeMounts": [{"name": "settings", "mountPath": "/etc/settings"},
-                                         {"name": "data", "mountPath": "/data"}]}],
-        "volumes": [{"name": "settings", "configMap": {"name": "settings"}}, {"name": "data", "emptyDir": {}}]}}
-    broken = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "broken"}, "spec": {
-        "nodeSelector": ON_AGENT, "terminationGracePeriodSeconds": 1,
-        "containers": [{"name": "main", "image": "python", "command": ["python"],
-                        "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "absent", "key": "k"}}}]}]}}
+    reader = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "reader"},
+        "spec": {
+            "nodeSelector": ON_AGENT,
+            "restartPolicy": "Never",
+            "hostname": "reader",
+            "initContainers": [
+                {
+                    "name": "write",
+                    "image": "sh",
+                    "command": ["sh", "-c", "echo -n kept > /data/note"],
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                }
+            ],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "python",
+                    "command": ["python", "-c", probe],
+                    "volumeMounts": [
+                        {"name": "settings", "mountPath": "/etc/settings"},
+                        {"name": "data", "mountPath": "/data"},
+                    ],
+                }
+            ],
+            "volumes": [{"name": "settings", "configMap": {"name": "settings"}}, {"name": "data", "emptyDir": {}}],
+        },
+    }
+    broken = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "broken"},
+        "spec": {
+            "nodeSelector": ON_AGENT,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "python",
+                    "command": ["python"],
+                    "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "absent", "key": "k"}}}],
+                }
+            ],
+        },
+    }
     _apply(cluster, namespace, headless, worker, broken)
     wait_until(lambda: _pod(cluster, namespace, "worker-0")["status"].get("podIP"), timeout=60, what="worker ip")
     _apply(cluster, namespace, reader)
-    wait_until(lambda: _pod(cluster, namespace, "reader")["status"].get("phase") in ("Succeeded", "Failed"),
-               timeout=60, what="the reader pod to finish")
+    wait_until(
+        lambda: _pod(cluster, namespace, "reader")["status"].get("phase") in ("Succeeded", "Failed"),
+        timeout=60,
+        what="the reader pod to finish",
+    )
     worker_ip = _pod(cluster, namespace, "worker-0")["status"]["podIP"]
     logs = cluster.kubectl("logs", "-n", namespace, "reader").stdout
     assert logs.split() == [worker_ip, worker_ip, "fast", "kept", "reader"]
