@@ -288,3 +288,26 @@ def test_service_account_is_refused_what_its_role_does_not_grant(
 def test_kubectl_errors_carry_stderr(cluster: Cluster) -> None:
     with pytest.raises(KubectlError, match="NotFound"):
         cluster.kubectl("get", "namespace", f"missing-{uuid.uuid4().hex[:6]}")
+
+
+def test_helm_installs_and_uninstalls_a_chart(cluster: Cluster, namespace: str, tmp_path: Path) -> None:
+    chart = tmp_path / "probe"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: probe\nversion: 0.1.0\n")
+    (chart / "templates" / "cm.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-cm\n"
+        "data:\n  greeting: {{ .Values.greeting }}\n"
+    )
+    helm = str(cluster.bin_dir / "helm")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([helm, *args], env=cluster.env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return result
+
+    assert run("version", "--template", "{{.KubeClientVersion}}").stdout == "v1.37"
+    run("install", "probe", str(chart), "-n", namespace, "--set", "greeting=hello", "--wait")
+    data = json.loads(cluster.kubectl("get", "configmap", "probe-cm", "-n", namespace, "-o", "json").stdout)["data"]
+    assert data == {"greeting": "hello"}
+    run("uninstall", "probe", "-n", namespace, "--wait")
+    assert cluster.kubectl("get", "configmap", "probe-cm", "-n", namespace, check=False).returncode != 0
