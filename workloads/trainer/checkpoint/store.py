@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +55,16 @@ class CheckpointStore:
     def upload_rank_files(self, step: int, files: Iterable[tuple[Path, str]], rank: int, session: str) -> RankReport:
         """Upload this rank's files, then its report. Checksums are taken from the local files."""
         target = self.location(step)
-        entries = []
-        for path, name in files:
-            upload_file(self.client, path, target.child(name))
-            entries.append(FileEntry(path=name, size=path.stat().st_size, sha256=sha256_file(path)))
+        files = list(files)
+        # Hash while uploading: hashlib releases the GIL, so checksums cost no extra wall time.
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="loom-sha") as hashers:
+            digests = [hashers.submit(sha256_file, path) for path, _ in files]
+            for path, name in files:
+                upload_file(self.client, path, target.child(name))
+            entries = [
+                FileEntry(path=name, size=path.stat().st_size, sha256=digest.result())
+                for (path, name), digest in zip(files, digests, strict=True)
+            ]
         report = RankReport(rank=rank, session=session, files=entries)
         report_key = target.child("_reports", session, f"rank-{rank:05d}.json")
         self.client.put_object(Bucket=report_key.bucket, Key=report_key.key, Body=report.model_dump_json().encode())
