@@ -115,6 +115,7 @@ class PortProxy:
         self.backends: list[tuple[str, int]] = []
         self._turn = itertools.count()
         self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()  # strong refs; cancelled when the Service goes
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._handle, self.address, self.port, reuse_address=True)
@@ -122,10 +123,16 @@ class PortProxy:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+            for task in list(self._connections):
+                task.cancel()
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
+            task.add_done_callback(self._connections.discard)
         backends = list(self.backends)
         upstream = None
         if backends:
@@ -141,11 +148,13 @@ class PortProxy:
             writer.close()
             return
         up_reader, up_writer = upstream
-        await asyncio.gather(
-            _pipe(reader, up_writer, writer), _pipe(up_reader, writer, up_writer), return_exceptions=True
-        )
-        for end in (writer, up_writer):
-            end.close()
+        try:
+            await asyncio.gather(
+                _pipe(reader, up_writer, writer), _pipe(up_reader, writer, up_writer), return_exceptions=True
+            )
+        finally:
+            for end in (writer, up_writer):
+                end.close()
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, other: asyncio.StreamWriter) -> None:
