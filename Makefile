@@ -45,10 +45,10 @@ crds: venv
 	$(BIN)/loom crds --write crds --write charts/loom/crds
 
 demo: venv
-	$(BIN)/python -m loom.operator.demo
+	$(BIN)/python -m loom.e2e.demo
 
 bench: venv
-	$(BIN)/python -m bench
+	@set -e; for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f; done
 
 clean:
 	rm -rf $(VENV) .state
