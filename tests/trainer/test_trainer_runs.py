@@ -204,3 +204,32 @@ def test_deepspeed_two_ranks_then_resume_at_world_size_one_with_zero3(
     assert sorted(resumed) == [9, 10]
     assert resumed[9] < INITIAL_LOSS - 0.5, resumed
     assert abs(resumed[9] - losses[8]) < 0.3
+
+
+def test_sigterm_writes_a_final_checkpoint_and_exits_cleanly(s3: S3Endpoint, bucket: str, tmp_path: Path) -> None:
+    config = make_config(tmp_path, f"s3://{bucket}/term", training={"maxSteps": 100000},
+                         checkpoint={"everySteps": 1000, "keepLast": 2})
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    process = subprocess.Popen(torchrun_argv(path, nproc=2), env=trainer_env(s3),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.append(line)
+        if '"event": "step"' in line and json.loads(line)["step"] >= 15:
+            # What the kubelet does on pod deletion / preemption: SIGTERM to the container's main process.
+            process.send_signal(signal.SIGTERM)
+            break
+    lines.extend(process.stdout)
+    process.wait(timeout=120)
+    run = TrainerRun(process.returncode, "".join(lines))
+    (interrupted,) = run.of("interrupted")
+    stopped_at = interrupted["step"]
+    assert stopped_at >= 15
+    # The final checkpoint is at the step where training stopped, committed before exit.
+    assert run.of("committed")[-1]["step"] == stopped_at
+    assert complete(s3, bucket, "term") == [stopped_at]
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    assert progress["phase"] == "Interrupted" and progress["latestCheckpoint"]["step"] == stopped_at
+    assert not run.of("done")
