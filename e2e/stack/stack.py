@@ -17,7 +17,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,16 @@ class StackConfig:
     node_cpu: str = "32"
     node_memory: str = "256Gi"
 
+    @classmethod
+    def from_env(cls) -> StackConfig:
+        """Test sessions take the stack's shape from LOOM_STACK_NODES/_GPUS_PER_NODE/_AGENT_GPUS."""
+        defaults = cls()
+        return cls(
+            nodes=int(os.environ.get("LOOM_STACK_NODES", defaults.nodes)),
+            gpus_per_node=int(os.environ.get("LOOM_STACK_GPUS_PER_NODE", defaults.gpus_per_node)),
+            agent_gpus=int(os.environ.get("LOOM_STACK_AGENT_GPUS", defaults.agent_gpus)),
+        )
+
     def shape(self) -> NodeShape:
         return NodeShape(count=self.nodes, gpus=self.gpus_per_node, cpu=self.node_cpu, memory=self.node_memory)
 
@@ -57,7 +67,6 @@ class StackState:
     config: StackConfig
     started_by: str = "cli"
     bin_dir: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def server(self) -> str:
@@ -75,7 +84,6 @@ class StackState:
                 config=StackConfig(**data["config"]),
                 started_by=data.get("started_by", "cli"),
                 bin_dir=data.get("bin_dir", ""),
-                extra=data.get("extra", {}),
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None

@@ -8,7 +8,8 @@ Fixtures (names are stable; other e2e modules rely on them):
   subprocesses), ``kubectl(*args, stdin=None, check=True)`` and ``api_client()``.
   The stack is built if needed and started once per session; a stack that is already up (say from
   ``loom dev up``) is reused and left running. A stack this session started is stopped at the end,
-  unless another test session still uses it (the last one out stops it).
+  unless another test session still uses it (the last one out stops it). The shape of a stack it
+  starts comes from LOOM_STACK_NODES (4), LOOM_STACK_GPUS_PER_NODE (8), LOOM_STACK_AGENT_GPUS (0).
 - ``kube_api`` (session): an admin ``kubernetes.client.ApiClient``.
 - ``namespace`` (function): a fresh namespace whose ``default`` ServiceAccount exists (so pods can
   be created at once); deleted after the test.
@@ -65,7 +66,7 @@ def cluster() -> Iterator[Cluster]:
     join_session()
     try:
         running = current()
-        yield running if running is not None else up(StackConfig(), progress=_progress, started_by="pytest")
+        yield running if running is not None else up(StackConfig.from_env(), progress=_progress, started_by="pytest")
     finally:
         if leave_session():
             down(progress=_progress)
