@@ -1,8 +1,11 @@
 """`python -m loom.e2e.agent`: run the node agent.
 
-On SIGTERM/SIGINT the agent stops serving and leaves its pods' processes running: they live in
-their own sessions, their state is in --state-dir, and the next agent re-adopts them (or kills
-those whose pods were deleted meanwhile). `--stop-pods-on-exit` stops them instead.
+Exit modes:
+- SIGTERM/SIGINT (`loom dev down`): stop every pod's processes (SIGTERM, SIGKILL after at most
+  --exit-grace seconds, so the stack's own 10s stop grace is enough), then exit: nothing is left behind.
+- SIGHUP (restart in place): exit and leave the pods running. They live in their own sessions with
+  their state in --state-dir; the next agent re-adopts them, learns how those that ended meanwhile
+  exited, and kills those whose pods were deleted while it was away. A crash or SIGKILL is the same.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-pods", type=int, default=110)
     parser.add_argument("--backoff-initial", type=float, default=2.0, help="first restart back-off (seconds)")
     parser.add_argument("--backoff-max", type=float, default=60.0)
-    parser.add_argument("--stop-pods-on-exit", action="store_true")
+    parser.add_argument("--exit-grace", type=float, default=5.0,
+                        help="at most this many seconds of grace for pods stopped on SIGTERM")
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -54,12 +58,20 @@ async def amain(args: argparse.Namespace) -> None:
     agent = Agent(cfg)
     runner = asyncio.create_task(agent.run())
     loop = asyncio.get_running_loop()
+    stop_pods = True
+
+    def leave(keep_pods: bool) -> None:
+        nonlocal stop_pods
+        stop_pods = not keep_pods
+        runner.cancel()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, runner.cancel)
+        loop.add_signal_handler(sig, leave, False)
+    loop.add_signal_handler(signal.SIGHUP, leave, True)
     with contextlib.suppress(asyncio.CancelledError):
         await runner
-    if args.stop_pods_on_exit:
-        await asyncio.gather(*(w.terminate() for w in agent.workers.values()), return_exceptions=True)
+    if stop_pods:
+        await agent.stop_all_pods(args.exit_grace)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -132,13 +132,17 @@ class Agent:
     async def _reap_unknown(self, live: set[str]) -> None:
         """At start: kill processes of pods that were deleted while the agent was down."""
         for pod_dir in self.cfg.pods_dir.iterdir():
-            if pod_dir.name in live:
-                continue
-            for folder in (pod_dir / "c").glob("*"):
-                proc = ContainerProcess(folder)
-                if proc.adopt():
-                    await proc.stop(0)
-            shutil.rmtree(pod_dir, ignore_errors=True)
+            if pod_dir.name not in live:
+                await self._kill_recorded(pod_dir)
+                shutil.rmtree(pod_dir, ignore_errors=True)
+
+    @staticmethod
+    async def _kill_recorded(pod_dir: Path, grace: float = 0) -> None:
+        for folder in (pod_dir / "c").glob("*"):
+            proc = ContainerProcess(folder)
+            # Even when the launcher is gone, whatever is left in its process group goes too.
+            if proc.adopt() or proc.record is not None:
+                await proc.stop(grace)
 
     # ---- admission and deletion -----------------------------------------------------------------
 
