@@ -121,7 +121,8 @@ def _go_env() -> dict[str, str]:
 
 
 def _build_module(module: GoModule, progress: Progress) -> None:
-    go = shutil.which("go")
+    # The official tarball's location, for shells whose PATH lacks it.
+    go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
     if go is None:
         raise RuntimeError("the Go toolchain (go >= 1.26) is needed to build the local stack; `go` is not on PATH")
     final = module.bin_dir()
