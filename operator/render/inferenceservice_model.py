@@ -118,7 +118,20 @@ def resolve_model(source: ModelSource, handler: str, training_job: dict[str, Any
     raise ResolveError("InvalidModel", "set one of model.uri, model.mlflow or model.fromTrainingJob", transient=False)
 
 
+def final_export_uri(job: dict[str, Any]) -> str | None:
+    """Where the trainer exports the final model (full weights + config.json): <checkpoint.uri>/final."""
+    uri = ((job.get("spec") or {}).get("checkpoint") or {}).get("uri")
+    return f"{str(uri).rstrip('/')}/final" if uri else None
+
+
 def _from_training_job(source: ModelSource, handler: str, job: dict[str, Any] | None) -> ModelRef:
+    """A TrainingJob's model: its final export once it succeeded, else (checkpoint: latest) its newest checkpoint.
+
+    The final export is the trainer's serving layout (full weights + config.json) and is written before the job
+    succeeds, so a succeeded job is always served from it. While the job runs, `latest` follows
+    status.checkpoint.latest: a sharded training checkpoint, which needs a handler that reads that layout (a
+    handler that cannot load it leaves the replica unready, and readiness gating keeps the previous model serving).
+    """
     ref = source.from_training_job
     assert ref is not None
     if job is None:
@@ -127,25 +140,39 @@ def _from_training_job(source: ModelSource, handler: str, job: dict[str, Any] | 
     checkpoint = status.get("checkpoint") or {}
     latest = checkpoint.get("latest")
     phase = status.get("phase")
-    if ref.checkpoint == "final" and phase != "Succeeded":
-        if phase == "Failed":
-            raise ResolveError("TrainingJobFailed", f"TrainingJob {ref.name} failed: it has no final checkpoint")
-        raise ResolveError(
-            "WaitingForTrainingJob", f"TrainingJob {ref.name} is {phase or 'Pending'}; waiting for its final checkpoint"
-        )
-    if not latest:
-        raise ResolveError("NoCheckpointYet", f"TrainingJob {ref.name} has not written a complete checkpoint yet")
+    step = checkpoint.get("step")
+    if step is None:
+        step = (status.get("progress") or {}).get("step")
     job_checkpoint = (job.get("spec") or {}).get("checkpoint") or {}
+    export = final_export_uri(job)
+    version: str | None
+    if phase == "Succeeded" and export is not None:
+        uri, version = export, (f"final-step-{step}" if step is not None else "final")
+    elif ref.checkpoint == "final":
+        if phase == "Failed":
+            raise ResolveError("TrainingJobFailed", f"TrainingJob {ref.name} failed: it has no final model")
+        if export is None:
+            raise ResolveError(
+                "NoCheckpointStore",
+                f"TrainingJob {ref.name} has no spec.checkpoint: it exports no model",
+                transient=False,
+            )
+        raise ResolveError(
+            "WaitingForTrainingJob", f"TrainingJob {ref.name} is {phase or 'Pending'}; waiting for its final model"
+        )
+    elif not latest:
+        raise ResolveError("NoCheckpointYet", f"TrainingJob {ref.name} has not written a complete checkpoint yet")
+    else:
+        # The concrete checkpoint prefix (its manifest exists: the trainer reports only complete checkpoints).
+        uri, version = str(latest), (f"step-{step}" if step is not None else _last_segment(str(latest)))
     secret = source.secret_ref
     if secret is None and job_checkpoint.get("secretRef"):
         secret = S3Credentials.model_validate(job_checkpoint["secretRef"])
-    step = checkpoint.get("step")
     return ModelRef(
-        # The concrete checkpoint prefix (its manifest exists: the trainer reports only complete checkpoints).
-        storage_uri=str(latest),
+        storage_uri=uri,
         storage_kind="s3",
         handler=resolve_handler(handler, "trainingjob"),
-        version=source.version or (f"step-{step}" if step is not None else _last_segment(str(latest))),
+        version=source.version or version,
         endpoint=source.endpoint or job_checkpoint.get("endpoint"),
         secret_ref=secret,
     )

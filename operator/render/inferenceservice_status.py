@@ -236,7 +236,7 @@ def _phase(observed: Observed, loaded: Condition, rolled: Condition, ready: int,
 
 WARNING_REASONS = {
     "FetchFailed", "LoadFailed", "InvalidSpec", "ProgressDeadlineExceeded", "TrainingJobNotFound",
-    "TrainingJobFailed", "HandlerRequired", "Unschedulable",
+    "TrainingJobFailed", "HandlerRequired", "Unschedulable", "NoCheckpointStore",
 }  # fmt: skip
 
 

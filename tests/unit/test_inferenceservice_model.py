@@ -98,10 +98,21 @@ def test_training_job_not_ready_to_serve(job: dict[str, Any] | None, checkpoint:
     assert caught.value.reason == reason
 
 
-def test_final_checkpoint_of_a_succeeded_job() -> None:
+@pytest.mark.parametrize("checkpoint", ["final", "latest"])
+def test_a_succeeded_job_is_served_from_its_final_export(checkpoint: str) -> None:
+    # The export (full weights + config.json) is the serving layout; sharded training checkpoints are not.
     job = training_job("Succeeded", "s3://ckpt/train/step-900/", 900)
-    ref = resolve_model(source(fromTrainingJob={"name": "train", "checkpoint": "final"}), "chargpt", job)
-    assert ref.version == "step-900"
+    ref = resolve_model(source(fromTrainingJob={"name": "train", "checkpoint": checkpoint}), "chargpt", job)
+    assert (ref.storage_uri, ref.version) == ("s3://ckpt/train/final", "final-step-900")
+    assert ref.endpoint == "http://s3:9000"
+
+
+def test_final_needs_a_checkpoint_store() -> None:
+    job = training_job("Running")
+    del job["spec"]["checkpoint"]
+    with pytest.raises(ResolveError) as caught:
+        resolve_model(source(fromTrainingJob={"name": "train", "checkpoint": "final"}), "chargpt", job)
+    assert caught.value.reason == "NoCheckpointStore" and not caught.value.transient
 
 
 def test_annotation_round_trip_and_garbage() -> None:
