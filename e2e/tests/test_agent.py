@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import yaml
 from kubernetes import client
 
 from loom.e2e.agent import service_address
-from loom.e2e.stack import Cluster
+from loom.e2e.stack import Cluster, procs
 from loom.e2e.stack.cluster import wait_until
 from loom.e2e.stack.paths import AGENT_STATE_DIR
 from loom.e2e.stack.pki import AGENT_NODE_NAME
@@ -351,3 +352,38 @@ def test_headless_names_volumes_and_bad_pods(cluster: Cluster, namespace: str, k
     message = wait_until(waiting_reason, timeout=60, what="the broken pod to report why")
     assert 'secret "absent" not found' in message
     assert _pod(cluster, namespace, "worker-0")["status"]["phase"] == "Running"  # the other pods are unaffected
+
+
+def test_agent_restart_re_adopts_pods_and_reaps_deleted_ones(cluster: Cluster, namespace: str) -> None:
+    def sleeper(name: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
+            "nodeSelector": ON_AGENT, "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "600"]}]}}
+
+    _apply(cluster, namespace, sleeper("keeper"), sleeper("doomed"))
+    for name in ("keeper", "doomed"):
+        wait_until(lambda name=name: _pod(cluster, namespace, name)["status"].get("phase") == "Running",
+                   timeout=60, what=f"{name} to run")
+    keeper, doomed = _pod(cluster, namespace, "keeper"), _pod(cluster, namespace, "doomed")
+    keeper_pids, doomed_pids = _pids(keeper["metadata"]["uid"]), _pids(doomed["metadata"]["uid"])
+    assert len(keeper_pids) == len(doomed_pids) == 2
+
+    # SIGHUP: the agent exits and leaves its pods running.
+    record = procs.running("node-agent")
+    assert record is not None, "the stack's node agent is not running"
+    os.kill(record.pid, signal.SIGHUP)
+    wait_until(lambda: procs.running("node-agent") is None, timeout=30, what="the agent to exit")
+    assert all(_alive(pid) for pid in keeper_pids + doomed_pids)
+    # While it is away, one pod is force-deleted.
+    cluster.kubectl("delete", "pod", "-n", namespace, "doomed", "--grace-period=0", "--force")
+    procs.start("node-agent", record.argv, env={**os.environ, "PYTHONSAFEPATH": "1"})
+
+    wait_until(lambda: not any(_alive(pid) for pid in doomed_pids), timeout=60, what="doomed's processes to die")
+    assert all(_alive(pid) for pid in keeper_pids), "the running pod was not re-adopted"
+    child = int((AGENT_STATE_DIR / "pods" / keeper["metadata"]["uid"] / "c" / "main" / "pid").read_text())
+    os.kill(child, signal.SIGKILL)  # the adopted process ends: the new agent notices and restarts it
+
+    def restarted() -> bool:
+        status = _pod(cluster, namespace, "keeper")["status"]["containerStatuses"][0]
+        return status["restartCount"] == 1 and "running" in status["state"]
+    wait_until(restarted, timeout=60, what="the adopted container to be restarted")
