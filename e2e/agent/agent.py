@@ -129,6 +129,18 @@ class Agent:
                                          ready, spec.get("hostname"), spec.get("subdomain"), ports))
         return endpoints
 
+    async def stop_all_pods(self, max_grace: float) -> None:
+        """Stop every pod process this agent knows of, adopted or not (the agent is going away).
+
+        Their state stays: a later agent sees them terminated and restarts them per restartPolicy."""
+        await asyncio.gather(*(w.terminate(min(w.grace_seconds(), max_grace)) for w in self.workers.values()),
+                             return_exceptions=True)
+        known = {w.dir for w in self.workers.values()}
+        if self.cfg.pods_dir.exists():
+            for pod_dir in self.cfg.pods_dir.iterdir():
+                if pod_dir not in known:
+                    await self._kill_recorded(pod_dir)
+
     async def _reap_unknown(self, live: set[str]) -> None:
         """At start: kill processes of pods that were deleted while the agent was down."""
         for pod_dir in self.cfg.pods_dir.iterdir():

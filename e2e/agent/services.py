@@ -183,6 +183,7 @@ class ServiceTable:
         self.path = state_dir / "services.json"
         self.entries: dict[str, ServiceEntry] = {}
         self.views: list[ServiceView] = []
+        self._unusable: set[str] = set()  # addresses someone else holds a port on
         try:
             self._addresses: dict[str, str] = {
                 key: value["address"] for key, value in json.loads(self.path.read_text()).items()
@@ -212,9 +213,12 @@ class ServiceTable:
                 views.append(ServiceView(meta["name"], meta["namespace"], None, tuple(endpoints)))
                 continue
             wanted.add(key)
-            entry = await self._ensure(key)
+            for _ in range(3):  # an address found taken is abandoned and another one tried
+                entry = await self._ensure(key)
+                await self._sync_ports(entry, service, own_slices, pods)
+                if key in self.entries:
+                    break
             views.append(ServiceView(meta["name"], meta["namespace"], entry.address))
-            await self._sync_ports(entry, service, own_slices, pods)
         for key in set(self.entries) - wanted:
             for proxy in self.entries.pop(key).ports.values():
                 await proxy.close()
@@ -224,8 +228,9 @@ class ServiceTable:
 
     async def _ensure(self, key: str) -> ServiceEntry:
         if key not in self.entries:
+            # Salted with the state dir: two agents on one machine (two stacks) pick different spots.
             address = self._addresses.get(key) or allocate_address(
-                SERVICE_NETWORK, set(self._addresses.values()), key
+                SERVICE_NETWORK, set(self._addresses.values()) | self._unusable, f"{self.path}:{key}"
             )
             self._addresses[key] = address
             self.entries[key] = ServiceEntry(address, {})
@@ -242,14 +247,24 @@ class ServiceTable:
                 try:
                     await proxy.start()
                 except OSError as exc:
-                    log.warning("cannot listen on %s:%s: %s", entry.address, number, exc)
-                    continue
+                    log.warning("cannot listen on %s:%s (%s): moving the Service elsewhere", entry.address, number, exc)
+                    await self._abandon(entry)
+                    return
                 entry.ports[number] = proxy
             if service["spec"].get("selector"):
                 entry.ports[number].backends = pod_backends(service, port, pods)
                 continue
             endpoints, target = ready_endpoints(slices, port.get("name"))
             entry.ports[number].backends = [(ip, target) for ip, _ in endpoints] if target else []
+
+    async def _abandon(self, entry: ServiceEntry) -> None:
+        """Give up an address another program holds; the next sync allocates a fresh one."""
+        self._unusable.add(entry.address)
+        for key in [k for k, e in self.entries.items() if e is entry]:
+            del self.entries[key]
+            self._addresses.pop(key, None)
+        for proxy in entry.ports.values():
+            await proxy.close()
 
     def _save(self) -> None:
         mapping = {

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+from pathlib import Path
 
 from loom.e2e.agent.logserver import tail
 from loom.e2e.agent.probes import ProbeTracker, resolve_port
 from loom.e2e.agent.runtime import parse_exit
-from loom.e2e.agent.services import PodEndpoint, PortProxy, headless_endpoints, pod_backends, ready_endpoints
+from loom.e2e.agent.services import (
+    PodEndpoint,
+    PortProxy,
+    ServiceTable,
+    headless_endpoints,
+    pod_backends,
+    ready_endpoints,
+)
 from loom.e2e.agent.status import ContainerState, PodState, backoff_seconds, pod_status
 
 
@@ -148,3 +157,24 @@ def test_service_endpoints_come_from_ready_selected_pods() -> None:
     assert headless_endpoints(service, pods) == [("127.10.0.2", "w-0"), ("127.10.0.4", None)]
     service["spec"]["publishNotReadyAddresses"] = True
     assert ("127.10.0.3", "w-1") in headless_endpoints(service, pods)
+
+
+async def test_service_table_moves_off_an_address_someone_else_holds(tmp_path: Path) -> None:
+    service = {"metadata": {"name": "api", "namespace": "ns"},
+               "spec": {"selector": {"app": "a"}, "ports": [{"port": 18080}]}}
+    table = ServiceTable(tmp_path)
+    await table.sync([service], [], [])
+    first = table.entries["ns/api"].address
+    await table.close()
+    squatter = await asyncio.start_server(lambda r, w: None, first, 18080)
+    try:
+        other = ServiceTable(tmp_path / "other")
+        (tmp_path / "other").mkdir()
+        other._addresses = {"ns/api": first}  # as if an earlier run had recorded it
+        await other.sync([service], [], [])
+        moved = other.entries["ns/api"].address
+        assert moved != first and [v.address for v in other.views] == [moved]
+        assert json.loads((tmp_path / "other" / "services.json").read_text())["ns/api"]["address"] == moved
+        await other.close()
+    finally:
+        squatter.close()
