@@ -26,7 +26,7 @@ from loom.workloads.server.config import ServerConfig
 from loom.workloads.server.flow import ApiKeys, RateLimiter
 from loom.workloads.server.guard import GuardMiddleware
 from loom.workloads.server.metrics import NvmlCollector, ServerMetrics
-from loom.workloads.server.model import InferRequest, Model, ModelError, Tensor
+from loom.workloads.server.model import InferRequest, Model, ModelError, Tensor, TensorSpec
 from loom.workloads.server.protocol import ProtocolError, decode_infer_request, encode_infer_response
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,10 @@ def build_app(config: ServerConfig, model: Model, model_folder: Path | None = No
 
     async def model_metadata(request: Request) -> Response:
         found = resolve(request)
-        spec = lambda t: {"name": t.name, "datatype": t.datatype, "shape": t.shape}  # noqa: E731
+
+        def spec(tensor: TensorSpec) -> dict[str, Any]:
+            return {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+
         return JSONResponse({
             "name": found.name,
             "versions": [found.version] if found.version else [],

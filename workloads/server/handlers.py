@@ -177,7 +177,7 @@ class TorchScriptModel(_TorchModel):
 
         self.device = self._device()
         path = _find_file(folder, self.options, (".pt", ".pth", ".torchscript"))
-        self.module = torch.jit.load(str(path), map_location=self.device).eval()
+        self.module = torch.jit.load(str(path), map_location=self.device).eval()  # type: ignore[no-untyped-call]
         self.ready = True
 
 

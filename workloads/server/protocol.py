@@ -212,7 +212,8 @@ def _json_value(array: np.ndarray[Any, Any]) -> list[Any]:
     flat = array.reshape(-1)
     if flat.dtype.kind in "OUS":
         return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat]
-    return flat.tolist()  # type: ignore[no-any-return]
+    values: list[Any] = flat.tolist()
+    return values
 
 
 def _binary_value(array: np.ndarray[Any, Any], datatype: str) -> bytes:
