@@ -1,0 +1,125 @@
+"""Train-to-serve on the real local stack: an InferenceService that follows a TrainingJob, applied together with
+it, serves the trained model as soon as the job has one, with no human copy step, and generates text through
+its Service.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from loom.e2e.agent.services import service_address
+from loom.e2e.pytest_operator import OperatorProcess
+from loom.e2e.services import S3Endpoint
+from loom.e2e.stack import Cluster
+from loom.e2e.stack.cluster import wait_until
+from loom.e2e.stack.paths import AGENT_STATE_DIR
+from loom.e2e.stack.pki import AGENT_NODE_NAME
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
+
+TINY_MODEL = ["nLayer=2", "nEmbd=64", "nHead=4", "blockSize=32"]
+
+
+def get(cluster: Cluster, namespace: str, kind: str, name: str) -> dict[str, Any]:
+    result = cluster.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
+    return dict(json.loads(result.stdout)) if result.returncode == 0 else {}
+
+
+def test_inference_service_serves_what_a_training_job_produced(
+    cluster: Cluster, loom_operator: OperatorProcess, operator_namespace: str, s3: S3Endpoint
+) -> None:
+    ns = operator_namespace
+    bucket = f"t2s-{uuid.uuid4().hex[:8]}"
+    s3.client().create_bucket(Bucket=bucket)
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "s3-credentials"},
+        "stringData": {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key},
+    }
+    env = [{"name": "AWS_DEFAULT_REGION", "value": s3.region}, {"name": "OMP_NUM_THREADS", "value": "1"}]
+    job = {
+        "apiVersion": "loom.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": "gpt"},
+        "spec": {
+            "engine": "fsdp",
+            "entrypoint": {"module": "loom.workloads.trainer.examples.chargpt:task", "args": TINY_MODEL},
+            "maxSteps": 20,
+            "env": env,
+            "workers": {"replicas": 1, "nodeSelector": {"kubernetes.io/hostname": AGENT_NODE_NAME}},
+            "checkpoint": {
+                "uri": f"s3://{bucket}/gpt",
+                "endpoint": s3.url,
+                "secretRef": {"name": "s3-credentials"},
+                "everySteps": 10,
+            },
+        },
+    }
+    isvc = {
+        "apiVersion": "loom.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "writer"},
+        "spec": {
+            # The job's store settings (endpoint, credentials Secret) are taken from the TrainingJob.
+            "model": {"fromTrainingJob": {"name": "gpt", "checkpoint": "final"}},
+            "handler": "chargpt",
+            "replicas": 1,
+            "nodeSelector": {"kubernetes.io/hostname": AGENT_NODE_NAME},
+            "env": env,
+        },
+    }
+    manifests = yaml.safe_dump_all([secret, isvc, job])
+    cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=manifests)
+
+    # Until the job has a model, the InferenceService says so and runs nothing.
+    def waiting() -> dict[str, Any] | None:
+        obj = get(cluster, ns, "inferenceservice", "writer")
+        conds = {c["type"]: c for c in (obj.get("status") or {}).get("conditions", [])}
+        return obj if conds.get("ModelLoaded", {}).get("reason") in ("WaitingForTrainingJob", "Loaded") else None
+
+    first = wait_until(waiting, timeout=120, what="the InferenceService to report on the TrainingJob", interval=1)
+    if first["status"]["phase"] != "Ready":  # the job may already be done on a fast machine
+        assert first["status"]["phase"] == "Pending"
+        assert not get(cluster, ns, "deployment", "writer")
+
+    def serving() -> dict[str, Any] | None:
+        obj = get(cluster, ns, "inferenceservice", "writer")
+        status = obj.get("status") or {}
+        conds = {c["type"]: c for c in status.get("conditions", [])}
+        done = conds.get("Ready", {}).get("status") == "True" and conds.get("RolledOut", {}).get("status") == "True"
+        return obj if done else None
+
+    try:
+        obj = wait_until(serving, timeout=700, what="the trained model to be served", interval=2)
+    except TimeoutError as error:
+        raise AssertionError(
+            f"{error}\njob: {json.dumps(get(cluster, ns, 'trainingjob', 'gpt').get('status'), indent=1)}\n"
+            f"isvc: {json.dumps(get(cluster, ns, 'inferenceservice', 'writer').get('status'), indent=1)}\n"
+            f"{loom_operator.log_tail()}"
+        ) from None
+
+    job_status = get(cluster, ns, "trainingjob", "gpt")["status"]
+    assert job_status["phase"] == "Succeeded"
+    step = job_status["checkpoint"]["step"]
+    assert obj["status"]["modelVersion"] == f"final-step-{step}"
+    config_map = get(cluster, ns, "configmap", "writer-config")
+    assert json.loads(config_map["data"]["server.json"])["storageUri"] == f"s3://{bucket}/gpt/final"
+
+    address = service_address("writer", ns, AGENT_STATE_DIR)
+    response = httpx.post(
+        f"http://{address}:80/v2/models/writer/generate",
+        json={"text_input": "The ", "parameters": {"max_tokens": 24, "temperature": 0}},
+        timeout=60,
+        trust_env=False,
+    )
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["model_version"] == f"final-step-{step}"
+    assert isinstance(answer["text_output"], str) and len(answer["text_output"]) > 0
