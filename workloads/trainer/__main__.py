@@ -8,6 +8,7 @@ SIGTERM after a final checkpoint; anything else retryable.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -28,10 +29,8 @@ def _report_failure(message: str, permanent: bool, progress_file: str) -> None:
     print(f"loom-trainer: {'permanent' if permanent else 'retryable'} failure: {message}", file=sys.stderr)
     # Kubernetes shows the termination log in the pod status; the operator reads it for the reason.
     termination_log = os.environ.get("LOOM_TERMINATION_LOG", "/dev/termination-log")
-    try:
+    with contextlib.suppress(OSError):
         Path(termination_log).write_text(message[-4000:])
-    except OSError:
-        pass
     if os.environ.get("RANK", "0") == "0":
         try:
             from loom.workloads.trainer.tracking import write_json_atomically

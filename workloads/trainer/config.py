@@ -8,7 +8,7 @@ a Secret, and the MLflow run id as MLFLOW_RUN_ID.
 from __future__ import annotations
 
 import json
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,7 +34,7 @@ class _Spec(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
-class Engine(str, Enum):
+class Engine(StrEnum):
     DEEPSPEED = "deepspeed"
     FSDP = "fsdp"
 

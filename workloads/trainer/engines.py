@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from loom.workloads.trainer.config import TrainerConfig
 from loom.workloads.trainer.task import StepOutput, TrainTask
+
+if TYPE_CHECKING:
+    from loom.workloads.trainer.config import TrainerConfig
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}
 
@@ -82,7 +84,9 @@ class FSDPEngine(Engine):
         else:
             mesh = init_device_mesh(mesh_type, (world,), mesh_dim_names=("shard",))
         dtype = _DTYPES[spec.mixed_precision]
-        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
+        policy = (
+            MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
+        )
         # "no" sharding keeps parameters replicated (DDP-like) but still through FSDP2 so the state path
         # is the same; reshard_after_forward=False avoids the extra all-gathers.
         reshard = spec.sharding != "no"

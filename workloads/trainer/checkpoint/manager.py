@@ -30,47 +30,16 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
-from torch.distributed.checkpoint.staging import AsyncStager
 
 from loom.workloads.common.s3 import S3Location, make_client
 from loom.workloads.trainer.checkpoint.manifest import Manifest
+from loom.workloads.trainer.checkpoint.staging import ReusableCPUStager
 from loom.workloads.trainer.checkpoint.store import CheckpointStore, S3CheckpointReader
 from loom.workloads.trainer.config import CheckpointSpec
 
 log = logging.getLogger("loom.trainer.checkpoint")
 
 TRAINER_STATE = "trainer_state.pt"
-
-
-class ReusableCPUStager(AsyncStager):
-    """Copies the state dict into CPU buffers kept between checkpoints.
-
-    DCP's default stager allocates a fresh copy per checkpoint; on a loaded host the page faults of that
-    allocation cost several times the copy itself. Reuse is safe because only one checkpoint is in flight:
-    the next save waits for the previous one before staging over the buffers again.
-    """
-
-    _synchronize_after_execute = False
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, Any] | None = None
-
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-
-        if self._buffers is not None:
-            try:
-                return _copy_state_dict(state_dict, self._buffers)  # type: ignore[no-any-return]
-            except (ValueError, KeyError, RuntimeError):
-                self._buffers = None  # the structure changed (e.g. optimizer state appeared): reallocate
-        self._buffers = _create_cpu_state_dict(state_dict)
-        return _copy_state_dict(state_dict, self._buffers)  # type: ignore[no-any-return]
-
-    def synchronize_staging(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def rng_file(rank: int) -> str:
@@ -230,7 +199,9 @@ class CheckpointManager:
             raise FileNotFoundError(f"resume checkpoint {resume} does not exist or is incomplete (no manifest)")
         return store, step
 
-    def load(self, store: CheckpointStore, step: int, load_engine_state: Callable[[Callable[[dict[str, Any]], None]], None]) -> Restored:
+    def load(
+        self, store: CheckpointStore, step: int, load_engine_state: Callable[[Callable[[dict[str, Any]], None]], None]
+    ) -> Restored:
         manifest = store.read_manifest(step)
         local_dir = Path(self.spec.staging_dir) / self.session / "restore" / f"rank-{self.rank:05d}"
         shutil.rmtree(local_dir, ignore_errors=True)

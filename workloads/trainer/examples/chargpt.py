@@ -208,7 +208,8 @@ class CharGPTTask(TrainTask):
 
     def flops_per_token(self, model: nn.Module) -> float:
         config: GPTConfig = model.config  # type: ignore[assignment]
-        params = sum(p.numel() for p in model.parameters())
+        # Embedding lookups are not matmuls: count every other weight (the head included).
+        params = sum(p.numel() for name, p in model.named_parameters() if "_emb." not in name)
         # 6N for the matmuls with weights plus attention's QK^T and AV (PaLM appendix B).
         return 6.0 * params + 12.0 * config.n_layer * config.n_embd * config.block_size
 
