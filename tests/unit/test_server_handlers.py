@@ -72,6 +72,20 @@ def test_chargpt_request_with_several_prompts_and_a_bad_neighbour(gpt: CharGPTMo
     assert isinstance(results[2], ModelError) and "text_input" in str(results[2])
 
 
+def test_chargpt_loads_a_sharded_training_checkpoint(gpt: CharGPTModel, tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    # The trainer's checkpoint state: {"model": ..., "optim": ...}, written with DCP (no process group here).
+    optimizer = torch.optim.AdamW(gpt.model.parameters())
+    dcp.save({"model": gpt.model.state_dict(), "optim": optimizer.state_dict()}, checkpoint_id=str(tmp_path / "step"))
+    restored = CharGPTModel("chargpt", "step-1", {"device": "cpu", "model": {"n_head": 2}})
+    restored.load(tmp_path)
+    assert restored.model.config == gpt.model.config
+    prompt = text_request("Injun Joe", temperature=0, max_tokens=12)
+    expected = ok(gpt.predict([prompt])[0]).outputs[0].data.tolist()
+    assert ok(restored.predict([prompt])[0]).outputs[0].data.tolist() == expected
+
+
 def test_chargpt_stream_yields_the_same_text_piece_by_piece(gpt: CharGPTModel) -> None:
     pieces = list(gpt.generate("Becky", {"temperature": 0, "max_tokens": 8}))
     assert len(pieces) == 8

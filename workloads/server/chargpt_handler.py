@@ -78,15 +78,48 @@ class CharGPTModel(Model):
     model: chargpt.GPT
 
     def load(self, folder: Path) -> None:
-        configs = sorted(folder.rglob(chargpt.CONFIG_FILE), key=lambda p: len(p.parts))
-        if not configs:
-            raise FileNotFoundError(f"no {chargpt.CONFIG_FILE} (chargpt export) under {folder}")
         device = str(self.options.get("device", "auto"))
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
-        self.model = chargpt.load_for_inference(configs[0].parent, device=device)
+        configs = sorted(folder.rglob(chargpt.CONFIG_FILE), key=lambda p: len(p.parts))
+        shards = sorted(folder.rglob(".metadata"), key=lambda p: len(p.parts))
+        if configs:
+            self.model = chargpt.load_for_inference(configs[0].parent, device=device)
+        elif shards:
+            self.model = self._load_training_checkpoint(shards[0].parent).to(self.device).eval()
+        else:
+            raise FileNotFoundError(f"neither a chargpt export ({chargpt.CONFIG_FILE}) nor a checkpoint under {folder}")
         self.block_size = self.model.config.block_size
+
+    def _load_training_checkpoint(self, checkpoint: Path) -> chargpt.GPT:
+        """A sharded training checkpoint (torch.distributed.checkpoint, as the trainer writes while a job
+        runs): merged into one state dict without a process group; the model's shape is read off the
+        weights, and ``handlerOptions.model`` supplies what weights cannot tell (n_head)."""
+        import tempfile
+
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory(prefix="loom-dcp-") as tmp:
+            merged = Path(tmp) / "merged.pt"
+            dcp_to_torch_save(str(checkpoint), str(merged))
+            saved = torch.load(merged, map_location="cpu", weights_only=False)
+        state = {
+            key.replace("_checkpoint_wrapped_module.", ""): value.float()
+            for key, value in saved.get("model", saved).items()
+            if isinstance(value, torch.Tensor)
+        }
+        overrides = dict(self.options.get("model") or {})
+        n_layer = 1 + max(int(k.split(".")[1]) for k in state if k.startswith("blocks."))
+        shape = {
+            "vocab_size": state["tok_emb.weight"].shape[0],
+            "n_embd": state["tok_emb.weight"].shape[1],
+            "block_size": state["pos_emb.weight"].shape[0],
+            "n_layer": n_layer,
+        }
+        model = chargpt.GPT(chargpt.GPTConfig.from_dict({**overrides, **shape}))
+        model.load_state_dict(state)
+        return model
 
     def inputs(self) -> list[TensorSpec]:
         return [TensorSpec("text_input", "BYTES", [-1])]
