@@ -147,3 +147,38 @@ async def test_a_new_agent_re_adopts_running_containers(make_worker: Callable[..
     await _until(lambda: sleeper.restart_count == 1 and sleeper.state == "running")
     await second.terminate(1)
     assert second.procs["sleeper"].child_pid() != child
+
+
+async def test_failing_liveness_probe_restarts_the_container(make_worker: Callable[..., PodWorker]) -> None:
+    # The exec probe runs inside the container's mount namespace (nsenter) with its env and work dir.
+    pod = _pod("l1", [{"name": "app", "image": "x", "command": ["sleep", "300"],
+                       "livenessProbe": {"exec": {"command": ["sh", "-c", "test ! -e stop"]},
+                                         "periodSeconds": 1, "failureThreshold": 2}}],
+               terminationGracePeriodSeconds=1)
+    worker = make_worker(pod, "127.10.200.5")
+    worker.start()
+    app = worker.state.main[0]
+    await _until(lambda: app.state == "running")
+    await asyncio.sleep(2.5)  # several passing probes: nothing happens
+    assert app.restart_count == 0 and app.state == "running"
+    stop = worker.dir / "work" / "stop"
+    stop.touch()
+    await _until(lambda: app.restart_count == 1)
+    stop.unlink()
+    await _until(lambda: app.state == "running")
+    assert app.last_terminated is not None and app.last_terminated["exitCode"] == 128 + signal.SIGTERM
+    await worker.terminate(0)
+
+
+def test_gpu_containers_see_only_their_devices(make_worker: Callable[..., PodWorker]) -> None:
+    pod = _pod("g1", [
+        {"name": "a", "image": "x", "command": ["true"], "resources": {"limits": {"nvidia.com/gpu": "2"}}},
+        {"name": "b", "image": "x", "command": ["true"]},
+        {"name": "c", "image": "x", "command": ["true"], "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+    ])
+    worker = make_worker(pod, "127.10.200.6")
+    worker.gpus = [1, 4, 6]
+    data = ClusterData()
+    envs = [worker.container_env(c, data, i) for i, c in enumerate(pod["spec"]["containers"])]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["1,4", "", "6"]
+    assert all(e["PYTHONSAFEPATH"] == "1" and e["LOOM_POD_IP"] == "127.10.200.6" for e in envs)
