@@ -147,6 +147,10 @@ class Agent:
             if pod_dir.name not in live:
                 await self._kill_recorded(pod_dir)
                 shutil.rmtree(pod_dir, ignore_errors=True)
+        if self.cfg.logs_dir.exists():
+            for logs in self.cfg.logs_dir.iterdir():
+                if logs.name.rsplit("_", 1)[-1] not in live:
+                    shutil.rmtree(logs, ignore_errors=True)
 
     @staticmethod
     async def _kill_recorded(pod_dir: Path, grace: float = 0) -> None:
@@ -207,6 +211,8 @@ class Agent:
             self.workers.pop(uid, None)
             self.published.pop(uid, None)
             shutil.rmtree(self.cfg.pods_dir / uid, ignore_errors=True)
+            for logs in self.cfg.logs_dir.glob(f"*_{uid}"):  # like kubelet: logs go with the pod
+                shutil.rmtree(logs, ignore_errors=True)
         except Exception:
             log.exception("deleting pod %s/%s failed; will retry", meta["namespace"], meta["name"])
         finally:
@@ -282,7 +288,9 @@ class Agent:
     def locate_log(self, namespace: str, pod: str, container: str,
                    previous: bool) -> tuple[Path, Callable[[], bool]] | None:
         worker = next((w for w in self.workers.values() if (w.namespace, w.name) == (namespace, pod)), None)
-        if worker is None or container not in worker.procs:
+        if worker is None:
+            return self._archived_log(namespace, pod, container, previous)
+        if container not in worker.procs:
             return None
         state = next(c for c in worker.state.init + worker.state.main if c.name == container)
         attempt = state.attempt - 1 if previous else state.attempt
@@ -291,3 +299,15 @@ class Agent:
         proc = worker.procs[container]
         current = not previous
         return worker.log_path(container, attempt), lambda: current and proc.running()
+
+    def _archived_log(self, namespace: str, pod: str, container: str,
+                      previous: bool) -> tuple[Path, Callable[[], bool]] | None:
+        """Logs of a pod this agent does not run (it finished before a restart): newest attempts on disk."""
+        folders = sorted(self.cfg.logs_dir.glob(f"{namespace}_{pod}_*/{container}"), key=lambda f: f.stat().st_mtime)
+        if not folders:
+            return None
+        attempts = sorted(folders[-1].glob("*.log"), key=lambda f: int(f.stem) if f.stem.isdigit() else -1)
+        index = -2 if previous else -1
+        if len(attempts) < -index:
+            return None
+        return attempts[index], lambda: False
