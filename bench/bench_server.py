@@ -16,9 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +27,7 @@ from typing import Any
 import httpx
 
 from loom.e2e.services import free_port
+from loom.workloads.server import testing
 
 BARE_APP = """
 from starlette.applications import Starlette
@@ -43,42 +42,11 @@ app = Starlette(routes=[Route("/v2/models/noop/infer", infer, methods=["POST"]),
 """
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONUNBUFFERED": "1"}
-
-
-@contextlib.contextmanager
-def process(argv: list[str], url: str, log: Path, cwd: Path | None = None) -> Iterator[str]:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=cwd)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited:\n{log.read_text()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server never became ready:\n{log.read_text()}")
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @contextlib.contextmanager
 def model_server(workdir: Path, name: str, **config: Any) -> Iterator[str]:
-    port = free_port()
     path = workdir / f"{name}.json"
-    path.write_text(json.dumps({"port": port, "host": "127.0.0.1", "logLevel": "warning", **config}))
-    argv = [sys.executable, "-m", "loom.workloads.server", "--config", str(path)]
-    with process(argv, f"http://127.0.0.1:{port}", workdir / f"{name}.log") as url:
+    path.write_text(json.dumps({"port": free_port(), "host": "127.0.0.1", "logLevel": "warning", **config}))
+    with testing.model_server(path, workdir / f"{name}.log") as url:
         yield url
 
 
@@ -111,7 +79,7 @@ def bench_overhead(workdir: Path, count: int) -> None:
     # Alternate baseline and server twice and keep each one's better run: the machine is shared.
     bare_runs, served_runs = [], []
     for _ in range(2):
-        with process(argv, f"http://127.0.0.1:{port}", workdir / "bare.log", cwd=workdir) as url:
+        with testing.running(argv, f"http://127.0.0.1:{port}", workdir / "bare.log", cwd=workdir) as url:
             bare_runs.append(sequential_latencies(url, "/v2/models/noop/infer", body, count))
         with model_server(workdir, "noop", **config) as url:
             served_runs.append(sequential_latencies(url, "/v2/models/noop/infer", body, count))

@@ -6,11 +6,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,51 +21,20 @@ from loom.e2e.services import MLflowEndpoint, S3Endpoint, free_port
 from loom.workloads.common.s3 import sha256_file
 from loom.workloads.server.chargpt_handler import save_for_serving
 from loom.workloads.server.fetch import MARKER
+from loom.workloads.server.testing import child_env, model_server
 from loom.workloads.trainer.checkpoint.manifest import FileEntry, Manifest
 from loom.workloads.trainer.examples import chargpt
 
 pytestmark = pytest.mark.timeout(300)
 
 
-def _env(extra: dict[str, str]) -> dict[str, str]:
-    return {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONUNBUFFERED": "1", **extra}
-
-
 def fetch(config: Path, env: dict[str, str]) -> tuple[dict[str, Any], str]:
     result = subprocess.run(
         [sys.executable, "-m", "loom.workloads.server.fetch", "--config", str(config)],
-        capture_output=True, text=True, env=_env(env), timeout=180,
+        capture_output=True, text=True, env=child_env(env), timeout=180,
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
-
-
-@contextlib.contextmanager
-def serving(config: Path, env: dict[str, str], log: Path) -> Iterator[str]:
-    """A real server process; yields its base URL once /v2/health/ready says so."""
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "loom.workloads.server", "--config", str(config)],
-            stdout=out, stderr=subprocess.STDOUT, env=_env(env),
-        )
-    url = f"http://127.0.0.1:{json.loads(config.read_text())['port']}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, log.read_text()
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "server never became ready:\n" + log.read_text()
-            time.sleep(0.2)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def write_config(path: Path, **fields: Any) -> Path:
@@ -106,7 +73,7 @@ def test_chargpt_from_s3_is_fetched_once_served_and_refetched_when_it_changes(
     assert again == first
     assert "nothing to download" in log
 
-    with serving(config, s3.env(), tmp_path / "server.log") as url:
+    with model_server(config, tmp_path / "server.log", s3.env()) as url:
         expected = chargpt.generate(model, "Tom said", max_new_tokens=12, temperature=0)
         body = {"text_input": "Tom said", "parameters": {"temperature": 0, "max_tokens": 12}, "id": "g-1"}
         answer = httpx.post(f"{url}/v2/models/chargpt/generate", json=body, timeout=30).json()
@@ -206,7 +173,7 @@ def test_mlflow_registry_alias_is_resolved_recorded_and_served(
     marker = json.loads((tmp_path / "cache" / MARKER).read_text())
     assert marker["version"] == "1"
 
-    with serving(config, env, tmp_path / "server.log") as url:
+    with model_server(config, tmp_path / "server.log", env) as url:
         metadata = httpx.get(f"{url}/v2/models/affine", timeout=10).json()
         assert metadata["versions"] == ["1"]
         response = httpx.post(

@@ -1,0 +1,62 @@
+"""Run a real model-server process (uvicorn, the pod's own command) for tests and benchmarks."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import httpx
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    # PYTHONSAFEPATH: the repository's `operator` folder must never shadow the stdlib module.
+    return {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONUNBUFFERED": "1", **(extra or {})}
+
+
+@contextlib.contextmanager
+def running(
+    argv: list[str],
+    url: str,
+    log: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout_s: float = 180.0,
+) -> Iterator[str]:
+    """Start ``argv``, yield ``url`` once its /v2/health/ready answers 200, stop it afterwards."""
+    with open(log, "wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=child_env(env), cwd=cwd)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server not ready after {timeout_s:.0f}s:\n{log.read_text()}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextlib.contextmanager
+def model_server(config: Path, log: Path, env: Mapping[str, str] | None = None) -> Iterator[str]:
+    """``python -m loom.workloads.server --config config``; the URL comes from the config's host/port."""
+    doc = json.loads(config.read_text())
+    url = f"http://{doc.get('host', '127.0.0.1')}:{doc['port']}"
+    argv = [sys.executable, "-m", "loom.workloads.server", "--config", str(config)]
+    with running(argv, url, log, env) as ready:
+        yield ready
