@@ -50,6 +50,7 @@ class Agent:
         self.workers: dict[str, PodWorker] = {}
         self.published: dict[str, Obj] = {}
         self.deleting: dict[str, asyncio.Task[None]] = {}
+        self._event_tasks: set[asyncio.Task[None]] = set()
         self.kick = asyncio.Event()
         self.dirty = asyncio.Event()
         self.logs = LogServer(self.locate_log, cfg.kubelet_port, cfg.tls_cert, cfg.tls_key)
@@ -185,7 +186,8 @@ class Agent:
             gpus = found
             pod_dir.mkdir(parents=True, exist_ok=True)
             meta_file.write_text(json.dumps({"ip": ip, "gpus": gpus}))
-        worker = PodWorker(self.cfg, pod, ip, gpus, self._fetch, self.dirty.set, self.extra_env)
+        worker = PodWorker(self.cfg, pod, ip, gpus, self._fetch, self.dirty.set, self.extra_env,
+                           lambda reason, message, warning: self._event(pod, reason, message, warning))
         self.workers[uid] = worker
         self._write_hosts(worker)
         worker.start()
@@ -218,6 +220,18 @@ class Agent:
         finally:
             self.deleting.pop(uid, None)
             self.kick.set()
+
+    def _event(self, pod: Obj, reason: str, message: str, warning: bool) -> None:
+        """Fire and forget: an Event that cannot be written must not hold a pod up."""
+        async def send() -> None:
+            try:
+                await self.api.pod_event(pod, reason, message, warning, self.cfg.node_name)
+            except Exception as exc:
+                log.debug("event %s for %s not recorded: %s", reason, pod["metadata"]["name"], exc)
+
+        task = asyncio.create_task(send())
+        self._event_tasks.add(task)
+        task.add_done_callback(self._event_tasks.discard)
 
     # ---- data the workers need -------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlparse
 
@@ -87,6 +88,19 @@ class KubeApi:
         except ApiException as exc:
             if exc.status not in (404, 409):
                 raise
+
+    async def pod_event(self, pod: Obj, reason: str, message: str, warning: bool, node: str) -> None:
+        meta = pod["metadata"]
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "reason": reason, "message": message, "type": "Warning" if warning else "Normal",
+            "source": {"component": "kubelet", "host": node}, "reportingComponent": "kubelet",
+            "reportingInstance": node, "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+        }
+        await self.call(self.core.create_namespaced_event, meta["namespace"], body)
 
     def watch_forever(self, kinds: list[str], node_name: str, on_event: Callable[[], None]) -> list[threading.Thread]:
         """One daemon thread per kind; each event (or reconnect) calls on_event, which must be thread-safe."""

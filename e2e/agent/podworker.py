@@ -27,6 +27,8 @@ RETRY_CONFIG_SECONDS = 2.0
 
 # Fetches what a pod refers to (configmaps, secrets, and a service account token when asked).
 DataFetcher = Callable[[Obj, bool], Awaitable[tuple[ClusterData, str | None]]]
+# Records a Kubernetes Event on the pod: (reason, message, is_warning).
+EventSink = Callable[[str, str, bool], None]
 
 
 def _as_config_error(error: Exception) -> ConfigError:
@@ -40,9 +42,10 @@ def _as_config_error(error: Exception) -> ConfigError:
 class PodWorker:
     def __init__(
         self, cfg: AgentConfig, pod: Obj, pod_ip: str, gpus: list[int], fetch: DataFetcher,
-        on_change: Callable[[], None], extra_env: dict[str, str],
+        on_change: Callable[[], None], extra_env: dict[str, str], event: EventSink | None = None,
     ) -> None:
         self.cfg, self.pod, self.fetch, self.on_change, self.extra_env = cfg, pod, fetch, on_change, extra_env
+        self.event: EventSink = event or (lambda reason, message, warning: None)
         meta, spec = pod["metadata"], pod["spec"]
         self.uid: str = meta["uid"]
         self.name: str = meta["name"]
@@ -122,6 +125,7 @@ class PodWorker:
                 first = next((c for c in self.state.init + self.state.main if c.state == "waiting"), None)
                 if first is not None and (first.reason, first.message) != (exc.reason, exc.message):
                     first.waiting(exc.reason, exc.message)
+                    self.event("Failed", f"Error: {exc.message}", True)
                     self._changed(first)
                 await asyncio.sleep(RETRY_CONFIG_SECONDS)
 
@@ -155,6 +159,7 @@ class PodWorker:
     async def _back_off(self, container: ContainerState) -> None:
         container.restart_count += 1
         delay = backoff_seconds(container.restart_count, self.cfg.backoff_initial, self.cfg.backoff_max)
+        self.event("BackOff", f"Back-off restarting failed container {container.name} in pod {self.name}", True)
         container.waiting("CrashLoopBackOff", f"back-off {delay:g}s restarting failed container={container.name} "
                           f"pod={self.name}_{self.namespace}({self.uid})")
         self._changed(container)
@@ -173,6 +178,7 @@ class PodWorker:
                     exc = _as_config_error(error)
                     if (container.reason, container.message) != (exc.reason, exc.message):
                         container.waiting(exc.reason, exc.message)
+                        self.event("Failed", f"Error: {exc.message}", True)
                         self._changed(container)
                     await asyncio.sleep(RETRY_CONFIG_SECONDS)
         probes = asyncio.create_task(self._probe(container, proc))
@@ -210,6 +216,7 @@ class PodWorker:
         await proc.start(argv, env, cwd, mounts, str(self.hosts_file), self.hostname,
                          self.log_path(container.name, attempt), attempt, started_at)
         container.running(started_at, attempt)
+        self.event("Started", f"Started container {container.name}", False)
         container.started = not spec.get("startupProbe")
         container.ready = not spec.get("readinessProbe") and container.started
         self._changed(container)
@@ -239,6 +246,9 @@ class PodWorker:
             if kind == "startupProbe" or container.started:
                 ok = await run_probe(probe, self.spec_of(container.name), self.state.pod_ip, env, prefix, cwd)
                 verdict = tracker.record(ok)
+                if verdict is False:
+                    probe_name = kind.removesuffix("Probe").capitalize()
+                    self.event("Unhealthy", f"{probe_name} probe failed for container {container.name}", True)
                 if kind == "readinessProbe" and verdict is not None:
                     container.ready = verdict
                     self._changed(container)
@@ -251,6 +261,7 @@ class PodWorker:
                     container.ready = False
                     self._changed(container)
                     log.info("%s of %s/%s failed: restarting", kind, self.name, container.name)
+                    self.event("Killing", f"Container {container.name} failed {kind}, will be restarted", False)
                     await proc.stop(self.grace_seconds(probe))
                     return
             await asyncio.sleep(period)
@@ -269,6 +280,9 @@ class PodWorker:
                 await self.task
         seconds = self.grace_seconds() if grace is None else grace
         running = [(c, self.procs[c.name]) for c in self.state.init + self.state.main]
+        for container in self.state.main:
+            if container.state == "running":
+                self.event("Killing", f"Stopping container {container.name}", False)
         await asyncio.gather(*(proc.stop(seconds) for _, proc in running))
         for container, proc in running:
             if container.state == "running" and proc.record is not None:

@@ -253,6 +253,9 @@ def test_failing_job_ends_failed_with_exit_code(cluster: Cluster, namespace: str
     assert terminated["exitCode"] == 1 and terminated["reason"] == "Error"
     logs = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"]).stdout
     assert logs == "about to fail\n"
+    events = json.loads(cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
+                                        f"involvedObject.name={pod['metadata']['name']}", "-o", "json").stdout)
+    assert "Started" in {e["reason"] for e in events["items"]}
 
 
 def test_headless_names_volumes_and_bad_pods(cluster: Cluster, namespace: str, kube_api: client.ApiClient) -> None:
