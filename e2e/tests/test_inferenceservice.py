@@ -241,6 +241,17 @@ def test_serves_a_torchscript_model_from_s3_through_the_service(
     table = cluster.kubectl("get", "lis", "affine", "-n", ns).stdout
     assert "Ready" in table and f"http://affine.{ns}.svc" in table and "v1" in table
 
+    # Transitions were announced as events on the InferenceService.
+    def reasons() -> set[str] | None:
+        out = cluster.kubectl(
+            "get", "events", "-n", ns, "-o", "json",
+            "--field-selector", "involvedObject.kind=InferenceService,involvedObject.name=affine",
+        ).stdout  # fmt: skip
+        found = {e["reason"] for e in json.loads(out)["items"]}
+        return found if {"Loaded", "RolledOut", "Serving"} <= found else None
+
+    wait_until(reasons, timeout=30, what="events on the InferenceService")
+
 
 def test_model_change_under_steady_load_drops_no_request(
     cluster: Cluster, loom_operator: OperatorProcess, operator_namespace: str, s3: S3Endpoint, bucket: str
@@ -272,7 +283,7 @@ def test_model_change_under_steady_load_drops_no_request(
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": "25%", "maxUnavailable": 0}
 
 
-def test_canary_gets_its_share_then_is_promoted(
+def test_canary_gets_its_share_rolls_back_and_is_promoted(
     cluster: Cluster, loom_operator: OperatorProcess, operator_namespace: str, s3: S3Endpoint, bucket: str
 ) -> None:
     ns = operator_namespace
@@ -304,19 +315,35 @@ def test_canary_gets_its_share_then_is_promoted(
     assert set(served) == {"v1", "v2"}
     assert 0.10 <= share <= 0.35, served
 
-    # Promotion: canaryPercent removed -> v2 becomes stable, the canary Deployment goes away.
+    # Rollback: the model set back to the stable one removes the canary; only v1 answers.
+    patch = {"spec": {"model": {"uri": v1}}}
+    cluster.kubectl("patch", "inferenceservice", "cn", "-n", ns, "--type", "merge", "-p", json.dumps(patch))
+    isvc = wait_rolled_out(cluster, loom_operator, ns, "cn")
+    assert isvc["status"]["modelVersion"] == "v1" and "canary" not in isvc["status"]
+    assert get(cluster, ns, "deployment", "cn-canary") is None
+    assert versions_served(ns, "cn", 20) == {"v1"}
+
+    # The canary again, then promotion: canaryPercent removed -> v2 becomes stable, the canary goes away.
+    patch = {"spec": {"model": {"uri": v2}}}
+    cluster.kubectl("patch", "inferenceservice", "cn", "-n", ns, "--type", "merge", "-p", json.dumps(patch))
+    wait_rolled_out(cluster, loom_operator, ns, "cn", reason="CanaryRolledOut")
     cluster.kubectl(
         "patch", "inferenceservice", "cn", "-n", ns, "--type", "json",
         "-p", json.dumps([{"op": "remove", "path": "/spec/rollout/canaryPercent"}]),
     )  # fmt: skip
     isvc = wait_rolled_out(cluster, loom_operator, ns, "cn")
     assert isvc["status"]["modelVersion"] == "v2" and "canary" not in isvc["status"]
-    wait_until(lambda: get(cluster, ns, "deployment", "cn-canary") is None, timeout=60, what="canary removed")
+    assert get(cluster, ns, "deployment", "cn-canary") is None
     stable = get(cluster, ns, "deployment", "cn")
     assert stable is not None and stable["spec"]["replicas"] == 5
+    assert versions_served(ns, "cn", 20) == {"v2"}
+
+
+def versions_served(namespace: str, name: str, requests: int) -> set[str]:
     with fresh_client() as client:
-        versions = {
-            client.post(f"{service_url(ns, 'cn')}/v2/models/cn/infer", json=infer_body([[1.0]])).json()["model_version"]
-            for _ in range(20)
+        return {
+            client.post(f"{service_url(namespace, name)}/v2/models/{name}/infer", json=infer_body([[1.0]])).json()[
+                "model_version"
+            ]
+            for _ in range(requests)
         }
-    assert versions == {"v2"}
