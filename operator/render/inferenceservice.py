@@ -208,8 +208,9 @@ def container_resources(spec: InferenceServiceSpec, *, with_gpus: bool) -> Manif
     limits: dict[str, Any] = dict(wire.get("limits") or {})
     requests: dict[str, Any] = dict(wire.get("requests") or {})
     if with_gpus and spec.gpus > 0:
-        limits[GPU_RESOURCE] = spec.gpus
-        requests[GPU_RESOURCE] = spec.gpus
+        # A string, as the API server stores quantities: what is applied reads back unchanged.
+        limits[GPU_RESOURCE] = str(spec.gpus)
+        requests[GPU_RESOURCE] = str(spec.gpus)
     if not with_gpus:
         limits.pop(GPU_RESOURCE, None)
         requests.pop(GPU_RESOURCE, None)

@@ -179,8 +179,8 @@ def test_gpus_go_to_the_server_only_with_a_toleration_and_cuda() -> None:
     spec = {**BASE, "gpus": 2, "resources": {"limits": {"memory": "8Gi"}}}
     config_map, deployment = render(spec)
     fetch, server = containers(deployment)
-    assert server["resources"]["limits"] == {"memory": "8Gi", "nvidia.com/gpu": 2}
-    assert server["resources"]["requests"]["nvidia.com/gpu"] == 2
+    assert server["resources"]["limits"] == {"memory": "8Gi", "nvidia.com/gpu": "2"}
+    assert server["resources"]["requests"]["nvidia.com/gpu"] == "2"
     assert "nvidia.com/gpu" not in fetch.get("resources", {}).get("limits", {})
     tolerations = deployment["spec"]["template"]["spec"]["tolerations"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
