@@ -77,6 +77,15 @@ def run_variant(args: argparse.Namespace, compile_blocks: bool) -> None:
     mfu = tokens_per_s * flops_per_token / (peak * 1e12) if peak else float("nan")
     params = sum(p.numel() for p in model.parameters()) / 1e6
     label = "compiled blocks" if compile_blocks else "eager"
+    # Where the time goes: forward+backward alone vs the whole step (optimizer, clipping, FSDP hooks).
+    torch.cuda.synchronize()
+    begin = time.perf_counter()
+    for step in range(5):
+        engine.task.loss(engine.model, batches[step % 4]).backward()
+    torch.cuda.synchronize()
+    fwd_bwd_ms = (time.perf_counter() - begin) / 5 * 1000
+    engine.optimizer.zero_grad(set_to_none=True)
+    print(f"[{label}] forward+backward only: {fwd_bwd_ms:.1f} ms/step")
     print(f"[{label}] {name}: {params:.1f}M params, batch {args.batch}x{args.block}, "
           f"step {elapsed / args.steps * 1000:.1f} ms, {tokens_per_s:,.0f} tokens/s, "
           f"MFU {mfu * 100:.1f}% (peak {peak} TFLOPS bf16), loss {float(loss):.3f}")

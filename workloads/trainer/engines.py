@@ -95,8 +95,11 @@ class FSDPEngine(Engine):
         fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         self.model = model
         training = config.training
+        # Fused AdamW on GPUs (one kernel for all parameters); foreach on CPU.
+        fused = device.type == "cuda"
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=training.learning_rate, weight_decay=training.weight_decay, foreach=True
+            model.parameters(), lr=training.learning_rate, weight_decay=training.weight_decay,
+            fused=fused, foreach=not fused,
         )
         self.scheduler = LambdaLR(self.optimizer, lr_lambda(training.warmup_steps, training.max_steps))
         self.grad_clip = training.grad_clip
