@@ -96,14 +96,23 @@ class PodWorker:
         try:
             await self._prepare()
             policy = self.pod["spec"].get("restartPolicy", "Always")
+            sidecars: list[asyncio.Task[int]] = []
             for container in self.state.init:
+                if self.spec_of(container.name).get("restartPolicy") == "Always":
+                    # A native sidecar: runs (and restarts) beside the pod; the next step waits for its start.
+                    sidecars.append(asyncio.create_task(self._supervise(container, "Always")))
+                    while not (container.state == "running" and container.started):
+                        await asyncio.sleep(0.1)
+                    continue
                 if not await self._run_init(container, policy):
                     self.state.final_phase = "Failed"
                     self.on_change()
+                    await self._stop_sidecars(sidecars)
                     return
             self.state.initialized = True
             self.on_change()
             results = await asyncio.gather(*(self._supervise(c, policy) for c in self.state.main))
+            await self._stop_sidecars(sidecars)
             self.state.final_phase = "Succeeded" if all(code == 0 for code in results) else "Failed"
             self.on_change()
         except asyncio.CancelledError:
@@ -112,6 +121,19 @@ class PodWorker:
             log.exception("pod %s/%s failed in the agent", self.namespace, self.name)
             self.state.message, self.state.reason = f"node agent error: {exc}", "AgentError"
             self.on_change()
+
+    async def _stop_sidecars(self, sidecars: list[asyncio.Task[int]]) -> None:
+        """Sidecars end with the pod's main containers (their exit code does not count)."""
+        for task in sidecars:
+            task.cancel()
+        await asyncio.gather(*sidecars, return_exceptions=True)
+        for container in self.state.init:
+            proc = self.procs[container.name]
+            if container.state == "running" and proc.record is not None:
+                await proc.stop(self.grace_seconds())
+                code, reason = await proc.wait()
+                container.terminated(code, reason)
+                self._changed(container)
 
     async def _prepare(self) -> None:
         """Create volumes, retrying while something they need is missing."""
@@ -223,8 +245,9 @@ class PodWorker:
 
     async def _probe(self, container: ContainerState, proc: ContainerProcess) -> None:
         spec = self.spec_of(container.name)
-        if container.name not in {c["name"] for c in self.pod["spec"]["containers"]}:
-            return  # init containers are not probed
+        is_main = container.name in {c["name"] for c in self.pod["spec"]["containers"]}
+        if not is_main and spec.get("restartPolicy") != "Always":
+            return  # init containers are not probed (sidecars are)
         env, cwd = {}, spec.get("workingDir") or str(self.dir / "work")
         with contextlib.suppress(OSError):
             env = json.loads((proc.folder / "spec.json").read_text())["env"]

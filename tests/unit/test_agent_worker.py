@@ -182,3 +182,22 @@ def test_gpu_containers_see_only_their_devices(make_worker: Callable[..., PodWor
     envs = [worker.container_env(c, data, i) for i, c in enumerate(pod["spec"]["containers"])]
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["1,4", "", "6"]
     assert all(e["PYTHONSAFEPATH"] == "1" and e["LOOM_POD_IP"] == "127.10.200.6" for e in envs)
+
+
+async def test_sidecar_runs_beside_the_main_container_and_ends_with_it(
+    make_worker: Callable[..., PodWorker],
+) -> None:
+    pod = _pod("s1", [{"name": "main", "image": "x", "command": ["sh", "-c", "sleep 1; test -e /shared/sidecar-up"],
+                       "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]}],
+               restart="Never", terminationGracePeriodSeconds=1,
+               initContainers=[{"name": "sidecar", "image": "x", "restartPolicy": "Always",
+                                "command": ["sh", "-c", "touch /shared/sidecar-up; exec sleep 300"],
+                                "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]}],
+               volumes=[{"name": "shared", "emptyDir": {}}])
+    worker = make_worker(pod, "127.10.200.7")
+    worker.start()
+    await _until(lambda: worker.state.final_phase is not None)
+    assert worker.state.final_phase == "Succeeded"
+    sidecar = worker.state.init[0]
+    assert sidecar.state == "terminated" and sidecar.restart_count == 0
+    assert group_members(worker.procs["sidecar"].record.launcher_pid) == []  # type: ignore[union-attr]
