@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import platform
@@ -120,6 +121,13 @@ class NodeKeeper:
             await asyncio.sleep(HEARTBEAT_SECONDS)
             try:
                 await self.heartbeat()
+            except ApiException as exc:
+                if exc.status == 404:  # someone deleted our Node: register it again
+                    log.warning("node %s is gone from the API; registering again", self.cfg.node_name)
+                    with contextlib.suppress(Exception):
+                        await self.register()
+                else:
+                    log.warning("node heartbeat failed: %s", str(exc).splitlines()[0])
             except Exception as exc:  # the API server may be restarting; try again next beat
                 log.warning("node heartbeat failed: %s", exc)
 

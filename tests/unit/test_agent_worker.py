@@ -201,3 +201,17 @@ async def test_sidecar_runs_beside_the_main_container_and_ends_with_it(
     sidecar = worker.state.init[0]
     assert sidecar.state == "terminated" and sidecar.restart_count == 0
     assert group_members(worker.procs["sidecar"].record.launcher_pid) == []  # type: ignore[union-attr]
+
+
+async def test_termination_escalates_to_sigkill_after_the_grace_period(
+    make_worker: Callable[..., PodWorker],
+) -> None:
+    worker = make_worker(_pod("t1", [{"name": "stubborn", "image": "x",
+                                      "command": ["sh", "-c", "trap '' TERM; echo up; sleep 300"]}]), "127.10.200.8")
+    worker.start()
+    stubborn = worker.state.main[0]
+    await _until(lambda: worker.log_path("stubborn", 0).exists() and "up" in worker.log_path("stubborn", 0).read_text())
+    group = worker.procs["stubborn"].record.launcher_pid  # type: ignore[union-attr]
+    await worker.terminate(1)
+    assert stubborn.exit_code == 128 + signal.SIGKILL
+    assert group_members(group) == []
