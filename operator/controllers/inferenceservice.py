@@ -107,7 +107,16 @@ async def reconcile(body: Manifest, settings: OperatorSettings) -> None:
     key = (meta["namespace"], meta["name"])
     lock = _locks.setdefault(key, asyncio.Lock())
     async with lock:
-        await _reconcile(body, settings)
+        # Read it again: a pass that waited for the lock must see the status the previous pass wrote, or it
+        # would announce the same transitions twice.
+        fresh = await kube.get(API_VERSION, "InferenceService", key[0], key[1])
+        if (
+            fresh is None
+            or fresh["metadata"].get("uid") != meta.get("uid")
+            or fresh["metadata"].get("deletionTimestamp")
+        ):
+            return
+        await _reconcile(fresh, settings)
 
 
 async def _reconcile(body: Manifest, settings: OperatorSettings) -> None:
@@ -194,7 +203,7 @@ def _post(body: Manifest, events: list[Event]) -> None:
 
 async def _reconcile_by_name(namespace: str, name: str, settings: OperatorSettings) -> None:
     body = await kube.get(API_VERSION, "InferenceService", namespace, name)
-    if body is not None and not body["metadata"].get("deletionTimestamp"):
+    if body is not None:
         await reconcile(body, settings)
 
 
@@ -204,6 +213,11 @@ def register(settings: OperatorSettings) -> None:
     @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
     async def _spec_handler(body: kopf.Body, **_: Any) -> None:
         await reconcile(dict(body), settings)
+
+    # Children go with the object (ownerReferences); only the in-memory lock is left to drop. Optional: no finalizer.
+    @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+    async def _forget(meta: kopf.Meta, **_: Any) -> None:
+        _locks.pop((str(meta.get("namespace")), str(meta.get("name"))), None)
 
     # The safety net: status converges and drift is corrected even after a missed watch event.
     @kopf.timer(GROUP, VERSION, PLURAL, interval=settings.resync_interval_s, initial_delay=settings.resync_interval_s)
