@@ -41,6 +41,20 @@ class ProbeTracker:
         return None
 
 
+_clients: dict[int, httpx.AsyncClient] = {}
+
+
+def _client() -> httpx.AsyncClient:
+    """One shared client per event loop: building one (and its TLS context) per probe costs real CPU.
+
+    No keep-alive, so every probe opens a fresh connection as kubelet's do."""
+    loop = id(asyncio.get_running_loop())
+    if loop not in _clients:
+        _clients[loop] = httpx.AsyncClient(verify=False, trust_env=False,
+                                           limits=httpx.Limits(max_keepalive_connections=0))
+    return _clients[loop]
+
+
 def resolve_port(port: int | str, container: Obj) -> int:
     if isinstance(port, int) or str(port).isdigit():
         return int(port)
@@ -62,8 +76,7 @@ async def run_probe(
             host = spec.get("host") or pod_ip
             url = f"{scheme}://{host}:{resolve_port(spec['port'], container)}{spec.get('path', '/')}"
             headers = {h["name"]: h["value"] for h in spec.get("httpHeaders") or []}
-            async with httpx.AsyncClient(verify=False, timeout=timeout, trust_env=False) as client:
-                response = await client.get(url, headers=headers)
+            response = await _client().get(url, headers=headers, timeout=timeout)
             return 200 <= response.status_code < 400
         if "tcpSocket" in probe:
             spec = probe["tcpSocket"]
