@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from ..api import GROUP, VERSION
 from ..api.inferenceservice import InferenceServiceSpec, InferenceServiceStatus
+from ..autoscale.inferenceservice import recommend_replicas
 from ..kube import client as kube
 from ..render.inferenceservice import (
     CONFIG_HASH_ANNOTATION,
@@ -132,7 +133,9 @@ async def _reconcile(body: Manifest, settings: OperatorSettings) -> None:
         spec = InferenceServiceSpec.model_validate(body.get("spec") or {})
         rollout_strategy(spec)  # raises InvalidSpec for what admission cannot catch
         desired, resolve_error = await _resolve(spec, namespace)
-        plan = plan_rollout(spec, desired, stable, canary, desired_total_replicas(spec))
+        running = sum(int((d or {}).get("spec", {}).get("replicas", 0)) for d in (stable, canary))
+        total = desired_total_replicas(spec, recommend_replicas(spec, running) if spec.autoscaling else None)
+        plan = plan_rollout(spec, desired, stable, canary, total)
         if plan.stable_ref is not None:
             stable, canary, plan = await _apply(owner, spec, plan, stable, canary, settings.server_image)
     except (InvalidSpec, ValidationError) as exc:
