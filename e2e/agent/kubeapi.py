@@ -20,7 +20,11 @@ log = logging.getLogger("loom.agent.api")
 
 class KubeApi:
     def __init__(self, kubeconfig: str) -> None:
-        self.api_client = config.new_client_from_config(config_file=kubeconfig)
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        # Status patches, fetches and events run concurrently in threads: the default pool of 10 churns.
+        configuration.connection_pool_maxsize = 32
+        self.api_client = client.ApiClient(configuration)
         self.core = client.CoreV1Api(self.api_client)
         self.discovery = client.DiscoveryV1Api(self.api_client)
         self.coordination = client.CoordinationV1Api(self.api_client)
