@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from loom.e2e.agent.config import AgentConfig, machine_memory
@@ -55,9 +56,12 @@ async def amain(args: argparse.Namespace) -> None:
         backoff_max=args.backoff_max, bin_dir=os.path.dirname(sys.executable),
         shim_path=str(build_shim(state_dir)),
     )
+    loop = asyncio.get_running_loop()
+    # API calls run in threads; on a 2-core machine the default pool (cores + 4) is too small for
+    # status patches of many pods alongside slower calls.
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=32, thread_name_prefix="api"))
     agent = Agent(cfg)
     runner = asyncio.create_task(agent.run())
-    loop = asyncio.get_running_loop()
     stop_pods = True
 
     def leave(keep_pods: bool) -> None:
