@@ -276,3 +276,56 @@ def test_operator_killed_at_any_moment_converges_without_duplicates(
             assert len(pods(cluster, ns, "durable")) == 2
     finally:
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def gpu_node(name: str, pool: str) -> dict[str, Any]:
+    """A one-GPU kwok node in its own pool (so this test's workers land only on its nodes)."""
+    capacity = {"cpu": "8", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": "1"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"type": "kwok", "kubernetes.io/hostname": name, "loom.dev/e2e-pool": pool},
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {"taints": [{"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}]},
+        "status": {"capacity": capacity, "allocatable": capacity},
+    }
+
+
+def test_worker_on_a_node_gone_not_ready_is_moved_elsewhere(
+    cluster: Cluster, loom_operator: OperatorProcess, operator_namespace: str
+) -> None:
+    ns = operator_namespace
+    pool = uuid.uuid4().hex[:6]
+    names = [f"tj-{pool}-{i}" for i in range(3)]
+    cluster.kubectl("create", "-f", "-", stdin=yaml.safe_dump_all([gpu_node(n, pool) for n in names]))
+    try:
+        job = training_job("nomad", workers={"replicas": 2, "minReplicas": 1, "gpusPerWorker": 1})
+        job["spec"]["workers"]["nodeSelector"] = {"loom.dev/e2e-pool": pool}
+        job["spec"]["workers"]["tolerations"] = [KWOK_TOLERATION]
+        apply(cluster, ns, job)
+        wait_phase(cluster, loom_operator, ns, "nomad", "Running")
+        victim = {p["metadata"]["name"]: p for p in pods(cluster, ns, "nomad")}["nomad-worker-1"]
+        lost_node = victim["spec"]["nodeName"]
+        # kwok stops heartbeating a node that loses its label: the node controller marks it NotReady.
+        cluster.kubectl("label", "node", lost_node, "type-")
+
+        def moved() -> dict[str, Any] | None:
+            current = pods(cluster, ns, "nomad")
+            status = job_status(cluster, ns, "nomad")
+            placed = [p for p in current if not p["metadata"].get("deletionTimestamp")]
+            away = len(placed) == 2 and all(p["spec"].get("nodeName") not in (None, lost_node) for p in placed)
+            return status if away and status.get("phase") == "Running" else None
+
+        try:
+            status = wait_until(moved, timeout=240, what="the worker moved off the NotReady node", interval=1)
+        except TimeoutError as error:
+            raise AssertionError(f"{error}: {job_status(cluster, ns, 'nomad')}\n{loom_operator.log_tail()}") from None
+        # A lost node is a disruption, not the trainer's failure: one recovery, no failure counted.
+        assert (status["restarts"], status["failures"]) == (1, 0)
+        # Worker 0 kept running (elastic: survivors >= minReplicas), only worker 1 was replaced.
+        assert status["attempt"] == 0
+    finally:
+        cluster.kubectl("delete", "node", *names, "--wait=false", check=False)
