@@ -105,7 +105,7 @@ def wait_rolled_out(
         return obj if ok else None
 
     try:
-        return wait_until(done, timeout=ROLLOUT_TIMEOUT_S, what=f"{name} rolled out ({reason})", interval=1)
+        return dict(wait_until(done, timeout=ROLLOUT_TIMEOUT_S, what=f"{name} rolled out ({reason})", interval=1))
     except TimeoutError as error:
         obj = get(cluster, namespace, "inferenceservice", name)
         pods = cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout

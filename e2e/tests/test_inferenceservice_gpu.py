@@ -74,7 +74,7 @@ def wait_serving(cluster: Cluster, op: OperatorProcess, ns: str, name: str, vers
         return obj if ok else None
 
     try:
-        return wait_until(done, timeout=180, what=f"{name} serving {version}", interval=1)
+        return dict(wait_until(done, timeout=180, what=f"{name} serving {version}", interval=1))
     except TimeoutError as error:
         pods = cluster.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False).stdout
         status = json.dumps(get(cluster, ns, "inferenceservice", name).get("status"), indent=1)

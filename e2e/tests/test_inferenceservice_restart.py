@@ -59,7 +59,7 @@ def wait_rolled_out(cluster: Cluster, ns: str, reason: str, version: str, log: P
         return obj if ok else None
 
     try:
-        return wait_until(done, timeout=180, what=f"{reason} with {version}", interval=1)
+        return dict(wait_until(done, timeout=180, what=f"{reason} with {version}", interval=1))
     except TimeoutError as error:
         status = json.dumps(get(cluster, ns, "inferenceservice", "svc").get("status"), indent=1)
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])

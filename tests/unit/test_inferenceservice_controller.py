@@ -123,7 +123,7 @@ def put_isvc(api: FakeApi, spec: dict[str, Any]) -> dict[str, Any]:
 
 async def reconcile(api: FakeApi) -> dict[str, Any]:
     await controller.reconcile(copy.deepcopy(api.isvc()), SETTINGS)
-    return api.isvc()["status"]
+    return dict(api.isvc()["status"])
 
 
 def spec(version: str, canary: int | None = None, replicas: int = 5) -> dict[str, Any]:

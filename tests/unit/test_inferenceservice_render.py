@@ -11,6 +11,7 @@ from loom.operator.api.inferenceservice import InferenceServiceSpec
 from loom.operator.render.inferenceservice import (
     CONFIG_HASH_ANNOTATION,
     InvalidSpec,
+    Track,
     render_deployment,
     render_service,
     rollout_strategy,
@@ -32,10 +33,15 @@ def owner(spec: dict[str, Any], name: str = "gpt") -> dict[str, Any]:
     }
 
 
-def render(spec_wire: dict[str, Any], track: str = "stable", replicas: int = 2) -> tuple[dict[str, Any], ...]:
+def render(
+    spec_wire: dict[str, Any], track: Track = "stable", replicas: int = 2
+) -> tuple[dict[str, Any], dict[str, Any]]:
     spec = InferenceServiceSpec.model_validate(spec_wire)
     ref = resolve_model(spec.model, spec.handler)
-    return render_deployment(owner(spec_wire), spec, track, ref, replicas, IMAGE)  # type: ignore[arg-type]
+    config_map: dict[str, Any]
+    deployment: dict[str, Any]
+    config_map, deployment = render_deployment(owner(spec_wire), spec, track, ref, replicas, IMAGE)
+    return config_map, deployment
 
 
 BASE = {
@@ -69,7 +75,10 @@ def test_config_map_holds_a_valid_server_config_that_the_server_reads_back() -> 
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     assert volumes["config"]["configMap"]["name"] == "gpt-config"
     _, other = render({**BASE, "batching": {"maxBatchSize": 32}})
-    hash_of = lambda d: d["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]  # noqa: E731
+
+    def hash_of(deployment: dict[str, Any]) -> str:
+        return str(deployment["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION])
+
     assert hash_of(deployment) != hash_of(other)
     assert hash_of(deployment) == hash_of(render({**BASE, "batching": {"maxBatchSize": 16, "maxLatencyMs": 7}})[1])
 
