@@ -264,14 +264,27 @@ def test_generate_and_server_sent_events_stream() -> None:
         assert bad.status_code == 400 and "text_input" in bad.json()["error"]
 
 
-def test_generate_on_a_model_without_text_output_is_an_error() -> None:
+def test_a_handler_bug_is_a_500_naming_the_exception() -> None:
     client, _ = make()
     with client:
         wait_ready(client)
-        # The Doubler's predict needs input "x": the generate request fails as a bad request, alone.
+        # The Doubler's predict reads input "x", which a generate request does not have.
         response = client.post("/v2/models/dbl/generate", json={"text_input": "hi"})
         assert response.status_code == 500
-        assert "KeyError" in response.json()["error"]
+        assert response.json()["error"] == "KeyError: 'x'"
+
+
+def test_a_server_bug_is_still_a_json_error_and_counted() -> None:
+    class Broken(Doubler):
+        def outputs(self) -> list[TensorSpec]:
+            raise RuntimeError("metadata exploded")
+
+    client, _ = make(model=Broken("dbl", "2"))
+    with client:
+        response = client.get("/v2/models/dbl")
+        metrics = client.get("/metrics").text
+    assert (response.status_code, response.json()) == (500, {"error": "internal error: RuntimeError"})
+    assert 'loom_server_request_errors_total{code="500",model="dbl"} 1.0' in metrics
 
 
 def test_metrics_count_requests_batches_and_errors() -> None:

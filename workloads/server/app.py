@@ -106,6 +106,9 @@ def build_app(config: ServerConfig, model: Model, model_folder: Path | None = No
                 response = _error(exc.status, str(exc), exc.headers)
             except ProtocolError as exc:
                 response = _error(exc.status, str(exc))
+            except Exception as exc:  # a server bug: still a JSON error, and still counted
+                log.exception("%s failed", endpoint)
+                response = _error(500, f"internal error: {type(exc).__name__}")
             metrics.answered(endpoint, response.status_code, time.perf_counter() - started)
             return response
 
