@@ -107,12 +107,19 @@ class Agent:
             elif uid in self.workers:
                 self.workers[uid].pod = pod
             elif (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-                await self._admit(pod)
+                try:
+                    await self._admit(pod)
+                except Exception:  # one pod that cannot be admitted must not hold up the others
+                    log.exception("admitting pod %s/%s failed; will retry", pod["metadata"]["namespace"],
+                                  pod["metadata"]["name"])
         for uid in set(self.workers) - set(live):
             if uid not in self.deleting:  # deleted behind our back (force delete): stop right away
                 self.deleting[uid] = asyncio.create_task(self._delete(self.workers[uid].pod, force=True))
         for worker in self.workers.values():
-            self._write_hosts(worker)
+            try:
+                self._write_hosts(worker)
+            except OSError as exc:
+                log.warning("hosts file of %s/%s not written: %s", worker.namespace, worker.name, exc)
 
     def _endpoints(self, live: dict[str, Obj]) -> list[PodEndpoint]:
         """This node's pods as Service endpoints; readiness straight from the workers' probes."""
