@@ -195,8 +195,8 @@ class Agent:
             meta_file.write_text(json.dumps({"ip": ip, "gpus": gpus}))
         worker = PodWorker(self.cfg, pod, ip, gpus, self._fetch, self.dirty.set, self.extra_env,
                            lambda reason, message, warning: self._event(pod, reason, message, warning))
-        self.workers[uid] = worker
         self._write_hosts(worker)
+        self.workers[uid] = worker
         worker.start()
         self.dirty.set()
 
