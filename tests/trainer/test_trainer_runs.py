@@ -11,10 +11,11 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
-from loom.e2e.services import MLflowEndpoint, S3Endpoint
+from loom.e2e.services import MLflowEndpoint, S3Endpoint, free_port
 from loom.e2e.trainer_harness import TrainerRun, make_config, torchrun_argv, trainer_env
 from loom.workloads.common.s3 import S3Location, download_tree, list_keys
 from loom.workloads.trainer.checkpoint.manifest import Manifest
@@ -207,17 +208,30 @@ def test_deepspeed_two_ranks_then_resume_at_world_size_one_with_zero3(
 
 
 def test_sigterm_writes_a_final_checkpoint_and_exits_cleanly(s3: S3Endpoint, bucket: str, tmp_path: Path) -> None:
+    port = free_port()
     config = make_config(tmp_path, f"s3://{bucket}/term", training={"maxSteps": 100000},
-                         checkpoint={"everySteps": 1000, "keepLast": 2})
+                         checkpoint={"everySteps": 10, "keepLast": 1},
+                         progress={"file": str(tmp_path / "progress.json"), "metricsPort": port})
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     process = subprocess.Popen(torchrun_argv(path, nproc=2), env=trainer_env(s3),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     assert process.stdout is not None
+    committed = 0
     for line in process.stdout:
         lines.append(line)
-        if '"event": "step"' in line and json.loads(line)["step"] >= 15:
+        if '"event": "committed"' in line:
+            committed = json.loads(line)["step"]
+        if committed and '"event": "step"' in line:
+            # Rank 0 serves the operator's progress document and Prometheus metrics while training.
+            live = httpx.get(f"http://127.0.0.1:{port}/progress", timeout=5).json()
+            assert live["totalSteps"] == 100000 and live["step"] > committed and live["phase"] == "Running"
+            latest = live["latestCheckpoint"]["step"]
+            assert latest >= committed and latest % 10 == 0
+            assert live["latestCheckpoint"]["uri"] == f"s3://{bucket}/term/step-{latest:09d}"
+            metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            assert "loom_trainer_total_steps 100000.0" in metrics and "loom_trainer_checkpoint_step " in metrics
             # What the kubelet does on pod deletion / preemption: SIGTERM to the container's main process.
             process.send_signal(signal.SIGTERM)
             break
@@ -226,7 +240,7 @@ def test_sigterm_writes_a_final_checkpoint_and_exits_cleanly(s3: S3Endpoint, buc
     run = TrainerRun(process.returncode, "".join(lines))
     (interrupted,) = run.of("interrupted")
     stopped_at = interrupted["step"]
-    assert stopped_at >= 15
+    assert stopped_at > committed
     # The final checkpoint is at the step where training stopped, committed before exit.
     assert run.of("committed")[-1]["step"] == stopped_at
     assert complete(s3, bucket, "term") == [stopped_at]

@@ -90,7 +90,8 @@ def test_bad_config_exits_with_the_permanent_code_and_a_clear_message(tmp_path: 
                           capture_output=True, text=True, env=env)
     assert done.returncode == EXIT_PERMANENT
     assert "deepspeed.zeroStage" in done.stderr and "permanent" in done.stderr
-    assert "deepspeed.zeroStage" in (tmp_path / "termination").read_text()
+    message = json.loads((tmp_path / "termination").read_text())
+    assert message["exitCode"] == EXIT_PERMANENT and "deepspeed.zeroStage" in message["message"]
 
 
 def test_manifest_merges_every_rank_and_refuses_gaps() -> None:

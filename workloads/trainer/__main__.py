@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -25,12 +26,17 @@ from loom.workloads.trainer.config import (
 )
 
 
-def _report_failure(message: str, permanent: bool, progress_file: str) -> None:
-    print(f"loom-trainer: {'permanent' if permanent else 'retryable'} failure: {message}", file=sys.stderr)
-    # Kubernetes shows the termination log in the pod status; the operator reads it for the reason.
+def write_termination_message(exit_code: int, message: str) -> None:
+    """Kubernetes puts this file into the pod status. torchrun exits 1 whatever its workers returned, so the
+    JSON {"exitCode", "message"} is how the operator learns that an error is permanent."""
     termination_log = os.environ.get("LOOM_TERMINATION_LOG", "/dev/termination-log")
     with contextlib.suppress(OSError):
-        Path(termination_log).write_text(message[-4000:])
+        Path(termination_log).write_text(json.dumps({"exitCode": exit_code, "message": message[-3000:]}))
+
+
+def _report_failure(message: str, permanent: bool, progress_file: str) -> None:
+    print(f"loom-trainer: {'permanent' if permanent else 'retryable'} failure: {message}", file=sys.stderr)
+    write_termination_message(EXIT_PERMANENT if permanent else EXIT_RETRYABLE, message)
     if os.environ.get("RANK", "0") == "0":
         try:
             from loom.workloads.trainer.tracking import write_json_atomically
@@ -52,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         progress_file = config.progress.file
         from loom.workloads.trainer.loop import run
 
-        return run(config)
+        code = run(config)
+        if code == EXIT_INTERRUPTED:
+            write_termination_message(code, "stopped by SIGTERM after a final checkpoint")
+        return code
     except ConfigError as error:
         _report_failure(str(error), permanent=True, progress_file=progress_file)
         return EXIT_PERMANENT

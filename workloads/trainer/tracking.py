@@ -11,8 +11,10 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from loom.workloads.trainer.config import MLflowSpec, ProgressSpec
 
@@ -25,6 +27,27 @@ def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
     with os.fdopen(fd, "w") as handle:
         json.dump(payload, handle)
     os.replace(temporary, path)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def serve_progress(port: int, registry: CollectorRegistry, snapshot: Any) -> ThreadingWSGIServer:
+    """Rank 0's endpoint for the operator and Prometheus: GET /progress (JSON), anything else metrics."""
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("PATH_INFO") == "/progress":
+            body = json.dumps(snapshot()).encode()
+            start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
+        return metrics(environ, start_response)
+
+    server = make_server("0.0.0.0", port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="loom-progress-http", daemon=True).start()
+    return server
 
 
 class Progress:
@@ -46,9 +69,12 @@ class Progress:
         self.h_stall = Histogram("loom_trainer_checkpoint_stall_seconds", "Training-loop stall per checkpoint",
                                  registry=self.registry, buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 30))
         self.g_total.set(total_steps)
-        if spec.metrics_port:
-            start_http_server(spec.metrics_port, registry=self.registry)
+        self.server = serve_progress(spec.metrics_port, self.registry, self.snapshot) if spec.metrics_port else None
         self._flush()
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            return dict(self.state)
 
     def _flush(self) -> None:
         self.state["updatedAt"] = time.time()
@@ -64,7 +90,9 @@ class Progress:
 
     def checkpoint_committed(self, uri: str, step: int) -> None:
         with self.lock:
-            self.state["latestCheckpoint"] = {"uri": uri, "step": step}
+            self.state["latestCheckpoint"] = {
+                "uri": uri, "step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
             self._flush()
         self.g_ckpt.set(step)
         self.c_ckpt.inc()
