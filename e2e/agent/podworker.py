@@ -18,12 +18,13 @@ from loom.e2e.agent.config import AgentConfig
 from loom.e2e.agent.plan import ClusterData, ConfigError
 from loom.e2e.agent.probes import ProbeTracker, run_probe
 from loom.e2e.agent.runtime import ContainerProcess
-from loom.e2e.agent.status import ContainerState, PodState, backoff_seconds, now
+from loom.e2e.agent.status import ContainerState, PodState, backoff_seconds, now, ran_for_seconds
 from loom.e2e.agent.volumes import container_mounts, materialize
 
 Obj = dict[str, Any]
 log = logging.getLogger("loom.agent.pod")
 RETRY_CONFIG_SECONDS = 2.0
+BACKOFF_RESET_SECONDS = 600.0
 
 # Fetches what a pod refers to (configmaps, secrets, and a service account token when asked).
 DataFetcher = Callable[[Obj, bool], Awaitable[tuple[ClusterData, str | None]]]
@@ -180,7 +181,10 @@ class PodWorker:
 
     async def _back_off(self, container: ContainerState) -> None:
         container.restart_count += 1
-        delay = backoff_seconds(container.restart_count, self.cfg.backoff_initial, self.cfg.backoff_max)
+        # As kubelet: a container that ran for 10 minutes starts the back-off over.
+        long_run = ran_for_seconds(container.started_at, container.finished_at) >= BACKOFF_RESET_SECONDS
+        container.crash_streak = 1 if long_run else container.crash_streak + 1
+        delay = backoff_seconds(container.crash_streak, self.cfg.backoff_initial, self.cfg.backoff_max)
         self.event("BackOff", f"Back-off restarting failed container {container.name} in pod {self.name}", True)
         container.waiting("CrashLoopBackOff", f"back-off {delay:g}s restarting failed container={container.name} "
                           f"pod={self.name}_{self.namespace}({self.uid})")

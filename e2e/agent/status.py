@@ -32,6 +32,7 @@ class ContainerState:
     started: bool = False
     last_terminated: Obj | None = None
     ran_once: bool = False
+    crash_streak: int = 0  # restarts since the container last ran long enough to reset the back-off
 
     def running(self, started_at: str, attempt: int) -> None:
         self.state, self.reason, self.message = "running", None, None
@@ -150,6 +151,13 @@ def pod_status(pod: PodState, previous_conditions: list[Obj] | None = None) -> O
     if pod.reason:
         status["reason"] = pod.reason
     return status
+
+
+def ran_for_seconds(started_at: str | None, finished_at: str | None) -> float:
+    if not started_at or not finished_at:
+        return 0.0
+    fmt = "%Y-%m-%dT%H:%M:%SZ"
+    return (datetime.strptime(finished_at, fmt) - datetime.strptime(started_at, fmt)).total_seconds()
 
 
 def backoff_seconds(restarts: int, initial: float, maximum: float) -> float:

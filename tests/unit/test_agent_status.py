@@ -18,7 +18,7 @@ from loom.e2e.agent.services import (
     pod_backends,
     ready_endpoints,
 )
-from loom.e2e.agent.status import ContainerState, PodState, backoff_seconds, pod_status
+from loom.e2e.agent.status import ContainerState, PodState, backoff_seconds, pod_status, ran_for_seconds
 
 
 def _pod(*containers: ContainerState, init: tuple[ContainerState, ...] = ()) -> PodState:
@@ -178,3 +178,8 @@ async def test_service_table_moves_off_an_address_someone_else_holds(tmp_path: P
         await other.close()
     finally:
         squatter.close()
+
+
+def test_run_length_for_backoff_reset() -> None:
+    assert ran_for_seconds("2026-01-01T00:00:00Z", "2026-01-01T00:10:30Z") == 630
+    assert ran_for_seconds(None, "2026-01-01T00:00:00Z") == 0
