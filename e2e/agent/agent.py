@@ -97,9 +97,9 @@ class Agent:
         pods = await self.api.list_pods(self.cfg.node_name)
         services, slices = await asyncio.gather(self.api.list_services(), self.api.list_endpoint_slices())
         live = {p["metadata"]["uid"]: p for p in pods}
-        await self.services.sync(services, slices, self._endpoints(live))
         if first:
             await self._reap_unknown(set(live))
+        admitted: list[PodWorker] = []
         for uid, pod in live.items():
             if pod["metadata"].get("deletionTimestamp"):
                 if uid not in self.deleting:
@@ -108,18 +108,26 @@ class Agent:
                 self.workers[uid].pod = pod
             elif (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
                 try:
-                    await self._admit(pod)
+                    if (worker := await self._admit(pod)) is not None:
+                        admitted.append(worker)
                 except Exception:  # one pod that cannot be admitted must not hold up the others
                     log.exception("admitting pod %s/%s failed; will retry", pod["metadata"]["namespace"],
                                   pod["metadata"]["name"])
         for uid in set(self.workers) - set(live):
             if uid not in self.deleting:  # deleted behind our back (force delete): stop right away
                 self.deleting[uid] = asyncio.create_task(self._delete(self.workers[uid].pod, force=True))
+        # New pods count as (not yet ready) endpoints before anything starts, so a headless name with
+        # publishNotReadyAddresses resolves in every pod's hosts file by the time its peers run.
+        await self.services.sync(services, slices, self._endpoints(live))
         for worker in self.workers.values():
             try:
                 self._write_hosts(worker)
             except OSError as exc:
                 log.warning("hosts file of %s/%s not written: %s", worker.namespace, worker.name, exc)
+        for worker in admitted:
+            worker.start()
+        if admitted:
+            self.dirty.set()
 
     def _endpoints(self, live: dict[str, Obj]) -> list[PodEndpoint]:
         """This node's pods as Service endpoints; readiness straight from the workers' probes."""
@@ -175,7 +183,8 @@ class Agent:
         gpus = {g for w in self.workers.values() if w.state.final_phase is None for g in w.gpus}
         return ips, gpus
 
-    async def _admit(self, pod: Obj) -> None:
+    async def _admit(self, pod: Obj) -> PodWorker | None:
+        """Allocate address and GPUs and create the worker; the caller starts it once hosts files exist."""
         uid = pod["metadata"]["uid"]
         pod_dir = self.cfg.pods_dir / uid
         meta_file = pod_dir / "meta.json"
@@ -189,16 +198,14 @@ class Agent:
             if found is None:
                 await self._reject(pod, "UnexpectedAdmissionError",
                                    f"Allocate failed: not enough free nvidia.com/gpu on {self.cfg.node_name}")
-                return
+                return None
             gpus = found
             pod_dir.mkdir(parents=True, exist_ok=True)
             meta_file.write_text(json.dumps({"ip": ip, "gpus": gpus}))
         worker = PodWorker(self.cfg, pod, ip, gpus, self._fetch, self.dirty.set, self.extra_env,
                            lambda reason, message, warning: self._event(pod, reason, message, warning))
-        self._write_hosts(worker)
         self.workers[uid] = worker
-        worker.start()
-        self.dirty.set()
+        return worker
 
     async def _reject(self, pod: Obj, reason: str, message: str) -> None:
         meta = pod["metadata"]
