@@ -329,3 +329,54 @@ def test_worker_on_a_node_gone_not_ready_is_moved_elsewhere(
         assert status["attempt"] == 0
     finally:
         cluster.kubectl("delete", "node", *names, "--wait=false", check=False)
+
+
+def test_success_then_ttl_deletes_children_but_keeps_the_job(
+    cluster: Cluster, loom_operator: OperatorProcess, operator_namespace: str
+) -> None:
+    ns = operator_namespace
+    apply(cluster, ns, training_job("short", runPolicy={"ttlSecondsAfterFinished": 2}))
+    wait_phase(cluster, loom_operator, ns, "short", "Running")
+    for index in range(2):
+        cluster.kubectl(
+            "patch",
+            "pod",
+            f"short-worker-{index}",
+            "-n",
+            ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps(
+                {
+                    "status": {
+                        "phase": "Succeeded",
+                        "containerStatuses": [
+                            {
+                                "name": "trainer",
+                                "image": "loom/trainer:0.1.0",
+                                "imageID": "",
+                                "ready": False,
+                                "restartCount": 0,
+                                "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+                            }
+                        ],
+                    }
+                }
+            ),
+        )
+    status = wait_phase(cluster, loom_operator, ns, "short", "Succeeded")
+    assert condition(status, "Succeeded")["reason"] == "AllWorkersSucceeded"
+    assert condition(status, "Ready")["status"] == "True"
+    cluster.kubectl("wait", "--for=condition=Succeeded", "trainingjob/short", "-n", ns, "--timeout=10s")
+
+    def cleaned() -> bool:
+        return (
+            not pods(cluster, ns, "short")
+            and get(cluster, ns, "service", "short") is None
+            and get(cluster, ns, "configmap", "short-trainer") is None
+        )
+
+    wait_until(cleaned, timeout=60, what="children deleted after ttlSecondsAfterFinished")
+    final = job_status(cluster, ns, "short")
+    assert final["phase"] == "Succeeded" and final["childrenDeleted"] is True
