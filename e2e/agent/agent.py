@@ -217,11 +217,13 @@ class Agent:
         uid = meta["uid"]
         worker = self.workers.get(uid)
         try:
+            grace = 0.0 if force else meta.get("deletionGracePeriodSeconds")
             if worker is not None:
-                grace = 0.0 if force else meta.get("deletionGracePeriodSeconds")
                 await worker.terminate(None if grace is None else float(grace))
                 with contextlib.suppress(Exception):
                     await self._publish(worker)
+            else:  # deleted while the agent was away: its processes may still run unadopted
+                await self._kill_recorded(self.cfg.pods_dir / uid, float(grace or 0))
             if not force:
                 await self.api.delete_pod_now(meta["namespace"], meta["name"], uid)
             self.workers.pop(uid, None)
