@@ -215,8 +215,10 @@ def _try_address(name: str, namespace: str) -> str | None:
         return None
 
 
-def _pods_any(cluster: Cluster, namespace: str, selector: str) -> list[Any]:
-    out = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout)
+def _pods_any(cluster: Cluster, namespace: str, selector: str | None = None) -> list[Any]:
+    """Pods, terminating ones included."""
+    selection = ["-l", selector] if selector else []
+    out = json.loads(cluster.kubectl("get", "pods", "-n", namespace, *selection, "-o", "json").stdout)
     return list(out["items"])
 
 
@@ -363,25 +365,30 @@ def test_agent_restart_re_adopts_pods_and_reaps_deleted_ones(cluster: Cluster, n
             "nodeSelector": ON_AGENT, "terminationGracePeriodSeconds": 1,
             "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "600"]}]}}
 
-    _apply(cluster, namespace, sleeper("keeper"), sleeper("doomed"))
-    for name in ("keeper", "doomed"):
+    _apply(cluster, namespace, sleeper("keeper"), sleeper("doomed"), sleeper("graceful"))
+    for name in ("keeper", "doomed", "graceful"):
         wait_until(lambda name=name: _pod(cluster, namespace, name)["status"].get("phase") == "Running",
                    timeout=60, what=f"{name} to run")
     keeper, doomed = _pod(cluster, namespace, "keeper"), _pod(cluster, namespace, "doomed")
     keeper_pids, doomed_pids = _pids(keeper["metadata"]["uid"]), _pids(doomed["metadata"]["uid"])
-    assert len(keeper_pids) == len(doomed_pids) == 2
+    graceful_pids = _pids(_pod(cluster, namespace, "graceful")["metadata"]["uid"])
+    assert len(keeper_pids) == len(doomed_pids) == len(graceful_pids) == 2
 
     # SIGHUP: the agent exits and leaves its pods running.
     record = procs.running("node-agent")
     assert record is not None, "the stack's node agent is not running"
     os.kill(record.pid, signal.SIGHUP)
     wait_until(lambda: procs.running("node-agent") is None, timeout=30, what="the agent to exit")
-    assert all(_alive(pid) for pid in keeper_pids + doomed_pids)
-    # While it is away, one pod is force-deleted.
+    assert all(_alive(pid) for pid in keeper_pids + doomed_pids + graceful_pids)
+    # While it is away, one pod is force-deleted (gone from the API) and one deleted gracefully (waits for us).
     cluster.kubectl("delete", "pod", "-n", namespace, "doomed", "--grace-period=0", "--force")
+    cluster.kubectl("delete", "pod", "-n", namespace, "graceful", "--wait=false")
     procs.start("node-agent", record.argv, env={**os.environ, "PYTHONSAFEPATH": "1"})
 
-    wait_until(lambda: not any(_alive(pid) for pid in doomed_pids), timeout=60, what="doomed's processes to die")
+    wait_until(lambda: not any(_alive(pid) for pid in doomed_pids + graceful_pids), timeout=60,
+               what="the deleted pods' processes to die")
+    wait_until(lambda: names_of(_pods_any(cluster, namespace)) == ["keeper"], timeout=60,
+               what="the gracefully deleted pod to be removed")
     assert all(_alive(pid) for pid in keeper_pids), "the running pod was not re-adopted"
     child = int((AGENT_STATE_DIR / "pods" / keeper["metadata"]["uid"] / "c" / "main" / "pid").read_text())
     os.kill(child, signal.SIGKILL)  # the adopted process ends: the new agent notices and restarts it
