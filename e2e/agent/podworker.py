@@ -307,6 +307,9 @@ class PodWorker:
                 await self.task
         seconds = self.grace_seconds() if grace is None else grace
         running = [(c, self.procs[c.name]) for c in self.state.init + self.state.main]
+        for _, proc in running:
+            if proc.record is None:  # recorded by an earlier agent but not re-adopted yet (still preparing)
+                proc.adopt()
         for container in self.state.main:
             if container.state == "running":
                 self.event("Killing", f"Stopping container {container.name}", False)

@@ -215,3 +215,27 @@ async def test_termination_escalates_to_sigkill_after_the_grace_period(
     await worker.terminate(1)
     assert stubborn.exit_code == 128 + signal.SIGKILL
     assert group_members(group) == []
+
+
+async def test_terminating_a_pod_still_preparing_after_a_restart_kills_its_processes(
+    make_worker: Callable[..., PodWorker],
+) -> None:
+    pod = _pod("p1", [{"name": "sleeper", "image": "x", "command": ["sleep", "300"]}])
+    first = make_worker(pod, "127.10.200.9")
+    first.start()
+    await _until(lambda: first.procs["sleeper"].child_pid() is not None)
+    group = first.procs["sleeper"].record.launcher_pid  # type: ignore[union-attr]
+    assert first.task is not None
+    first.task.cancel()  # the agent goes away
+    await asyncio.gather(first.task, return_exceptions=True)
+
+    second = make_worker(pod, "127.10.200.9")
+
+    async def never_ready(pod: dict[str, Any], want_token: bool) -> tuple[ClusterData, str | None]:
+        raise RuntimeError("namespace is being terminated")  # e.g. a token request refused
+
+    second.fetch = never_ready
+    second.start()
+    await asyncio.sleep(0.5)
+    await second.terminate(1)
+    assert group_members(group) == []
