@@ -219,3 +219,48 @@ def test_killed_worker_recovers_from_checkpoint_and_succeeds(
     overlap = [s for s in after_steps if s in before]
     for step in overlap:  # the same data and state: identical losses where both runs trained a step
         assert after_steps[step] == pytest.approx(before[step], abs=1e-3), step
+
+
+def test_suspend_checkpoints_and_resume_continues_from_it(
+    cluster: Cluster,
+    loom_operator: OperatorProcess,
+    operator_namespace: str,
+    s3: S3Endpoint,
+    mlflow: MLflowEndpoint,
+    bucket: str,
+) -> None:
+    ns = operator_namespace
+    setup_namespace(cluster, ns, s3)
+    name = "gpt-pause"
+    manifest = job(name, "fsdp", bucket, s3, mlflow, max_steps=100)
+    manifest["spec"]["checkpoint"]["everySteps"] = 1000  # only the suspend's final checkpoint can exist
+    cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(manifest))
+    wait_until(
+        lambda: (status_of(cluster, ns, name).get("progress") or {}).get("step", 0) >= 10,
+        timeout=300,
+        what="training past step 10 (progress read from rank 0)",
+        interval=1,
+    )
+    cluster.kubectl(
+        "patch", "trainingjob", name, "-n", ns, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":true}}}'
+    )
+    wait_until(
+        lambda: (
+            status_of(cluster, ns, name).get("phase") == "Suspended"
+            and not json.loads(cluster.kubectl("get", "pods", "-n", ns, "-o", "json").stdout)["items"]
+        ),
+        timeout=180,
+        what="workers stopped on suspend",
+        interval=1,
+    )
+    saved = committed_steps(s3, bucket, name)
+    assert len(saved) == 1 and 10 <= saved[0] < 100, saved  # the final checkpoint written on SIGTERM
+
+    cluster.kubectl(
+        "patch", "trainingjob", name, "-n", ns, "--type=merge", "-p", '{"spec":{"runPolicy":{"suspend":false}}}'
+    )
+    status = wait_finished(cluster, loom_operator, ns, name, timeout=400)
+    assert status["phase"] == "Succeeded", f"{status}\n{loom_operator.log_tail()}"
+    assert (status["restarts"], status["failures"], status["attempt"]) == (0, 0, 1)
+    resumed = events(worker_logs(cluster, ns, f"{name}-worker-0"), "resume")
+    assert resumed and resumed[0]["step"] == saved[0]
