@@ -6,6 +6,9 @@ Exit modes:
 - SIGHUP (restart in place): exit and leave the pods running. They live in their own sessions with
   their state in --state-dir; the next agent re-adopts them, learns how those that ended meanwhile
   exited, and kills those whose pods were deleted while it was away. A crash or SIGKILL is the same.
+
+One agent per state dir: a new agent asks the one holding <state>/agent.lock to leave (SIGHUP) and
+takes over, so two never run pods from the same state at once.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import signal
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -44,11 +49,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def take_over(state_dir: Path, wait_seconds: float = 30.0) -> int:
+    """Become the only agent on this state dir; returns the lock's file descriptor (keep it open).
+
+    An agent already holding the lock is asked to leave as on SIGHUP (its pods keep running and are
+    re-adopted here), so the newest agent wins: the one the stack's process record names."""
+    fd = os.open(state_dir / "agent.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + wait_seconds
+    asked = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode().strip()
+            if holder.isdigit() and int(holder) != os.getpid():
+                sig = signal.SIGHUP if not asked else (signal.SIGKILL if time.monotonic() > deadline else 0)
+                with contextlib.suppress(ProcessLookupError):
+                    if sig:
+                        os.kill(int(holder), sig)
+                asked = True
+            time.sleep(0.2)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
 async def amain(args: argparse.Namespace) -> None:
     from loom.e2e.agent.agent import Agent
 
     state_dir: Path = args.state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
+    take_over(state_dir)
     cfg = AgentConfig(
         kubeconfig=args.kubeconfig, node_name=args.node_name, state_dir=state_dir,
         kubelet_port=args.kubelet_port, tls_cert=args.tls_cert, tls_key=args.tls_key, gpus=args.gpus,
