@@ -1,6 +1,6 @@
-"""Train-to-serve on the real local stack: an InferenceService that follows a TrainingJob, applied together with
-it, serves the trained model as soon as the job has one, with no human copy step, and generates text through
-its Service.
+"""Train-to-serve on the real local stack: InferenceServices that follow a TrainingJob, applied together with it,
+serve what it produces with no human copy step: one serves the final model and generates text through its
+Service, the other rolls out each new checkpoint while the job runs.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_inference_service_serves_what_a_training_job_produced(
         "spec": {
             "engine": "fsdp",
             "entrypoint": {"module": "loom.workloads.trainer.examples.chargpt:task", "args": TINY_MODEL},
-            "maxSteps": 20,
+            "maxSteps": 40,
             "env": env,
             "workers": {"replicas": 1, "nodeSelector": {"kubernetes.io/hostname": AGENT_NODE_NAME}},
             "checkpoint": {
@@ -75,7 +75,22 @@ def test_inference_service_serves_what_a_training_job_produced(
             "env": env,
         },
     }
-    manifests = yaml.safe_dump_all([secret, isvc, job])
+    # A second service follows every new checkpoint while the job runs (noop echoes, so the sharded training
+    # checkpoints need no loader): each one is a new model version rolled out without anyone touching it.
+    follower = {
+        "apiVersion": "loom.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": "follower"},
+        "spec": {
+            "model": {"fromTrainingJob": {"name": "gpt", "checkpoint": "latest"}},
+            "handler": "noop",
+            "replicas": 1,
+            "nodeSelector": {"kubernetes.io/hostname": AGENT_NODE_NAME},
+            "env": env,
+            "rollout": {"minReadySeconds": 0},
+        },
+    }
+    manifests = yaml.safe_dump_all([secret, isvc, follower, job])
     cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=manifests)
 
     # Until the job has a model, the InferenceService says so and runs nothing.
@@ -89,8 +104,8 @@ def test_inference_service_serves_what_a_training_job_produced(
         assert first["status"]["phase"] == "Pending"
         assert not get(cluster, ns, "deployment", "writer")
 
-    def serving() -> dict[str, Any] | None:
-        obj = get(cluster, ns, "inferenceservice", "writer")
+    def serving(name: str = "writer") -> dict[str, Any] | None:
+        obj = get(cluster, ns, "inferenceservice", name)
         status = obj.get("status") or {}
         conds = {c["type"]: c for c in status.get("conditions", [])}
         done = conds.get("Ready", {}).get("status") == "True" and conds.get("RolledOut", {}).get("status") == "True"
@@ -123,3 +138,19 @@ def test_inference_service_serves_what_a_training_job_produced(
     answer = response.json()
     assert answer["model_version"] == f"final-step-{step}"
     assert isinstance(answer["text_output"], str) and len(answer["text_output"]) > 0
+
+    # The follower ends on the same final model, after having rolled out checkpoints on the way.
+    final = wait_until(lambda: serving("follower"), timeout=300, what="the follower to serve", interval=2)
+    assert final["status"]["modelVersion"] == f"final-step-{step}"
+    replica_sets = json.loads(
+        cluster.kubectl("get", "replicasets", "-n", ns, "-l", "loom.dev/inferenceservice=follower", "-o", "json").stdout
+    )["items"]
+    assert len(replica_sets) >= 2, "the follower never rolled out a checkpoint before the final model"
+    response = httpx.post(
+        f"http://{service_address('follower', ns, AGENT_STATE_DIR)}:80/v2/models/follower/infer",
+        json={"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]},
+        timeout=30,
+        trust_env=False,
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["model_version"] == f"final-step-{step}"
