@@ -146,7 +146,8 @@ def _build_module(module: GoModule, progress: Progress) -> None:
         assert proc.stdout is not None
         # With -v, go prints each package as it compiles it: a live count is the progress we can give.
         for line in proc.stdout:
-            compiled += 1
+            # "go: downloading ..." lines are module fetches, not compiled packages.
+            compiled += not line.startswith("go: ")
             tail = ([*tail, line.rstrip()])[-40:]
             now = time.monotonic()
             if now - last_report >= 30:
