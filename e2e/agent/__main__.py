@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def take_over(state_dir: Path, wait_seconds: float = 30.0) -> int:
+async def take_over(state_dir: Path, wait_seconds: float = 30.0) -> int:
     """Become the only agent on this state dir; returns the lock's file descriptor (keep it open).
 
     An agent already holding the lock is asked to leave as on SIGHUP (its pods keep running and are
@@ -69,7 +69,7 @@ def take_over(state_dir: Path, wait_seconds: float = 30.0) -> int:
                     if sig:
                         os.kill(int(holder), sig)
                 asked = True
-            time.sleep(0.2)
+            await asyncio.sleep(0.2)  # the warmed-up proxies keep serving meanwhile
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd
@@ -80,7 +80,7 @@ async def amain(args: argparse.Namespace) -> None:
 
     state_dir: Path = args.state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
-    take_over(state_dir)
+
     cfg = AgentConfig(
         kubeconfig=args.kubeconfig, node_name=args.node_name, state_dir=state_dir,
         kubelet_port=args.kubelet_port, tls_cert=args.tls_cert, tls_key=args.tls_key, gpus=args.gpus,
@@ -93,6 +93,8 @@ async def amain(args: argparse.Namespace) -> None:
     # status patches of many pods alongside slower calls.
     loop.set_default_executor(ThreadPoolExecutor(max_workers=32, thread_name_prefix="api"))
     agent = Agent(cfg)
+    await agent.warm_up()
+    await take_over(state_dir)
     runner = asyncio.create_task(agent.run())
     stop_pods = True
 

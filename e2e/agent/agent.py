@@ -26,7 +26,7 @@ from loom.e2e.agent.node import NodeKeeper
 from loom.e2e.agent.plan import ClusterData
 from loom.e2e.agent.podworker import PodWorker
 from loom.e2e.agent.runtime import ContainerProcess
-from loom.e2e.agent.services import PodEndpoint, ServiceTable
+from loom.e2e.agent.services import PodEndpoint, ServiceTable, api_endpoints, named_ports
 from loom.e2e.agent.status import pod_status
 from loom.e2e.agent.volumes import needs_token
 
@@ -60,6 +60,20 @@ class Agent:
 
     # ---- main loop -----------------------------------------------------------------------------
 
+    async def warm_up(self) -> None:
+        """Serve Services and logs before taking over from a previous agent, so a hand-over does not
+        interrupt them (both agents listen with SO_REUSEPORT until the old one leaves)."""
+        try:
+            pods = await self.api.list_pods(self.cfg.node_name)
+            services, slices = await asyncio.gather(self.api.list_services(), self.api.list_endpoint_slices())
+            await self.services.sync(services, slices, api_endpoints(pods), move_when_taken=False)
+        except Exception as exc:  # the API server may be down: run() waits for it
+            log.info("Service warm-up skipped: %s", exc)
+        try:
+            await self.logs.start()
+        except OSError as exc:  # a previous agent without reuse_port still holds the port
+            log.info("log endpoint starts after the hand-over: %s", exc)
+
     async def run(self) -> None:
         self.cfg.pods_dir.mkdir(parents=True, exist_ok=True)
         while True:  # the API server may still be starting
@@ -69,7 +83,8 @@ class Agent:
             except Exception as exc:
                 log.warning("registering node %s failed, retrying: %s", self.cfg.node_name, exc)
                 await asyncio.sleep(2)
-        await self.logs.start()
+        if not self.logs.started:
+            await self.logs.start()
         loop = asyncio.get_running_loop()
         self.api.watch_forever(["pods", "services", "endpointslices"], self.cfg.node_name,
                                lambda: loop.call_soon_threadsafe(self.kick.set))
@@ -139,10 +154,8 @@ class Agent:
             spec = pod["spec"]
             ready = (not pod["metadata"].get("deletionTimestamp") and worker.state.final_phase is None
                      and bool(worker.state.main) and all(c.ready for c in worker.state.main))
-            ports = {p["name"]: int(p["containerPort"]) for c in spec["containers"] for p in c.get("ports") or []
-                     if p.get("name")}
             endpoints.append(PodEndpoint(worker.namespace, pod["metadata"].get("labels") or {}, worker.state.pod_ip,
-                                         ready, spec.get("hostname"), spec.get("subdomain"), ports))
+                                         ready, spec.get("hostname"), spec.get("subdomain"), named_ports(spec)))
         return endpoints
 
     async def stop_all_pods(self, max_grace: float) -> None:

@@ -29,6 +29,7 @@ class LogServer:
     def __init__(self, locate: LogLocator, port: int, cert: str | None, key: str | None) -> None:
         self.locate, self.port, self.cert, self.key = locate, port, cert, key
         self.runner: web.AppRunner | None = None
+        self.started = False
 
     async def start(self) -> None:
         app = web.Application()
@@ -40,10 +41,12 @@ class LogServer:
         if self.cert and self.key:
             context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             context.load_cert_chain(self.cert, self.key)
-        await web.TCPSite(self.runner, "127.0.0.1", self.port, ssl_context=context).start()
+        # reuse_port: an agent taking over serves beside the old one until that one leaves.
+        await web.TCPSite(self.runner, "127.0.0.1", self.port, ssl_context=context, reuse_port=True).start()
         # The Node's Hostname address is `localhost`, which a client may try as ::1 first.
         with contextlib.suppress(OSError):
-            await web.TCPSite(self.runner, "::1", self.port, ssl_context=context).start()
+            await web.TCPSite(self.runner, "::1", self.port, ssl_context=context, reuse_port=True).start()
+        self.started = True
 
     async def stop(self) -> None:
         if self.runner is not None:

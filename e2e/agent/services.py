@@ -74,6 +74,25 @@ class PodEndpoint:
     ports: dict[str, int] = field(default_factory=dict)  # named container ports
 
 
+def named_ports(pod_spec: Obj) -> dict[str, int]:
+    return {p["name"]: int(p["containerPort"]) for c in pod_spec.get("containers") or []
+            for p in c.get("ports") or [] if p.get("name")}
+
+
+def api_endpoints(pods: list[Obj]) -> list[PodEndpoint]:
+    """Endpoints as the API server last heard of them (Ready condition): used before this agent
+    runs the pods itself, while it takes over from a previous agent."""
+    endpoints = []
+    for pod in pods:
+        status, meta, spec = pod.get("status") or {}, pod["metadata"], pod["spec"]
+        if not status.get("podIP") or meta.get("deletionTimestamp"):
+            continue
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        endpoints.append(PodEndpoint(meta["namespace"], meta.get("labels") or {}, status["podIP"], ready,
+                                     spec.get("hostname"), spec.get("subdomain"), named_ports(spec)))
+    return endpoints
+
+
 def selected_pods(service: Obj, pods: list[PodEndpoint]) -> list[PodEndpoint]:
     selector: dict[str, str] = service["spec"].get("selector") or {}
     namespace = service["metadata"]["namespace"]
@@ -118,7 +137,10 @@ class PortProxy:
         self._connections: set[asyncio.Task[None]] = set()  # strong refs; cancelled when the Service goes
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.address, self.port, reuse_address=True)
+        # reuse_port: during an agent hand-over the old and the new agent listen side by side.
+        self._server = await asyncio.start_server(
+            self._handle, self.address, self.port, reuse_address=True, reuse_port=True
+        )
 
     async def close(self) -> None:
         if self._server is not None:
@@ -191,7 +213,11 @@ class ServiceTable:
         except (OSError, ValueError):
             self._addresses = {}
 
-    async def sync(self, services: list[Obj], slices: list[Obj], pods: list[PodEndpoint]) -> None:
+    async def sync(
+        self, services: list[Obj], slices: list[Obj], pods: list[PodEndpoint], move_when_taken: bool = True
+    ) -> None:
+        """Bring addresses and proxies in line; an address found taken is given up for another one
+        unless `move_when_taken` is off (warm-up: the previous agent still holds it, without reuse_port)."""
         by_service: dict[str, list[Obj]] = {}
         for slice_ in slices:
             owner = (slice_["metadata"].get("labels") or {}).get("kubernetes.io/service-name")
@@ -215,7 +241,7 @@ class ServiceTable:
             wanted.add(key)
             for _ in range(3):  # an address found taken is abandoned and another one tried
                 entry = await self._ensure(key)
-                await self._sync_ports(entry, service, own_slices, pods)
+                await self._sync_ports(entry, service, own_slices, pods, move_when_taken)
                 if key in self.entries:
                     break
             views.append(ServiceView(meta["name"], meta["namespace"], entry.address))
@@ -236,7 +262,9 @@ class ServiceTable:
             self.entries[key] = ServiceEntry(address, {})
         return self.entries[key]
 
-    async def _sync_ports(self, entry: ServiceEntry, service: Obj, slices: list[Obj], pods: list[PodEndpoint]) -> None:
+    async def _sync_ports(
+        self, entry: ServiceEntry, service: Obj, slices: list[Obj], pods: list[PodEndpoint], move_when_taken: bool
+    ) -> None:
         ports = service["spec"].get("ports") or []
         wanted = {int(p["port"]): p for p in ports if p.get("protocol", "TCP") == "TCP"}
         for number in set(entry.ports) - set(wanted):
@@ -247,6 +275,8 @@ class ServiceTable:
                 try:
                     await proxy.start()
                 except OSError as exc:
+                    if not move_when_taken:
+                        continue
                     log.warning("cannot listen on %s:%s (%s): moving the Service elsewhere", entry.address, number, exc)
                     await self._abandon(entry)
                     return

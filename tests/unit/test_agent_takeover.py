@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -14,7 +15,8 @@ import signal, sys, time
 from pathlib import Path
 from loom.e2e.agent.__main__ import take_over
 signal.signal(signal.SIGHUP, lambda *_: sys.exit(0))
-take_over(Path(sys.argv[1]))
+import asyncio
+asyncio.run(take_over(Path(sys.argv[1])))
 print("holding", flush=True)
 time.sleep(60)
 """
@@ -26,7 +28,7 @@ def test_a_new_agent_takes_the_state_dir_over(tmp_path: Path) -> None:
     try:
         assert old.stdout is not None and old.stdout.readline().strip() == "holding"
         assert (tmp_path / "agent.lock").read_text() == str(old.pid)
-        fd = take_over(tmp_path, wait_seconds=20)
+        fd = asyncio.run(take_over(tmp_path, wait_seconds=20))
         assert old.wait(timeout=20) == 0  # it left on SIGHUP, not killed
         assert (tmp_path / "agent.lock").read_text() == str(os.getpid())
         os.close(fd)
