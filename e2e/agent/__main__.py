@@ -101,6 +101,7 @@ async def amain(args: argparse.Namespace) -> None:
     def leave(keep_pods: bool) -> None:
         nonlocal stop_pods
         stop_pods = not keep_pods
+        agent.drain_seconds = args.exit_grace if keep_pods else 0.0  # the new agent already accepts
         runner.cancel()
 
     for sig in (signal.SIGTERM, signal.SIGINT):

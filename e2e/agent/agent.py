@@ -51,6 +51,8 @@ class Agent:
         self.published: dict[str, Obj] = {}
         self.deleting: dict[str, asyncio.Task[None]] = {}
         self._event_tasks: set[asyncio.Task[None]] = set()
+        # On a hand-over (SIGHUP) connections through the Service proxies get this long to finish.
+        self.drain_seconds = 0.0
         self.kick = asyncio.Event()
         self.dirty = asyncio.Event()
         self.logs = LogServer(self.locate_log, cfg.kubelet_port, cfg.tls_cert, cfg.tls_key)
@@ -105,7 +107,7 @@ class Agent:
             for task in background:
                 task.cancel()
             self.api.stop()
-            await self.services.close()
+            await self.services.close(self.drain_seconds)
             await self.logs.stop()
 
     async def reconcile(self, first: bool) -> None:

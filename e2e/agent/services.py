@@ -142,9 +142,12 @@ class PortProxy:
             self._handle, self.address, self.port, reuse_address=True, reuse_port=True
         )
 
-    async def close(self) -> None:
+    async def close(self, drain_seconds: float = 0.0) -> None:
+        """Stop accepting; connections in flight get `drain_seconds` to finish, then are cut."""
         if self._server is not None:
             self._server.close()
+            if self._connections and drain_seconds > 0:
+                await asyncio.wait(list(self._connections), timeout=drain_seconds)
             for task in list(self._connections):
                 task.cancel()
             with contextlib.suppress(Exception):
@@ -304,8 +307,7 @@ class ServiceTable:
         partial.write_text(json.dumps(mapping, indent=1, sort_keys=True))
         partial.replace(self.path)
 
-    async def close(self) -> None:
-        for entry in self.entries.values():
-            for proxy in entry.ports.values():
-                await proxy.close()
+    async def close(self, drain_seconds: float = 0.0) -> None:
+        proxies = [proxy for entry in self.entries.values() for proxy in entry.ports.values()]
+        await asyncio.gather(*(proxy.close(drain_seconds) for proxy in proxies))
         self.entries.clear()
