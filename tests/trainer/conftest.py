@@ -26,7 +26,7 @@ def bucket(s3: S3Endpoint) -> str:
 def run_trainer(s3: S3Endpoint, tmp_path: Path) -> Callable[..., TrainerRun]:
     counter = iter(range(1000))
 
-    def run(config: dict[str, Any], nproc: int = 2, timeout: float = 240) -> TrainerRun:
+    def run(config: dict[str, Any], nproc: int = 2, timeout: float = 600) -> TrainerRun:
         path = tmp_path / f"config-{next(counter)}.json"
         path.write_text(json.dumps(config))
         completed = subprocess.run(

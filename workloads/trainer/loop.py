@@ -178,11 +178,13 @@ def run(config: TrainerConfig) -> int:
     for step in range(start_step + 1, training.max_steps + 1):
         batch = task.move_batch(data.batch(step, rank, world, training.batch_size), str(device))
         output = engine.step(batch)
-        # One all-reduce per step: mean loss for logging and the stop vote.
-        vote = torch.tensor([float(output.loss), 1.0 if stop.requested else 0.0], device=device)
+        # One all-reduce per step: mean loss for logging, the stop vote and the time-based checkpoint vote.
+        time_due = bool(manager and manager.due_by_time())
+        vote = torch.tensor([float(output.loss), float(stop.requested), float(time_due)], device=device)
         dist.all_reduce(vote)
         loss_value = float(vote[0]) / world
         stopping = bool(vote[1] > 0)
+        checkpoint_due = bool(manager and (manager.due_by_steps(step) or vote[2] > 0))
         window_steps += 1
         elapsed = time.perf_counter() - window_start
         if rank == 0 and (step % training.log_every_steps == 0 or stopping or step == training.max_steps):
@@ -201,7 +203,7 @@ def run(config: TrainerConfig) -> int:
         if stopping:
             interrupted = True
             break
-        if manager and manager.due(step) and step != training.max_steps:
+        if checkpoint_due and step != training.max_steps:
             checkpoint(step, final=False)
 
     if manager:

@@ -109,9 +109,12 @@ class CheckpointManager:
         self.failures = 0
 
     # ---- when to save -------------------------------------------------------------------------
-    def due(self, step: int, now: float | None = None) -> bool:
-        if self.spec.every_steps and step % self.spec.every_steps == 0:
-            return True
+    def due_by_steps(self, step: int) -> bool:
+        return bool(self.spec.every_steps and step % self.spec.every_steps == 0)
+
+    def due_by_time(self, now: float | None = None) -> bool:
+        """This rank's clock says a checkpoint is due. Clocks differ between ranks, so the loop combines
+        every rank's answer in its per-step all-reduce: all ranks must enter a save together."""
         now = time.monotonic() if now is None else now
         return bool(self.spec.every_minutes and now - self.last_save_time >= self.spec.every_minutes * 60)
 
