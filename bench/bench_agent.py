@@ -86,9 +86,17 @@ async def container_starts(count: int, state: Path) -> float:
     started = time.perf_counter()
     for i in range(count):
         proc = ContainerProcess(state / f"c{i}")
-        await proc.start(["true"], {"PATH": "/usr/bin:/bin", "LD_PRELOAD": shim, "LOOM_POD_IP": BACKEND_IP},
-                         str(state), [Mount(str(state / "vol"), "/mnt/loom-bench")], str(state / "hosts"),
-                         "bench", state / f"c{i}.log", 0, "now")
+        await proc.start(
+            ["true"],
+            {"PATH": "/usr/bin:/bin", "LD_PRELOAD": shim, "LOOM_POD_IP": BACKEND_IP},
+            str(state),
+            [Mount(str(state / "vol"), "/mnt/loom-bench")],
+            str(state / "hosts"),
+            "bench",
+            state / f"c{i}.log",
+            0,
+            "now",
+        )
         await proc.wait()
     return count / (time.perf_counter() - started)
 
@@ -106,8 +114,9 @@ def main() -> None:
     parser.add_argument("--megabytes", type=int, default=200)
     parser.add_argument("--starts", type=int, default=20)
     args = parser.parse_args()
-    backend = subprocess.Popen([sys.executable, "-c", BACKEND, BACKEND_IP, str(args.megabytes)],
-                               stdout=subprocess.PIPE, text=True)
+    backend = subprocess.Popen(
+        [sys.executable, "-c", BACKEND, BACKEND_IP, str(args.megabytes)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert backend.stdout is not None
         backend_port = int(backend.stdout.readline())
@@ -124,12 +133,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as state:
         agent_rate = asyncio.run(container_starts(args.starts, Path(state)))
     plain_rate = plain_starts(args.starts)
-    print(f"proxy connections: {proxied_rate:.0f}/s vs direct {direct_rate:.0f}/s -> ratio "
-          f"{proxied_rate / direct_rate:.2f}")
-    print(f"proxy bulk:        {proxied_mbps:.0f} MB/s vs direct {direct_mbps:.0f} MB/s -> ratio "
-          f"{proxied_mbps / direct_mbps:.2f}")
-    print(f"container start:   {agent_rate:.1f}/s vs plain subprocess {plain_rate:.1f}/s -> ratio "
-          f"{agent_rate / plain_rate:.3f} ({1000 / agent_rate:.0f} ms per start)")
+    print(
+        f"proxy connections: {proxied_rate:.0f}/s vs direct {direct_rate:.0f}/s -> ratio "
+        f"{proxied_rate / direct_rate:.2f}"
+    )
+    print(
+        f"proxy bulk:        {proxied_mbps:.0f} MB/s vs direct {direct_mbps:.0f} MB/s -> ratio "
+        f"{proxied_mbps / direct_mbps:.2f}"
+    )
+    print(
+        f"container start:   {agent_rate:.1f}/s vs plain subprocess {plain_rate:.1f}/s -> ratio "
+        f"{agent_rate / plain_rate:.3f} ({1000 / agent_rate:.0f} ms per start)"
+    )
 
 
 if __name__ == "__main__":

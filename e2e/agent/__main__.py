@@ -43,8 +43,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-pods", type=int, default=110)
     parser.add_argument("--backoff-initial", type=float, default=2.0, help="first restart back-off (seconds)")
     parser.add_argument("--backoff-max", type=float, default=60.0)
-    parser.add_argument("--exit-grace", type=float, default=5.0,
-                        help="at most this many seconds of grace for pods stopped on SIGTERM")
+    parser.add_argument(
+        "--exit-grace", type=float, default=5.0, help="at most this many seconds of grace for pods stopped on SIGTERM"
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -82,10 +83,19 @@ async def amain(args: argparse.Namespace) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
 
     cfg = AgentConfig(
-        kubeconfig=args.kubeconfig, node_name=args.node_name, state_dir=state_dir,
-        kubelet_port=args.kubelet_port, tls_cert=args.tls_cert, tls_key=args.tls_key, gpus=args.gpus,
-        cpu=args.cpu, memory=args.memory, max_pods=args.max_pods, backoff_initial=args.backoff_initial,
-        backoff_max=args.backoff_max, bin_dir=os.path.dirname(sys.executable),
+        kubeconfig=args.kubeconfig,
+        node_name=args.node_name,
+        state_dir=state_dir,
+        kubelet_port=args.kubelet_port,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        gpus=args.gpus,
+        cpu=args.cpu,
+        memory=args.memory,
+        max_pods=args.max_pods,
+        backoff_initial=args.backoff_initial,
+        backoff_max=args.backoff_max,
+        bin_dir=os.path.dirname(sys.executable),
         shim_path=str(build_shim(state_dir)),
     )
     loop = asyncio.get_running_loop()

@@ -37,8 +37,10 @@ RESYNC_SECONDS = 5.0
 
 def _comparable(status: Obj) -> Obj:
     """Status without timestamps that change on every computation."""
-    return {**status, "conditions": [{k: v for k, v in c.items() if k != "lastTransitionTime"}
-                                     for c in status.get("conditions", [])]}
+    return {
+        **status,
+        "conditions": [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status.get("conditions", [])],
+    }
 
 
 class Agent:
@@ -57,8 +59,11 @@ class Agent:
         self.dirty = asyncio.Event()
         self.logs = LogServer(self.locate_log, cfg.kubelet_port, cfg.tls_cert, cfg.tls_key)
         host, port = self.api.server
-        self.extra_env = {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": str(port),
-                          "KUBERNETES_SERVICE_PORT_HTTPS": str(port)}
+        self.extra_env = {
+            "KUBERNETES_SERVICE_HOST": host,
+            "KUBERNETES_SERVICE_PORT": str(port),
+            "KUBERNETES_SERVICE_PORT_HTTPS": str(port),
+        }
 
     # ---- main loop -----------------------------------------------------------------------------
 
@@ -88,8 +93,9 @@ class Agent:
         if not self.logs.started:
             await self.logs.start()
         loop = asyncio.get_running_loop()
-        self.api.watch_forever(["pods", "services", "endpointslices"], self.cfg.node_name,
-                               lambda: loop.call_soon_threadsafe(self.kick.set))
+        self.api.watch_forever(
+            ["pods", "services", "endpointslices"], self.cfg.node_name, lambda: loop.call_soon_threadsafe(self.kick.set)
+        )
         background = [asyncio.create_task(self.node.keep_fresh()), asyncio.create_task(self._publisher())]
         first = True
         try:
@@ -128,8 +134,9 @@ class Agent:
                     if (worker := await self._admit(pod)) is not None:
                         admitted.append(worker)
                 except Exception:  # one pod that cannot be admitted must not hold up the others
-                    log.exception("admitting pod %s/%s failed; will retry", pod["metadata"]["namespace"],
-                                  pod["metadata"]["name"])
+                    log.exception(
+                        "admitting pod %s/%s failed; will retry", pod["metadata"]["namespace"], pod["metadata"]["name"]
+                    )
         for uid in set(self.workers) - set(live):
             if uid not in self.deleting:  # deleted behind our back (force delete): stop right away
                 self.deleting[uid] = asyncio.create_task(self._delete(self.workers[uid].pod, force=True))
@@ -154,18 +161,32 @@ class Agent:
             if pod is None:
                 continue
             spec = pod["spec"]
-            ready = (not pod["metadata"].get("deletionTimestamp") and worker.state.final_phase is None
-                     and bool(worker.state.main) and all(c.ready for c in worker.state.main))
-            endpoints.append(PodEndpoint(worker.namespace, pod["metadata"].get("labels") or {}, worker.state.pod_ip,
-                                         ready, spec.get("hostname"), spec.get("subdomain"), named_ports(spec)))
+            ready = (
+                not pod["metadata"].get("deletionTimestamp")
+                and worker.state.final_phase is None
+                and bool(worker.state.main)
+                and all(c.ready for c in worker.state.main)
+            )
+            endpoints.append(
+                PodEndpoint(
+                    worker.namespace,
+                    pod["metadata"].get("labels") or {},
+                    worker.state.pod_ip,
+                    ready,
+                    spec.get("hostname"),
+                    spec.get("subdomain"),
+                    named_ports(spec),
+                )
+            )
         return endpoints
 
     async def stop_all_pods(self, max_grace: float) -> None:
         """Stop every pod process this agent knows of, adopted or not (the agent is going away).
 
         Their state stays: a later agent sees them terminated and restarts them per restartPolicy."""
-        await asyncio.gather(*(w.terminate(min(w.grace_seconds(), max_grace)) for w in self.workers.values()),
-                             return_exceptions=True)
+        await asyncio.gather(
+            *(w.terminate(min(w.grace_seconds(), max_grace)) for w in self.workers.values()), return_exceptions=True
+        )
         known = {w.dir for w in self.workers.values()}
         if self.cfg.pods_dir.exists():
             for pod_dir in self.cfg.pods_dir.iterdir():
@@ -211,21 +232,33 @@ class Agent:
             ip = plan.allocate_address(POD_NETWORK, ips, uid)
             found = plan.allocate_gpus(plan.gpu_request(pod["spec"]), self.cfg.gpus, used_gpus)
             if found is None:
-                await self._reject(pod, "UnexpectedAdmissionError",
-                                   f"Allocate failed: not enough free nvidia.com/gpu on {self.cfg.node_name}")
+                await self._reject(
+                    pod,
+                    "UnexpectedAdmissionError",
+                    f"Allocate failed: not enough free nvidia.com/gpu on {self.cfg.node_name}",
+                )
                 return None
             gpus = found
             pod_dir.mkdir(parents=True, exist_ok=True)
             meta_file.write_text(json.dumps({"ip": ip, "gpus": gpus}))
-        worker = PodWorker(self.cfg, pod, ip, gpus, self._fetch, self.dirty.set, self.extra_env,
-                           lambda reason, message, warning: self._event(pod, reason, message, warning))
+        worker = PodWorker(
+            self.cfg,
+            pod,
+            ip,
+            gpus,
+            self._fetch,
+            self.dirty.set,
+            self.extra_env,
+            lambda reason, message, warning: self._event(pod, reason, message, warning),
+        )
         self.workers[uid] = worker
         return worker
 
     async def _reject(self, pod: Obj, reason: str, message: str) -> None:
         meta = pod["metadata"]
-        await self.api.patch_pod_status(meta["namespace"], meta["name"],
-                                        {"phase": "Failed", "reason": reason, "message": message})
+        await self.api.patch_pod_status(
+            meta["namespace"], meta["name"], {"phase": "Failed", "reason": reason, "message": message}
+        )
 
     async def _delete(self, pod: Obj, force: bool = False) -> None:
         meta = pod["metadata"]
@@ -254,6 +287,7 @@ class Agent:
 
     def _event(self, pod: Obj, reason: str, message: str, warning: bool) -> None:
         """Fire and forget: an Event that cannot be written must not hold a pod up."""
+
         async def send() -> None:
             try:
                 await self.api.pod_event(pod, reason, message, warning, self.cfg.node_name)
@@ -269,39 +303,30 @@ class Agent:
     async def _fetch(self, pod: Obj, want_token: bool) -> tuple[ClusterData, str | None]:
         """The ConfigMaps and Secrets a pod refers to, and a service account token if it mounts one."""
         namespace, spec = pod["metadata"]["namespace"], pod["spec"]
-        cm_names, secret_names = set(), set()
-        for container in (spec.get("initContainers") or []) + spec["containers"]:
-            for source in container.get("envFrom") or []:
-                if "configMapRef" in source:
-                    cm_names.add(source["configMapRef"]["name"])
-                if "secretRef" in source:
-                    secret_names.add(source["secretRef"]["name"])
-            for var in container.get("env") or []:
-                ref = var.get("valueFrom") or {}
-                if "configMapKeyRef" in ref:
-                    cm_names.add(ref["configMapKeyRef"]["name"])
-                if "secretKeyRef" in ref:
-                    secret_names.add(ref["secretKeyRef"]["name"])
-        for volume in spec.get("volumes") or []:
-            sources = [volume, *((volume.get("projected") or {}).get("sources") or [])]
-            for source in sources:
-                if "configMap" in source:
-                    cm_names.add(source["configMap"]["name"])
-                if "secret" in source:
-                    secret_names.add(source["secret"].get("secretName") or source["secret"].get("name"))
+        cm_names, secret_names = plan.referenced_objects(spec)
         cms = {n: cm for n in cm_names if (cm := await self.api.config_map(namespace, n)) is not None}
         secrets = {n: s for n in secret_names if (s := await self.api.secret(namespace, n)) is not None}
         token = None
         for projection in needs_token(pod)[:1] if want_token else []:
-            token = await self.api.token(namespace, spec.get("serviceAccountName", "default"),
-                                         projection.get("audience"),
-                                         int(projection.get("expirationSeconds", 3600)), pod)
+            token = await self.api.token(
+                namespace,
+                spec.get("serviceAccountName", "default"),
+                projection.get("audience"),
+                int(projection.get("expirationSeconds", 3600)),
+                pod,
+            )
         return ClusterData(cms, secrets), token
 
     def _write_hosts(self, worker: PodWorker) -> None:
         spec = worker.pod["spec"]
-        content = render_hosts(worker.state.pod_ip, worker.name, worker.namespace, spec.get("hostname"),
-                               spec.get("subdomain"), self.services.views)
+        content = render_hosts(
+            worker.state.pod_ip,
+            worker.name,
+            worker.namespace,
+            spec.get("hostname"),
+            spec.get("subdomain"),
+            self.services.views,
+        )
         worker.hosts_file.parent.mkdir(parents=True, exist_ok=True)
         write_in_place(worker.hosts_file, content)
 
@@ -330,8 +355,9 @@ class Agent:
 
     # ---- logs ------------------------------------------------------------------------------------
 
-    def locate_log(self, namespace: str, pod: str, container: str,
-                   previous: bool) -> tuple[Path, Callable[[], bool]] | None:
+    def locate_log(
+        self, namespace: str, pod: str, container: str, previous: bool
+    ) -> tuple[Path, Callable[[], bool]] | None:
         worker = next((w for w in self.workers.values() if (w.namespace, w.name) == (namespace, pod)), None)
         if worker is None:
             return self._archived_log(namespace, pod, container, previous)
@@ -345,8 +371,9 @@ class Agent:
         current = not previous
         return worker.log_path(container, attempt), lambda: current and proc.running()
 
-    def _archived_log(self, namespace: str, pod: str, container: str,
-                      previous: bool) -> tuple[Path, Callable[[], bool]] | None:
+    def _archived_log(
+        self, namespace: str, pod: str, container: str, previous: bool
+    ) -> tuple[Path, Callable[[], bool]] | None:
         """Logs of a pod this agent does not run (it finished before a restart): newest attempts on disk."""
         folders = sorted(self.cfg.logs_dir.glob(f"{namespace}_{pod}_*/{container}"), key=lambda f: f.stat().st_mtime)
         if not folders:

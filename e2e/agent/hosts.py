@@ -32,7 +32,11 @@ def service_names(name: str, namespace: str, pod_namespace: str) -> list[str]:
 
 
 def render_hosts(
-    pod_ip: str, pod_name: str, namespace: str, hostname: str | None, subdomain: str | None,
+    pod_ip: str,
+    pod_name: str,
+    namespace: str,
+    hostname: str | None,
+    subdomain: str | None,
     services: list[ServiceView],
 ) -> str:
     host = hostname or pod_name

@@ -72,8 +72,12 @@ class KubeApi:
     async def token(self, namespace: str, service_account: str, audience: str | None, seconds: int, pod: Obj) -> str:
         spec: Obj = {
             "expirationSeconds": max(600, seconds),
-            "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod["metadata"]["name"],
-                               "uid": pod["metadata"]["uid"]},
+            "boundObjectRef": {
+                "kind": "Pod",
+                "apiVersion": "v1",
+                "name": pod["metadata"]["name"],
+                "uid": pod["metadata"]["uid"],
+            },
         }
         if audience:
             spec["audiences"] = [audience]
@@ -98,11 +102,22 @@ class KubeApi:
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
-                               "namespace": meta["namespace"], "uid": meta["uid"]},
-            "reason": reason, "message": message, "type": "Warning" if warning else "Normal",
-            "source": {"component": "kubelet", "host": node}, "reportingComponent": "kubelet",
-            "reportingInstance": node, "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "reason": reason,
+            "message": message,
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "kubelet", "host": node},
+            "reportingComponent": "kubelet",
+            "reportingInstance": node,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
         }
         await self.call(self.core.create_namespaced_event, meta["namespace"], body)
 

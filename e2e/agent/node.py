@@ -26,16 +26,27 @@ AGENT_LABEL = "loom.dev/node-agent"
 
 
 def capacity(cfg: AgentConfig) -> dict[str, str]:
-    return {"cpu": cfg.cpu, "memory": cfg.memory, "pods": str(cfg.max_pods), "nvidia.com/gpu": str(cfg.gpus),
-            "ephemeral-storage": "100Gi"}
+    return {
+        "cpu": cfg.cpu,
+        "memory": cfg.memory,
+        "pods": str(cfg.max_pods),
+        "nvidia.com/gpu": str(cfg.gpus),
+        "ephemeral-storage": "100Gi",
+    }
 
 
 def node_status(cfg: AgentConfig, kubelet_version: str) -> Obj:
     stamp = now()
 
     def condition(kind: str, status: str, reason: str, message: str) -> Obj:
-        return {"type": kind, "status": status, "reason": reason, "message": message,
-                "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}
+        return {
+            "type": kind,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastHeartbeatTime": stamp,
+            "lastTransitionTime": stamp,
+        }
 
     return {
         "capacity": capacity(cfg),
@@ -50,10 +61,15 @@ def node_status(cfg: AgentConfig, kubelet_version: str) -> Obj:
         "addresses": [{"type": "InternalIP", "address": cfg.host_ip}, {"type": "Hostname", "address": "localhost"}],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": cfg.kubelet_port}},
         "nodeInfo": {
-            "machineID": _read("/etc/machine-id"), "systemUUID": _read("/etc/machine-id"),
-            "bootID": _read("/proc/sys/kernel/random/boot_id"), "kernelVersion": platform.release(),
-            "osImage": "loom node agent (local processes)", "containerRuntimeVersion": "loom-process://1",
-            "kubeletVersion": kubelet_version, "kubeProxyVersion": "", "operatingSystem": "linux",
+            "machineID": _read("/etc/machine-id"),
+            "systemUUID": _read("/etc/machine-id"),
+            "bootID": _read("/proc/sys/kernel/random/boot_id"),
+            "kernelVersion": platform.release(),
+            "osImage": "loom node agent (local processes)",
+            "containerRuntimeVersion": "loom-process://1",
+            "kubeletVersion": kubelet_version,
+            "kubeProxyVersion": "",
+            "operatingSystem": "linux",
             "architecture": {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine()),
         },
     }
@@ -69,7 +85,8 @@ def _read(path: str) -> str:
 def lease_body(cfg: AgentConfig) -> Obj:
     renew = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return {
-        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
         "metadata": {"name": cfg.node_name, "namespace": "kube-node-lease"},
         "spec": {"holderIdentity": cfg.node_name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": renew},
     }
@@ -85,11 +102,17 @@ class NodeKeeper:
         version = await self.api.call(client.VersionApi(self.api.api_client).get_code)
         self.kubelet_version = str(version.get("gitVersion", "v0.0.0"))
         body = {
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": self.cfg.node_name, "labels": {
-                "kubernetes.io/hostname": self.cfg.node_name, "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": node_status(self.cfg, "")["nodeInfo"]["architecture"],
-                AGENT_LABEL: "true"}},
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.cfg.node_name,
+                "labels": {
+                    "kubernetes.io/hostname": self.cfg.node_name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": node_status(self.cfg, "")["nodeInfo"]["architecture"],
+                    AGENT_LABEL: "true",
+                },
+            },
             "spec": {},
         }
         try:
@@ -102,15 +125,21 @@ class NodeKeeper:
         await self.heartbeat()
 
     async def heartbeat(self) -> None:
-        await self.api.call(self.api.core.patch_node_status, self.cfg.node_name,
-                            {"status": node_status(self.cfg, self.kubelet_version)})
+        await self.api.call(
+            self.api.core.patch_node_status, self.cfg.node_name, {"status": node_status(self.cfg, self.kubelet_version)}
+        )
         body = lease_body(self.cfg)
         if self.uid:
             body["metadata"]["ownerReferences"] = [
-                {"apiVersion": "v1", "kind": "Node", "name": self.cfg.node_name, "uid": self.uid}]
+                {"apiVersion": "v1", "kind": "Node", "name": self.cfg.node_name, "uid": self.uid}
+            ]
         try:
-            await self.api.call(self.api.coordination.patch_namespaced_lease, self.cfg.node_name,
-                                "kube-node-lease", {"spec": body["spec"]})
+            await self.api.call(
+                self.api.coordination.patch_namespaced_lease,
+                self.cfg.node_name,
+                "kube-node-lease",
+                {"spec": body["spec"]},
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise

@@ -100,9 +100,7 @@ def resolve_env(pod: Obj, container: Obj, data: ClusterData) -> dict[str, str]:
         if "fieldRef" in source:
             env[name] = field_value(pod, source["fieldRef"]["fieldPath"])
         elif "configMapKeyRef" in source:
-            env_value = _key(
-                "configmap", data.config_maps, source["configMapKeyRef"], config_map_data
-            )
+            env_value = _key("configmap", data.config_maps, source["configMapKeyRef"], config_map_data)
             if env_value is not None:
                 env[name] = env_value
         elif "secretKeyRef" in source:
@@ -122,9 +120,7 @@ def _key(kind: str, objects: dict[str, Obj], ref: Obj, decode: Any) -> str | Non
     if ref["key"] not in values:
         if ref.get("optional", False):
             return None
-        raise ConfigError(
-            "CreateContainerConfigError", f"couldn't find key {ref['key']} in {kind} {ref.get('name')}"
-        )
+        raise ConfigError("CreateContainerConfigError", f"couldn't find key {ref['key']} in {kind} {ref.get('name')}")
     return values[ref["key"]].decode()
 
 
@@ -163,14 +159,39 @@ def command_line(container: Obj, env: dict[str, str]) -> list[str]:
     return argv
 
 
+def referenced_objects(pod_spec: Obj) -> tuple[set[str], set[str]]:
+    """Names of the ConfigMaps and Secrets a pod refers to (env, envFrom, volumes, projections)."""
+    config_maps: set[str] = set()
+    secrets: set[str] = set()
+    for container in (pod_spec.get("initContainers") or []) + pod_spec["containers"]:
+        for source in container.get("envFrom") or []:
+            if "configMapRef" in source:
+                config_maps.add(source["configMapRef"]["name"])
+            if "secretRef" in source:
+                secrets.add(source["secretRef"]["name"])
+        for var in container.get("env") or []:
+            ref = var.get("valueFrom") or {}
+            if "configMapKeyRef" in ref:
+                config_maps.add(ref["configMapKeyRef"]["name"])
+            if "secretKeyRef" in ref:
+                secrets.add(ref["secretKeyRef"]["name"])
+    for volume in pod_spec.get("volumes") or []:
+        for source in [volume, *((volume.get("projected") or {}).get("sources") or [])]:
+            if "configMap" in source:
+                config_maps.add(source["configMap"]["name"])
+            if "secret" in source:
+                secrets.add(source["secret"].get("secretName") or source["secret"].get("name"))
+    return config_maps, secrets
+
+
 def gpu_request(pod_spec: Obj) -> int:
     """GPUs a pod needs: the sum over its containers (limits win, as for extended resources)."""
     total = 0
     for container in pod_spec.get("containers", []):
         resources = container.get("resources") or {}
-        value = (resources.get("limits") or {}).get("nvidia.com/gpu") or (
-            resources.get("requests") or {}
-        ).get("nvidia.com/gpu")
+        value = (resources.get("limits") or {}).get("nvidia.com/gpu") or (resources.get("requests") or {}).get(
+            "nvidia.com/gpu"
+        )
         total += int(value or 0)
     return total
 

@@ -36,14 +36,23 @@ def _as_config_error(error: Exception) -> ConfigError:
     if isinstance(error, ConfigError):
         return error
     log.warning("preparing a container failed, will retry: %s", str(error).splitlines()[0] if str(error) else error)
-    return ConfigError("CreateContainerConfigError", f"node agent could not prepare the container: "
-                                                     f"{type(error).__name__}: {str(error)[:200]}")
+    return ConfigError(
+        "CreateContainerConfigError",
+        f"node agent could not prepare the container: {type(error).__name__}: {str(error)[:200]}",
+    )
 
 
 class PodWorker:
     def __init__(
-        self, cfg: AgentConfig, pod: Obj, pod_ip: str, gpus: list[int], fetch: DataFetcher,
-        on_change: Callable[[], None], extra_env: dict[str, str], event: EventSink | None = None,
+        self,
+        cfg: AgentConfig,
+        pod: Obj,
+        pod_ip: str,
+        gpus: list[int],
+        fetch: DataFetcher,
+        on_change: Callable[[], None],
+        extra_env: dict[str, str],
+        event: EventSink | None = None,
     ) -> None:
         self.cfg, self.pod, self.fetch, self.on_change, self.extra_env = cfg, pod, fetch, on_change, extra_env
         self.event: EventSink = event or (lambda reason, message, warning: None)
@@ -71,9 +80,12 @@ class PodWorker:
         path = self.dir / "c" / container["name"] / "state.json"
         with contextlib.suppress(OSError, ValueError, TypeError):
             return ContainerState(**json.loads(path.read_text()))
-        return ContainerState(container["name"], container.get("image", ""), self.uid,
-                              reason="PodInitializing" if not init and self.pod["spec"].get("initContainers")
-                              else "ContainerCreating")
+        return ContainerState(
+            container["name"],
+            container.get("image", ""),
+            self.uid,
+            reason="PodInitializing" if not init and self.pod["spec"].get("initContainers") else "ContainerCreating",
+        )
 
     def _changed(self, container: ContainerState) -> None:
         path = self.dir / "c" / container.name / "state.json"
@@ -186,8 +198,11 @@ class PodWorker:
         container.crash_streak = 1 if long_run else container.crash_streak + 1
         delay = backoff_seconds(container.crash_streak, self.cfg.backoff_initial, self.cfg.backoff_max)
         self.event("BackOff", f"Back-off restarting failed container {container.name} in pod {self.name}", True)
-        container.waiting("CrashLoopBackOff", f"back-off {delay:g}s restarting failed container={container.name} "
-                          f"pod={self.name}_{self.namespace}({self.uid})")
+        container.waiting(
+            "CrashLoopBackOff",
+            f"back-off {delay:g}s restarting failed container={container.name} "
+            f"pod={self.name}_{self.namespace}({self.uid})",
+        )
         self._changed(container)
         await asyncio.sleep(delay)
 
@@ -239,8 +254,17 @@ class PodWorker:
         cwd = spec.get("workingDir") or str(self.dir / "work")
         attempt = container.attempt + 1 if container.ran_once else 0
         started_at = now()
-        await proc.start(argv, env, cwd, mounts, str(self.hosts_file), self.hostname,
-                         self.log_path(container.name, attempt), attempt, started_at)
+        await proc.start(
+            argv,
+            env,
+            cwd,
+            mounts,
+            str(self.hosts_file),
+            self.hostname,
+            self.log_path(container.name, attempt),
+            attempt,
+            started_at,
+        )
         container.running(started_at, attempt)
         self.event("Started", f"Started container {container.name}", False)
         container.started = not spec.get("startupProbe")
@@ -257,13 +281,24 @@ class PodWorker:
             env = json.loads((proc.folder / "spec.json").read_text())["env"]
         pid = proc.child_pid()
         prefix = ["nsenter", "-t", str(pid), "-m", "-u", "--"] if pid else []
-        loops = [self._probe_loop(container, proc, kind, spec[kind], env, prefix, cwd)
-                 for kind in ("startupProbe", "readinessProbe", "livenessProbe") if spec.get(kind)]
+        loops = [
+            self._probe_loop(container, proc, kind, spec[kind], env, prefix, cwd)
+            for kind in ("startupProbe", "readinessProbe", "livenessProbe")
+            if spec.get(kind)
+        ]
         if loops:
             await asyncio.gather(*loops)
 
-    async def _probe_loop(self, container: ContainerState, proc: ContainerProcess, kind: str, probe: Obj,
-                          env: dict[str, str], prefix: list[str], cwd: str) -> None:
+    async def _probe_loop(
+        self,
+        container: ContainerState,
+        proc: ContainerProcess,
+        kind: str,
+        probe: Obj,
+        env: dict[str, str],
+        prefix: list[str],
+        cwd: str,
+    ) -> None:
         tracker = ProbeTracker.from_spec(probe)
         if kind == "readinessProbe":
             tracker.success_threshold = max(1, tracker.success_threshold)

@@ -50,8 +50,9 @@ def _client() -> httpx.AsyncClient:
     No keep-alive, so every probe opens a fresh connection as kubelet's do."""
     loop = id(asyncio.get_running_loop())
     if loop not in _clients:
-        _clients[loop] = httpx.AsyncClient(verify=False, trust_env=False,
-                                           limits=httpx.Limits(max_keepalive_connections=0))
+        _clients[loop] = httpx.AsyncClient(
+            verify=False, trust_env=False, limits=httpx.Limits(max_keepalive_connections=0)
+        )
     return _clients[loop]
 
 
@@ -88,8 +89,12 @@ async def run_probe(
             return True
         if "exec" in probe:
             proc = await asyncio.create_subprocess_exec(
-                *exec_prefix, *probe["exec"]["command"], env=env, cwd=cwd,
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+                *exec_prefix,
+                *probe["exec"]["command"],
+                env=env,
+                cwd=cwd,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
             )
             try:
                 return await asyncio.wait_for(proc.wait(), timeout) == 0

@@ -115,9 +115,16 @@ class ContainerProcess:
             self._proc = await asyncio.create_subprocess_exec(
                 # -S and a file path: the launcher needs only the stdlib, and skipping site-packages
                 # (a large virtualenv) makes every container start several times faster.
-                sys.executable, "-S", str(LAUNCHER), str(spec_path),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, env=launcher_env, cwd="/",
+                sys.executable,
+                "-S",
+                str(LAUNCHER),
+                str(spec_path),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=launcher_env,
+                cwd="/",
             )
         ticks = proc_start_ticks(self._proc.pid) or 0
         self.record = RunRecord(self._proc.pid, ticks, started_at, str(log_path), attempt)

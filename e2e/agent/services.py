@@ -75,8 +75,12 @@ class PodEndpoint:
 
 
 def named_ports(pod_spec: Obj) -> dict[str, int]:
-    return {p["name"]: int(p["containerPort"]) for c in pod_spec.get("containers") or []
-            for p in c.get("ports") or [] if p.get("name")}
+    return {
+        p["name"]: int(p["containerPort"])
+        for c in pod_spec.get("containers") or []
+        for p in c.get("ports") or []
+        if p.get("name")
+    }
 
 
 def api_endpoints(pods: list[Obj]) -> list[PodEndpoint]:
@@ -88,8 +92,17 @@ def api_endpoints(pods: list[Obj]) -> list[PodEndpoint]:
         if not status.get("podIP") or meta.get("deletionTimestamp"):
             continue
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-        endpoints.append(PodEndpoint(meta["namespace"], meta.get("labels") or {}, status["podIP"], ready,
-                                     spec.get("hostname"), spec.get("subdomain"), named_ports(spec)))
+        endpoints.append(
+            PodEndpoint(
+                meta["namespace"],
+                meta.get("labels") or {},
+                status["podIP"],
+                ready,
+                spec.get("hostname"),
+                spec.get("subdomain"),
+                named_ports(spec),
+            )
+        )
     return endpoints
 
 
@@ -122,7 +135,8 @@ def headless_endpoints(service: Obj, pods: list[PodEndpoint]) -> list[tuple[str,
     name = service["metadata"]["name"]
     return sorted(
         (p.ip, p.hostname if p.subdomain == name else None)
-        for p in selected_pods(service, pods) if p.ready or publish_all
+        for p in selected_pods(service, pods)
+        if p.ready or publish_all
     )
 
 
@@ -300,9 +314,7 @@ class ServiceTable:
             await proxy.close()
 
     def _save(self) -> None:
-        mapping = {
-            key: {"address": entry.address, "ports": sorted(entry.ports)} for key, entry in self.entries.items()
-        }
+        mapping = {key: {"address": entry.address, "ports": sorted(entry.ports)} for key, entry in self.entries.items()}
         partial = self.path.with_suffix(".json.tmp")
         partial.write_text(json.dumps(mapping, indent=1, sort_keys=True))
         partial.replace(self.path)

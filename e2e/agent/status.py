@@ -117,8 +117,13 @@ def _condition(kind: str, ok: bool, reason: str | None, previous: dict[str, Obj]
     old = previous.get(kind)
     changed_at = old["lastTransitionTime"] if old and old.get("status") == status else now()
     # reason is always sent (null when fine): conditions are merged by type in a strategic-merge patch.
-    cond: Obj = {"type": kind, "status": status, "lastTransitionTime": changed_at, "lastProbeTime": None,
-                 "reason": None if ok else reason}
+    cond: Obj = {
+        "type": kind,
+        "status": status,
+        "lastTransitionTime": changed_at,
+        "lastProbeTime": None,
+        "reason": None if ok else reason,
+    }
     return cond
 
 
@@ -137,8 +142,9 @@ def pod_status(pod: PodState, previous_conditions: list[Obj] | None = None) -> O
         "startTime": pod.start_time,
         "conditions": [
             _condition("PodScheduled", True, None, previous),
-            _condition("Initialized", pod.initialized, "PodCompleted" if done else "ContainersNotInitialized",
-                       previous),
+            _condition(
+                "Initialized", pod.initialized, "PodCompleted" if done else "ContainersNotInitialized", previous
+            ),
             _condition("ContainersReady", containers_ready, not_ready, previous),
             _condition("Ready", containers_ready, not_ready, previous),
         ],

@@ -255,8 +255,18 @@ def test_failing_job_ends_failed_with_exit_code(cluster: Cluster, namespace: str
     assert terminated["exitCode"] == 1 and terminated["reason"] == "Error"
     logs = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"]).stdout
     assert logs == "about to fail\n"
-    events = json.loads(cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
-                                        f"involvedObject.name={pod['metadata']['name']}", "-o", "json").stdout)
+    events = json.loads(
+        cluster.kubectl(
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            f"involvedObject.name={pod['metadata']['name']}",
+            "-o",
+            "json",
+        ).stdout
+    )
     assert "Started" in {e["reason"] for e in events["items"]}
 
 
@@ -361,14 +371,24 @@ def test_headless_names_volumes_and_bad_pods(cluster: Cluster, namespace: str, k
 
 def test_agent_restart_re_adopts_pods_and_reaps_deleted_ones(cluster: Cluster, namespace: str) -> None:
     def sleeper(name: str) -> dict[str, Any]:
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
-            "nodeSelector": ON_AGENT, "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "600"]}]}}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name},
+            "spec": {
+                "nodeSelector": ON_AGENT,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "600"]}],
+            },
+        }
 
     _apply(cluster, namespace, sleeper("keeper"), sleeper("doomed"), sleeper("graceful"))
     for name in ("keeper", "doomed", "graceful"):
-        wait_until(lambda name=name: _pod(cluster, namespace, name)["status"].get("phase") == "Running",
-                   timeout=60, what=f"{name} to run")
+        wait_until(
+            lambda name=name: _pod(cluster, namespace, name)["status"].get("phase") == "Running",
+            timeout=60,
+            what=f"{name} to run",
+        )
     keeper, doomed = _pod(cluster, namespace, "keeper"), _pod(cluster, namespace, "doomed")
     keeper_pids, doomed_pids = _pids(keeper["metadata"]["uid"]), _pids(doomed["metadata"]["uid"])
     graceful_pids = _pids(_pod(cluster, namespace, "graceful")["metadata"]["uid"])
@@ -385,10 +405,16 @@ def test_agent_restart_re_adopts_pods_and_reaps_deleted_ones(cluster: Cluster, n
     cluster.kubectl("delete", "pod", "-n", namespace, "graceful", "--wait=false")
     procs.start("node-agent", record.argv, env={**os.environ, "PYTHONSAFEPATH": "1"})
 
-    wait_until(lambda: not any(_alive(pid) for pid in doomed_pids + graceful_pids), timeout=60,
-               what="the deleted pods' processes to die")
-    wait_until(lambda: names_of(_pods_any(cluster, namespace)) == ["keeper"], timeout=60,
-               what="the gracefully deleted pod to be removed")
+    wait_until(
+        lambda: not any(_alive(pid) for pid in doomed_pids + graceful_pids),
+        timeout=60,
+        what="the deleted pods' processes to die",
+    )
+    wait_until(
+        lambda: names_of(_pods_any(cluster, namespace)) == ["keeper"],
+        timeout=60,
+        what="the gracefully deleted pod to be removed",
+    )
     assert all(_alive(pid) for pid in keeper_pids), "the running pod was not re-adopted"
     child = int((AGENT_STATE_DIR / "pods" / keeper["metadata"]["uid"] / "c" / "main" / "pid").read_text())
     os.kill(child, signal.SIGKILL)  # the adopted process ends: the new agent notices and restarts it
@@ -396,4 +422,5 @@ def test_agent_restart_re_adopts_pods_and_reaps_deleted_ones(cluster: Cluster, n
     def restarted() -> bool:
         status = _pod(cluster, namespace, "keeper")["status"]["containerStatuses"][0]
         return status["restartCount"] == 1 and "running" in status["state"]
+
     wait_until(restarted, timeout=60, what="the adopted container to be restarted")

@@ -13,14 +13,20 @@ from loom.e2e.agent.plan import ClusterData, ConfigError
 from loom.e2e.agent.volumes import container_mounts, materialize, volume_files
 
 POD = {
-    "metadata": {"name": "web-1", "namespace": "team", "uid": "u-1", "labels": {"app": "web", "tier": "a"},
-                 "annotations": {"note": "x"}},
+    "metadata": {
+        "name": "web-1",
+        "namespace": "team",
+        "uid": "u-1",
+        "labels": {"app": "web", "tier": "a"},
+        "annotations": {"note": "x"},
+    },
     "spec": {"nodeName": "loom-local", "serviceAccountName": "sa"},
     "status": {"podIP": "127.10.0.4", "hostIP": "127.0.0.1"},
 }
 DATA = ClusterData(
-    config_maps={"settings": {"data": {"MODE": "fast", "LEVEL": "3"},
-                              "binaryData": {"blob": base64.b64encode(b"\x00").decode()}}},
+    config_maps={
+        "settings": {"data": {"MODE": "fast", "LEVEL": "3"}, "binaryData": {"blob": base64.b64encode(b"\x00").decode()}}
+    },
     secrets={"creds": {"data": {"KEY": base64.b64encode(b"s3cr3t").decode()}}},
 )
 
@@ -43,7 +49,12 @@ def test_env_resolves_every_source_in_kubernetes_order() -> None:
     env = plan.resolve_env(POD, container, DATA)
     assert env["CFG_MODE"] == "fast" and env["CFG_LEVEL"] == "3" and env["KEY"] == "s3cr3t"
     assert (env["POD"], env["NS"], env["IP"], env["NODE"], env["APP"]) == (
-        "web-1", "team", "127.10.0.4", "loom-local", "web")
+        "web-1",
+        "team",
+        "127.10.0.4",
+        "loom-local",
+        "web",
+    )
     assert env["MODE"] == "fast" and env["SECRET"] == "s3cr3t"
     assert env["URL"] == "http://127.10.0.4:80/web-1/$(POD)/$(UNKNOWN)"
 
@@ -56,8 +67,10 @@ def test_missing_references_give_kubelet_reasons_unless_optional() -> None:
     missing_key = {"name": "c", "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "no"}}}]}
     with pytest.raises(ConfigError, match="couldn't find key no in secret creds"):
         plan.resolve_env(POD, missing_key, DATA)
-    optional = {"name": "c", "env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "nope", "key": "k",
-                                                                                     "optional": True}}}]}
+    optional = {
+        "name": "c",
+        "env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "nope", "key": "k", "optional": True}}}],
+    }
     assert "X" not in plan.resolve_env(POD, optional, DATA)
 
 
@@ -70,8 +83,13 @@ def test_command_is_required_because_images_are_not_run() -> None:
 
 
 def test_gpus_are_counted_and_allocated_without_overlap() -> None:
-    spec = {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}, {"resources": {}},
-                           {"resources": {"requests": {"nvidia.com/gpu": 1}}}]}
+    spec = {
+        "containers": [
+            {"resources": {"limits": {"nvidia.com/gpu": "2"}}},
+            {"resources": {}},
+            {"resources": {"requests": {"nvidia.com/gpu": 1}}},
+        ]
+    }
     assert plan.gpu_request(spec) == 3
     assert plan.allocate_gpus(2, 4, {0, 2}) == [1, 3]
     assert plan.allocate_gpus(3, 4, {0, 2}) is None
@@ -99,16 +117,36 @@ def test_base_environment_puts_the_project_programs_first() -> None:
 
 
 def test_volumes_hold_the_right_files_with_modes(tmp_path: Path) -> None:
-    pod = {**POD, "spec": {**POD["spec"], "volumes": [
-        {"name": "cfg", "configMap": {"name": "settings", "items": [{"key": "MODE", "path": "sub/mode"}]}},
-        {"name": "sec", "secret": {"secretName": "creds", "defaultMode": 0o400}},
-        {"name": "info", "downwardAPI": {"items": [{"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]}},
-        {"name": "proj", "projected": {"sources": [
-            {"serviceAccountToken": {"path": "token"}}, {"configMap": {"name": "settings"}},
-            {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}]}},
-        {"name": "scratch", "emptyDir": {}},
-        {"name": "data", "persistentVolumeClaim": {"claimName": "ckpt"}},
-    ]}}
+    pod = {
+        **POD,
+        "spec": {
+            **POD["spec"],
+            "volumes": [
+                {"name": "cfg", "configMap": {"name": "settings", "items": [{"key": "MODE", "path": "sub/mode"}]}},
+                {"name": "sec", "secret": {"secretName": "creds", "defaultMode": 0o400}},
+                {
+                    "name": "info",
+                    "downwardAPI": {"items": [{"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]},
+                },
+                {
+                    "name": "proj",
+                    "projected": {
+                        "sources": [
+                            {"serviceAccountToken": {"path": "token"}},
+                            {"configMap": {"name": "settings"}},
+                            {
+                                "downwardAPI": {
+                                    "items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]
+                                }
+                            },
+                        ]
+                    },
+                },
+                {"name": "scratch", "emptyDir": {}},
+                {"name": "data", "persistentVolumeClaim": {"claimName": "ckpt"}},
+            ],
+        },
+    }
     folders = materialize(pod, tmp_path / "pod", tmp_path / "state", DATA, "tok")
     assert (folders["cfg"] / "sub" / "mode").read_text() == "fast"
     assert (folders["sec"] / "KEY").read_bytes() == b"s3cr3t"
@@ -119,8 +157,15 @@ def test_volumes_hold_the_right_files_with_modes(tmp_path: Path) -> None:
     assert (folders["proj"] / "blob").read_bytes() == b"\x00"
     assert folders["data"] == tmp_path / "state" / "claims" / "team" / "ckpt"
     assert folders["scratch"].is_dir()
-    mounts = container_mounts({"volumeMounts": [{"name": "cfg", "mountPath": "/etc/a/b"},
-                                                {"name": "data", "mountPath": "/etc", "readOnly": True}]}, folders)
+    mounts = container_mounts(
+        {
+            "volumeMounts": [
+                {"name": "cfg", "mountPath": "/etc/a/b"},
+                {"name": "data", "mountPath": "/etc", "readOnly": True},
+            ]
+        },
+        folders,
+    )
     assert [(m.target, m.read_only) for m in mounts] == [("/etc", True), ("/etc/a/b", False)]
 
 
@@ -155,3 +200,31 @@ def test_hosts_file_is_rewritten_in_place(tmp_path: Path) -> None:
     inode = path.stat().st_ino
     assert write_in_place(path, "short\n") and not write_in_place(path, "short\n")
     assert path.read_text() == "short\n" and path.stat().st_ino == inode
+
+
+def test_referenced_objects_cover_env_envfrom_and_volumes() -> None:
+    spec = {
+        "initContainers": [{"name": "i", "envFrom": [{"secretRef": {"name": "init-secret"}}]}],
+        "containers": [
+            {
+                "name": "c",
+                "envFrom": [{"configMapRef": {"name": "env-cm"}}],
+                "env": [
+                    {"name": "A", "valueFrom": {"secretKeyRef": {"name": "key-secret", "key": "k"}}},
+                    {"name": "B", "valueFrom": {"configMapKeyRef": {"name": "key-cm", "key": "k"}}},
+                ],
+            }
+        ],
+        "volumes": [
+            {"name": "v1", "configMap": {"name": "vol-cm"}},
+            {"name": "v2", "secret": {"secretName": "vol-s"}},
+            {
+                "name": "v3",
+                "projected": {"sources": [{"configMap": {"name": "kube-root-ca.crt"}}, {"secret": {"name": "proj-s"}}]},
+            },
+        ],
+    }
+    assert plan.referenced_objects(spec) == (
+        {"env-cm", "key-cm", "vol-cm", "kube-root-ca.crt"},
+        {"init-secret", "key-secret", "vol-s", "proj-s"},
+    )

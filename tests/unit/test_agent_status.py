@@ -37,7 +37,11 @@ def test_phase_moves_from_pending_to_running_to_final() -> None:
     status = pod_status(pod)
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
     assert status["phase"] == "Running" and conditions == {
-        "PodScheduled": "True", "Initialized": "True", "ContainersReady": "True", "Ready": "True"}
+        "PodScheduled": "True",
+        "Initialized": "True",
+        "ContainersReady": "True",
+        "Ready": "True",
+    }
     assert status["podIP"] == "127.10.0.2" and status["podIPs"] == [{"ip": "127.10.0.2"}]
     web.terminated(1)
     pod.final_phase = "Failed"
@@ -90,14 +94,16 @@ def test_exit_file_and_log_tail() -> None:
 
 
 def test_ready_endpoints_skip_unready_and_pick_the_named_port() -> None:
-    slices = [{
-        "ports": [{"name": "http", "port": 8080}, {"name": "metrics", "port": 9090}],
-        "endpoints": [
-            {"addresses": ["127.10.0.2"], "conditions": {"ready": True}, "hostname": "w-0"},
-            {"addresses": ["127.10.0.3"], "conditions": {"ready": False}},
-            {"addresses": ["127.10.0.4"], "conditions": {}},
-        ],
-    }]
+    slices = [
+        {
+            "ports": [{"name": "http", "port": 8080}, {"name": "metrics", "port": 9090}],
+            "endpoints": [
+                {"addresses": ["127.10.0.2"], "conditions": {"ready": True}, "hostname": "w-0"},
+                {"addresses": ["127.10.0.3"], "conditions": {"ready": False}},
+                {"addresses": ["127.10.0.4"], "conditions": {}},
+            ],
+        }
+    ]
     endpoints, port = ready_endpoints(slices, "http")
     assert endpoints == [("127.10.0.2", "w-0"), ("127.10.0.4", None)] and port == 8080
     assert ready_endpoints(slices, "metrics")[1] == 9090
@@ -117,8 +123,10 @@ async def test_proxy_spreads_connections_and_skips_dead_backends() -> None:
     await proxy.start()
     assert proxy._server is not None
     port = proxy._server.sockets[0].getsockname()[1]
-    backends = [("127.10.250.1", first.sockets[0].getsockname()[1]),
-                ("127.10.250.2", second.sockets[0].getsockname()[1])]
+    backends = [
+        ("127.10.250.1", first.sockets[0].getsockname()[1]),
+        ("127.10.250.2", second.sockets[0].getsockname()[1]),
+    ]
 
     async def ask() -> bytes:
         reader, writer = await asyncio.open_connection("127.20.250.1", port)
@@ -142,8 +150,10 @@ async def test_proxy_spreads_connections_and_skips_dead_backends() -> None:
 
 
 def test_service_endpoints_come_from_ready_selected_pods() -> None:
-    service = {"metadata": {"name": "workers", "namespace": "ns"},
-               "spec": {"selector": {"app": "w"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}}
+    service = {
+        "metadata": {"name": "workers", "namespace": "ns"},
+        "spec": {"selector": {"app": "w"}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]},
+    }
     pods = [
         PodEndpoint("ns", {"app": "w"}, "127.10.0.2", True, "w-0", "workers", {"http": 8080}),
         PodEndpoint("ns", {"app": "w", "extra": "x"}, "127.10.0.3", False, "w-1", "workers", {"http": 8080}),
@@ -160,8 +170,10 @@ def test_service_endpoints_come_from_ready_selected_pods() -> None:
 
 
 async def test_service_table_moves_off_an_address_someone_else_holds(tmp_path: Path) -> None:
-    service = {"metadata": {"name": "api", "namespace": "ns"},
-               "spec": {"selector": {"app": "a"}, "ports": [{"port": 18080}]}}
+    service = {
+        "metadata": {"name": "api", "namespace": "ns"},
+        "spec": {"selector": {"app": "a"}, "ports": [{"port": 18080}]},
+    }
     table = ServiceTable(tmp_path)
     await table.sync([service], [], [])
     first = table.entries["ns/api"].address

@@ -23,8 +23,12 @@ time.sleep(60)
 
 
 def test_a_new_agent_takes_the_state_dir_over(tmp_path: Path) -> None:
-    old = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                           env={**os.environ, "PYTHONSAFEPATH": "1"})
+    old = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+    )
     try:
         assert old.stdout is not None and old.stdout.readline().strip() == "holding"
         assert (tmp_path / "agent.lock").read_text() == str(old.pid)

@@ -20,8 +20,10 @@ from loom.e2e.agent.podworker import PodWorker
 from loom.e2e.agent.runtime import group_members
 from loom.e2e.agent.shim import build_shim
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the node agent needs root for mount namespaces"),
-              pytest.mark.timeout(60)]
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the node agent needs root for mount namespaces"),
+    pytest.mark.timeout(60),
+]
 
 SERVER = (
     "import http.server, os, socket\n"
@@ -36,8 +38,10 @@ SERVER = (
 
 
 def _pod(uid: str, containers: list[dict[str, Any]], restart: str = "Always", **spec: Any) -> dict[str, Any]:
-    return {"metadata": {"name": f"pod-{uid}", "namespace": "ns", "uid": uid, "labels": {}},
-            "spec": {"restartPolicy": restart, "containers": containers, "terminationGracePeriodSeconds": 2, **spec}}
+    return {
+        "metadata": {"name": f"pod-{uid}", "namespace": "ns", "uid": uid, "labels": {}},
+        "spec": {"restartPolicy": restart, "containers": containers, "terminationGracePeriodSeconds": 2, **spec},
+    }
 
 
 async def _fetch(pod: dict[str, Any], want_token: bool) -> tuple[ClusterData, str | None]:
@@ -48,8 +52,9 @@ async def _fetch(pod: dict[str, Any], want_token: bool) -> tuple[ClusterData, st
 def make_worker(tmp_path: Path) -> Callable[..., PodWorker]:
     state = tmp_path / "state"
     state.mkdir()
-    cfg = AgentConfig("unused", "node", state, 0, None, None, shim_path=str(build_shim(state)),
-                      backoff_initial=0.2, backoff_max=1)
+    cfg = AgentConfig(
+        "unused", "node", state, 0, None, None, shim_path=str(build_shim(state)), backoff_initial=0.2, backoff_max=1
+    )
 
     def make(pod: dict[str, Any], ip: str) -> PodWorker:
         worker = PodWorker(cfg, pod, ip, [], _fetch, lambda: None, {})
@@ -69,16 +74,32 @@ async def _until(check: Callable[[], bool], seconds: float = 20) -> None:
 
 
 async def test_server_pod_runs_restarts_and_stops_cleanly(make_worker: Callable[..., PodWorker]) -> None:
-    pod = _pod("w1", [{
-        "name": "web", "image": "python", "command": ["python", "-c", SERVER],
-        "env": [{"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
-        "volumeMounts": [{"name": "cfg", "mountPath": "/etc/app", "readOnly": True},
-                         {"name": "shared", "mountPath": "/shared"}],
-        "readinessProbe": {"httpGet": {"port": 8080, "path": "/"}, "periodSeconds": 1},
-        "livenessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
-    }], initContainers=[{"name": "setup", "image": "sh", "command": ["sh", "-c", "echo -n ok > /shared/init"],
-                         "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]}],
-        volumes=[{"name": "cfg", "configMap": {"name": "app"}}, {"name": "shared", "emptyDir": {}}])
+    pod = _pod(
+        "w1",
+        [
+            {
+                "name": "web",
+                "image": "python",
+                "command": ["python", "-c", SERVER],
+                "env": [{"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                "volumeMounts": [
+                    {"name": "cfg", "mountPath": "/etc/app", "readOnly": True},
+                    {"name": "shared", "mountPath": "/shared"},
+                ],
+                "readinessProbe": {"httpGet": {"port": 8080, "path": "/"}, "periodSeconds": 1},
+                "livenessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+            }
+        ],
+        initContainers=[
+            {
+                "name": "setup",
+                "image": "sh",
+                "command": ["sh", "-c", "echo -n ok > /shared/init"],
+                "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+            }
+        ],
+        volumes=[{"name": "cfg", "configMap": {"name": "app"}}, {"name": "shared", "emptyDir": {}}],
+    )
     pod["status"] = {"podIP": "127.10.200.1"}
     worker = make_worker(pod, "127.10.200.1")
     worker.start()
@@ -103,8 +124,10 @@ async def test_server_pod_runs_restarts_and_stops_cleanly(make_worker: Callable[
 
 
 async def test_failing_job_ends_failed_with_its_exit_code(make_worker: Callable[..., PodWorker]) -> None:
-    worker = make_worker(_pod("j1", [{"name": "job", "image": "x", "command": ["sh", "-c", "echo bye; exit 1"]}],
-                              restart="Never"), "127.10.200.2")
+    worker = make_worker(
+        _pod("j1", [{"name": "job", "image": "x", "command": ["sh", "-c", "echo bye; exit 1"]}], restart="Never"),
+        "127.10.200.2",
+    )
     worker.start()
     await _until(lambda: worker.state.final_phase is not None)
     job = worker.state.main[0]
@@ -113,11 +136,21 @@ async def test_failing_job_ends_failed_with_its_exit_code(make_worker: Callable[
 
 
 async def test_unrunnable_containers_wait_with_a_reason(make_worker: Callable[..., PodWorker]) -> None:
-    worker = make_worker(_pod("b1", [
-        {"name": "nocmd", "image": "x", "command": ["no-such-program-here"]},
-        {"name": "nocm", "image": "x", "command": ["true"],
-         "env": [{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "missing", "key": "k"}}}]},
-    ]), "127.10.200.3")
+    worker = make_worker(
+        _pod(
+            "b1",
+            [
+                {"name": "nocmd", "image": "x", "command": ["no-such-program-here"]},
+                {
+                    "name": "nocm",
+                    "image": "x",
+                    "command": ["true"],
+                    "env": [{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "missing", "key": "k"}}}],
+                },
+            ],
+        ),
+        "127.10.200.3",
+    )
     worker.start()
     nocmd, nocm = worker.state.main
     await _until(lambda: nocmd.reason == "RunContainerError" and nocm.reason == "CreateContainerConfigError")
@@ -151,10 +184,22 @@ async def test_a_new_agent_re_adopts_running_containers(make_worker: Callable[..
 
 async def test_failing_liveness_probe_restarts_the_container(make_worker: Callable[..., PodWorker]) -> None:
     # The exec probe runs inside the container's mount namespace (nsenter) with its env and work dir.
-    pod = _pod("l1", [{"name": "app", "image": "x", "command": ["sleep", "300"],
-                       "livenessProbe": {"exec": {"command": ["sh", "-c", "test ! -e stop"]},
-                                         "periodSeconds": 1, "failureThreshold": 2}}],
-               terminationGracePeriodSeconds=1)
+    pod = _pod(
+        "l1",
+        [
+            {
+                "name": "app",
+                "image": "x",
+                "command": ["sleep", "300"],
+                "livenessProbe": {
+                    "exec": {"command": ["sh", "-c", "test ! -e stop"]},
+                    "periodSeconds": 1,
+                    "failureThreshold": 2,
+                },
+            }
+        ],
+        terminationGracePeriodSeconds=1,
+    )
     worker = make_worker(pod, "127.10.200.5")
     worker.start()
     app = worker.state.main[0]
@@ -171,11 +216,14 @@ async def test_failing_liveness_probe_restarts_the_container(make_worker: Callab
 
 
 def test_gpu_containers_see_only_their_devices(make_worker: Callable[..., PodWorker]) -> None:
-    pod = _pod("g1", [
-        {"name": "a", "image": "x", "command": ["true"], "resources": {"limits": {"nvidia.com/gpu": "2"}}},
-        {"name": "b", "image": "x", "command": ["true"]},
-        {"name": "c", "image": "x", "command": ["true"], "resources": {"limits": {"nvidia.com/gpu": "1"}}},
-    ])
+    pod = _pod(
+        "g1",
+        [
+            {"name": "a", "image": "x", "command": ["true"], "resources": {"limits": {"nvidia.com/gpu": "2"}}},
+            {"name": "b", "image": "x", "command": ["true"]},
+            {"name": "c", "image": "x", "command": ["true"], "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+        ],
+    )
     worker = make_worker(pod, "127.10.200.6")
     worker.gpus = [1, 4, 6]
     data = ClusterData()
@@ -187,13 +235,29 @@ def test_gpu_containers_see_only_their_devices(make_worker: Callable[..., PodWor
 async def test_sidecar_runs_beside_the_main_container_and_ends_with_it(
     make_worker: Callable[..., PodWorker],
 ) -> None:
-    pod = _pod("s1", [{"name": "main", "image": "x", "command": ["sh", "-c", "sleep 1; test -e /shared/sidecar-up"],
-                       "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]}],
-               restart="Never", terminationGracePeriodSeconds=1,
-               initContainers=[{"name": "sidecar", "image": "x", "restartPolicy": "Always",
-                                "command": ["sh", "-c", "touch /shared/sidecar-up; exec sleep 300"],
-                                "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]}],
-               volumes=[{"name": "shared", "emptyDir": {}}])
+    pod = _pod(
+        "s1",
+        [
+            {
+                "name": "main",
+                "image": "x",
+                "command": ["sh", "-c", "sleep 1; test -e /shared/sidecar-up"],
+                "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+            }
+        ],
+        restart="Never",
+        terminationGracePeriodSeconds=1,
+        initContainers=[
+            {
+                "name": "sidecar",
+                "image": "x",
+                "restartPolicy": "Always",
+                "command": ["sh", "-c", "touch /shared/sidecar-up; exec sleep 300"],
+                "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+            }
+        ],
+        volumes=[{"name": "shared", "emptyDir": {}}],
+    )
     worker = make_worker(pod, "127.10.200.7")
     worker.start()
     await _until(lambda: worker.state.final_phase is not None)
@@ -206,8 +270,10 @@ async def test_sidecar_runs_beside_the_main_container_and_ends_with_it(
 async def test_termination_escalates_to_sigkill_after_the_grace_period(
     make_worker: Callable[..., PodWorker],
 ) -> None:
-    worker = make_worker(_pod("t1", [{"name": "stubborn", "image": "x",
-                                      "command": ["sh", "-c", "trap '' TERM; echo up; sleep 300"]}]), "127.10.200.8")
+    worker = make_worker(
+        _pod("t1", [{"name": "stubborn", "image": "x", "command": ["sh", "-c", "trap '' TERM; echo up; sleep 300"]}]),
+        "127.10.200.8",
+    )
     worker.start()
     stubborn = worker.state.main[0]
     await _until(lambda: worker.log_path("stubborn", 0).exists() and "up" in worker.log_path("stubborn", 0).read_text())
