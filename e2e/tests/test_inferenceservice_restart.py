@@ -129,3 +129,20 @@ def test_killed_operator_resumes_a_canary_and_a_promotion(
         assert "canary" not in obj["status"]
         assert replicas_and_model(cluster, ns, "svc") == (5, "v2")
         assert children(cluster, ns) == {"deployments": ["svc"], "configmaps": ["svc-config"], "services": ["svc"]}
+
+        # The scale subresource: `kubectl scale` works on the InferenceService like on a Deployment.
+        cluster.kubectl("scale", "inferenceservice", "svc", "-n", ns, "--replicas=3")
+        wait_rolled_out(cluster, ns, "RolledOut", "v2", log)
+        assert replicas_and_model(cluster, ns, "svc") == (3, "v2")
+        scale = json.loads(
+            cluster.kubectl(
+                "get", "--raw", f"/apis/loom.dev/v1alpha1/namespaces/{ns}/inferenceservices/svc/scale"
+            ).stdout
+        )
+        assert scale["spec"]["replicas"] == 3
+        wait_until(
+            lambda: get(cluster, ns, "inferenceservice", "svc")["status"]["replicas"] == 3,
+            timeout=60,
+            what="3 replicas",
+        )
+        assert "app.kubernetes.io/instance=svc" in scale["status"]["selector"]
