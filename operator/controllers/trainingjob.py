@@ -29,7 +29,7 @@ from ..api.trainingjob import MlflowRun, TrainingJobSpec, TrainingJobStatus
 from ..render import trainingjob as render
 from ..render.trainingjob_config import SpecError
 from ..render.trainingjob_observe import NodeView, ProgressReport, WorkerView, observe_node, observe_pod
-from ..render.trainingjob_state import Decision, Observation, Policy, decide
+from ..render.trainingjob_state import Decision, Observation, Policy, decide, status_patch
 from ..settings import OperatorSettings
 from .trainingjob_mlflow import TrackingError, ensure_run, finish_run
 from .trainingjob_progress import fetch_progress, new_client
@@ -143,10 +143,8 @@ class Controller:
             ),
             Policy(node_lost_grace_seconds=self.training.node_lost_grace_s),
         )
-        new_wire = decision.status.to_wire()
-        if new_wire != old_wire:
-            patch: dict[str, Any] = {key: None for key in old_wire if key not in new_wire}
-            patch.update(new_wire)
+        patch = status_patch(old_wire, decision.status.to_wire())
+        if patch is not None:
             await kube.patch_status(API_VERSION, "TrainingJob", namespace, name, patch)
         for event in decision.events:
             post = kopf.warn if event.type == "Warning" else kopf.info

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from loom.workloads.trainer.config import EXIT_PERMANENT
 
@@ -372,6 +373,15 @@ def _describe(pod: WorkerView, node_lost: bool) -> str:
     if pod.disrupted:
         detail += ", disrupted"
     return f"{pod.name} {detail}"
+
+
+def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
+    """The merge patch turning status `old` into `new` (None when equal); cleared fields become null."""
+    if old == new:
+        return None
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    patch.update(new)
+    return patch
 
 
 def decide(obs: Observation, policy: Policy | None = None) -> Decision:

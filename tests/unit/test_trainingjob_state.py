@@ -7,7 +7,7 @@ from typing import Any
 
 from loom.operator.api.trainingjob import TrainingJobSpec, TrainingJobStatus
 from loom.operator.render.trainingjob_observe import CheckpointReport, NodeView, ProgressReport, WorkerView
-from loom.operator.render.trainingjob_state import Decision, Delete, Observation, Policy, decide
+from loom.operator.render.trainingjob_state import Decision, Delete, Observation, Policy, decide, status_patch
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -420,3 +420,17 @@ def test_stale_worker_from_an_operator_crash_is_cleaned_up_before_create() -> No
     d = step(status, (worker(0, attempt=0),))
     assert d.delete == [Delete("job-worker-0", "uid-0-0")]
     assert d.create == []
+
+
+def test_status_patch_nulls_cleared_fields_and_skips_no_ops() -> None:
+    r = running()
+    old = r.status.to_wire()
+    assert status_patch(old, old) is None
+    suspended = step(r.status, (), the_spec=spec(runPolicy={"suspend": True}))
+    resumed = step(suspended.status, ())
+    patch = status_patch(suspended.status.to_wire(), resumed.status.to_wire())
+    assert patch is not None
+    assert patch["attempt"] == 1
+    assert patch["startTime"] == "2026-03-01T12:00:00Z"
+    cleared = status_patch({"phase": "Running", "startTime": "x"}, {"phase": "Suspended"})
+    assert cleared == {"phase": "Suspended", "startTime": None}
