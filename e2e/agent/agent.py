@@ -97,12 +97,10 @@ class Agent:
             ["pods", "services", "endpointslices"], self.cfg.node_name, lambda: loop.call_soon_threadsafe(self.kick.set)
         )
         background = [asyncio.create_task(self.node.keep_fresh()), asyncio.create_task(self._publisher())]
-        first = True
         try:
             while True:
                 try:
-                    await self.reconcile(first)
-                    first = False
+                    await self.reconcile()
                 except Exception:  # keep the node alive through API hiccups
                     log.exception("reconcile failed")
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -116,12 +114,13 @@ class Agent:
             await self.services.close(self.drain_seconds)
             await self.logs.stop()
 
-    async def reconcile(self, first: bool) -> None:
+    async def reconcile(self) -> None:
         pods = await self.api.list_pods(self.cfg.node_name)
         services, slices = await asyncio.gather(self.api.list_services(), self.api.list_endpoint_slices())
         live = {p["metadata"]["uid"]: p for p in pods}
-        if first:
-            await self._reap_unknown(set(live))
+        # Every round, not only at start: a terminal pod this agent did not run (it finished before a
+        # restart) vanishes from the API at once when deleted, without a deletion this agent would see.
+        await self._reap_unknown(set(live) | set(self.workers) | set(self.deleting))
         admitted: list[PodWorker] = []
         for uid, pod in live.items():
             if pod["metadata"].get("deletionTimestamp"):
@@ -194,7 +193,7 @@ class Agent:
                     await self._kill_recorded(pod_dir)
 
     async def _reap_unknown(self, live: set[str]) -> None:
-        """At start: kill processes of pods that were deleted while the agent was down."""
+        """Kill processes of, and forget, pods that no longer exist (e.g. deleted while the agent was down)."""
         for pod_dir in self.cfg.pods_dir.iterdir():
             if pod_dir.name not in live:
                 await self._kill_recorded(pod_dir)
