@@ -31,6 +31,7 @@ from ..render.inferenceservice import (
     render_service,
     rollout_strategy,
     selector_string,
+    server_config,
 )
 from ..render.inferenceservice_model import ModelRef, ResolveError, resolve_model
 from ..render.inferenceservice_rollout import RolloutPlan, desired_total_replicas, plan_rollout
@@ -131,15 +132,25 @@ async def _reconcile(body: Manifest, settings: OperatorSettings) -> None:
     plan = RolloutPlan(stable_ref=None, stable_replicas=0, mode="waiting")
     try:
         spec = InferenceServiceSpec.model_validate(body.get("spec") or {})
-        rollout_strategy(spec)  # raises InvalidSpec for what admission cannot catch
-        desired, resolve_error = await _resolve(spec, namespace)
+    except ValidationError as exc:
+        spec, invalid = None, _short(exc)
+    if spec is not None:
         running = sum(int((d or {}).get("spec", {}).get("replicas", 0)) for d in (stable, canary))
         total = desired_total_replicas(spec, recommend_replicas(spec, running) if spec.autoscaling else None)
-        plan = plan_rollout(spec, desired, stable, canary, total)
-        if plan.stable_ref is not None:
-            stable, canary, plan = await _apply(owner, spec, plan, stable, canary, settings.server_image)
-    except (InvalidSpec, ValidationError) as exc:
-        invalid = _short(exc)
+        try:
+            rollout_strategy(spec)  # raises InvalidSpec for what admission cannot catch
+            desired, resolve_error = await _resolve(spec, namespace)
+            if desired is not None:
+                server_config(owner, spec, desired)  # the server's own contract may refuse what the CRD allows
+        except (InvalidSpec, ValidationError) as exc:
+            invalid = _short(exc)
+        if invalid is not None:
+            # Touch nothing; report what still runs.
+            plan = plan_rollout(spec, None, stable, canary, total)
+        else:
+            plan = plan_rollout(spec, desired, stable, canary, total)
+            if plan.stable_ref is not None:
+                stable, canary, plan = await _apply(owner, spec, plan, stable, canary, settings.server_image)
     serving_track: Track = "canary" if plan.canary_action == "apply" else "stable"
     pods = await kube.list_objects("v1", "Pod", namespace, selector_string(owner))
     observed = Observed(

@@ -221,8 +221,10 @@ def _canary(plan: RolloutPlan, canary: Manifest | None) -> CanaryStatus | None:
 
 def _phase(observed: Observed, loaded: Condition, rolled: Condition, ready: int, wanted: int) -> ServingPhase:
     err = observed.resolve_error
-    if observed.invalid is not None or (err is not None and not err.transient and ready == 0):
+    if (observed.invalid is not None or (err is not None and not err.transient)) and ready == 0:
         return "Failed"
+    if observed.invalid is not None:
+        return "Degraded"  # the previous spec still serves; the new one cannot be applied
     if observed.plan.stable_ref is None:
         return "Pending"
     if ready == 0:

@@ -224,6 +224,28 @@ async def test_invalid_rollout_is_a_condition_and_touches_nothing(api: FakeApi) 
     assert ("Warning", "InvalidSpec") in api.events
 
 
+async def test_an_unusable_change_keeps_the_running_model_and_says_why(api: FakeApi) -> None:
+    put_isvc(api, spec("v1"))
+    await reconcile(api)
+    api.settle("gpt")
+    await reconcile(api)
+    before = copy.deepcopy(api.deployment("gpt"))
+    put_isvc(api, {**spec("v2"), "rollout": {"maxSurge": "0%", "maxUnavailable": 0}})
+    status = await reconcile(api)
+    assert api.deployment("gpt") == before  # nothing applied
+    assert cond(status, "RolledOut") == ("False", "InvalidSpec")
+    assert cond(status, "Ready") == ("True", "Serving")
+    assert (status["phase"], status["modelVersion"]) == ("Degraded", "v1")
+
+
+async def test_a_handler_the_server_refuses_is_an_invalid_spec(api: FakeApi) -> None:
+    put_isvc(api, {**spec("v1"), "handler": "not a handler"})
+    status = await reconcile(api)
+    assert cond(status, "Ready") == ("False", "InvalidSpec")
+    assert "handler" in next(c for c in status["conditions"] if c["type"] == "Ready")["message"]
+    assert api.deployment("gpt") is None
+
+
 def training_job(api: FakeApi, latest: str | None, step: int | None) -> None:
     api.objects[("loom.dev/v1alpha1", "TrainingJob", "ml", "train")] = {
         "apiVersion": "loom.dev/v1alpha1", "kind": "TrainingJob",
