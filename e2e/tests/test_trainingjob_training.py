@@ -133,6 +133,8 @@ def assert_trained(
     assert committed_steps(s3, bucket, name), "no complete checkpoint in S3"
     run_id = status["mlflow"]["runId"]
     assert status["mlflow"]["url"].endswith(run_id)
+    run = httpx.get(f"{mlflow.url}/api/2.0/mlflow/runs/get", params={"run_id": run_id}, timeout=10, trust_env=False)
+    assert run.json()["run"]["info"]["status"] == "FINISHED"  # closed by the operator when the job succeeded
     losses = mlflow_losses(mlflow, run_id)
     assert losses, "no loss logged to MLflow"
     first, last = losses[min(losses)], losses[max(losses)]
