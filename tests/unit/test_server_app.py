@@ -6,7 +6,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -36,13 +36,13 @@ class Doubler(Model):
         self.fail_load = False
 
     def load(self, folder: Path) -> None:
-        self.load_gate.wait(timeout=10)
+        self.load_gate.wait(timeout=60)
         if self.fail_load:
             raise OSError("weights missing")
 
     def predict(self, batch: list[InferRequest]) -> list[InferResponse | Exception]:
         self.entered.set()
-        self.predict_gate.wait(timeout=10)
+        self.predict_gate.wait(timeout=60)
         self.batch_sizes.append(len(batch))
         results: list[InferResponse | Exception] = []
         for request in batch:
@@ -71,11 +71,20 @@ def make(config: dict[str, Any] | None = None, model: Doubler | None = None) -> 
 
 
 def wait_ready(client: TestClient) -> None:
-    for _ in range(500):
-        if client.get("/v2/health/ready").status_code == 200:
-            return
+    eventually(lambda: client.get("/v2/health/ready").status_code == 200, "server never became ready")
+
+
+def eventually(condition: Callable[[], bool], message: str, within_s: float = 30.0) -> None:
+    """Poll for a state (not a timing): generous, because the test machine may be busy."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(message)
         time.sleep(0.01)
-    raise AssertionError("server never became ready")
+
+
+def queue_depth_is(client: TestClient, depth: int) -> bool:
+    return f'loom_server_queue_depth{{model="dbl"}} {float(depth)}' in client.get("/metrics").text
 
 
 def infer_body(*values: float, request_id: str | None = None) -> dict[str, Any]:
@@ -105,12 +114,11 @@ def test_a_model_that_fails_to_load_is_never_ready_and_says_why() -> None:
     model.fail_load = True
     client, _ = make(model=model)
     with client:
-        time.sleep(0.05)
-        for _ in range(100):
-            response = client.post("/v2/models/dbl/infer", json=infer_body(1))
-            if "weights missing" in response.text:
-                break
-            time.sleep(0.01)
+        eventually(
+            lambda: "weights missing" in client.post("/v2/models/dbl/infer", json=infer_body(1)).text,
+            "the load failure was never reported",
+        )
+        response = client.post("/v2/models/dbl/infer", json=infer_body(1))
         assert response.status_code == 503
         assert "OSError: weights missing" in response.json()["error"]
         assert client.get("/v2/health/ready").status_code == 503
@@ -165,13 +173,10 @@ def test_concurrent_requests_are_batched_and_one_failure_stays_local() -> None:
         model.predict_gate.clear()
         with ThreadPoolExecutor(max_workers=6) as pool:
             warm = pool.submit(client.post, "/v2/models/dbl/infer", json=infer_body(0))
-            assert model.entered.wait(10)
+            assert model.entered.wait(60)
             futures = [pool.submit(client.post, "/v2/models/dbl/infer", json=infer_body(v, request_id=str(v)))
                        for v in (1, 13, 3, 4, 5)]
-            for _ in range(500):  # all five queued behind the held batch
-                if client.get("/metrics").text.count('loom_server_queue_depth{model="dbl"} 5.0'):
-                    break
-                time.sleep(0.01)
+            eventually(lambda: queue_depth_is(client, 5), "the five requests never queued")
             model.predict_gate.set()
             responses = [f.result() for f in futures]
             assert warm.result().status_code == 200
@@ -188,12 +193,9 @@ def test_a_full_queue_answers_503_with_retry_after() -> None:
         model.predict_gate.clear()
         with ThreadPoolExecutor(max_workers=2) as pool:
             running = pool.submit(client.post, "/v2/models/dbl/infer", json=infer_body(1))
-            assert model.entered.wait(10)
+            assert model.entered.wait(60)
             queued = pool.submit(client.post, "/v2/models/dbl/infer", json=infer_body(2))
-            for _ in range(500):
-                if 'loom_server_queue_depth{model="dbl"} 1.0' in client.get("/metrics").text:
-                    break
-                time.sleep(0.01)
+            eventually(lambda: queue_depth_is(client, 1), "the second request never queued")
             refused = client.post("/v2/models/dbl/infer", json=infer_body(3))
             model.predict_gate.set()
             assert (running.result().status_code, queued.result().status_code) == (200, 200)

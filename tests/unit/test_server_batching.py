@@ -31,7 +31,7 @@ class Recorder:
     def __call__(self, batch: list[InferRequest]) -> list[InferResponse | Exception]:
         self.entered.set()
         if self.gate is not None:
-            self.gate.wait(timeout=10)
+            self.gate.wait(timeout=60)
         values = [int(r.inputs["x"].data[0]) for r in batch]
         self.batches.append(values)
         if self.raise_on & set(values):
@@ -68,7 +68,7 @@ async def test_batches_never_exceed_max_batch_size() -> None:
     batcher = AdaptiveBatcher(recorder, BatchingConfig(max_batch_size=3, max_latency_ms=0, max_queue=100))
     batcher.start()
     first = asyncio.ensure_future(batcher.submit(request(100)))
-    await asyncio.to_thread(recorder.entered.wait, 10)  # worker is busy with request 100
+    await asyncio.to_thread(recorder.entered.wait, 60)  # worker is busy with request 100
     rest = [asyncio.ensure_future(batcher.submit(request(i))) for i in range(7)]
     await asyncio.sleep(0)
     recorder.gate.set()
@@ -117,7 +117,7 @@ async def test_a_full_queue_refuses_new_requests_and_keeps_the_queued_ones() -> 
     batcher = AdaptiveBatcher(recorder, BatchingConfig(max_batch_size=1, max_latency_ms=0, max_queue=2))
     batcher.start()
     running = asyncio.ensure_future(batcher.submit(request(0)))
-    await asyncio.to_thread(recorder.entered.wait, 10)
+    await asyncio.to_thread(recorder.entered.wait, 60)
     queued = [asyncio.ensure_future(batcher.submit(request(i))) for i in (1, 2)]
     await asyncio.sleep(0)
     with pytest.raises(QueueFullError):
@@ -143,7 +143,7 @@ async def test_requests_left_at_shutdown_are_failed_not_dropped() -> None:
     batcher = AdaptiveBatcher(recorder, BatchingConfig(max_batch_size=1, max_latency_ms=0, max_queue=5))
     batcher.start()
     running = asyncio.ensure_future(batcher.submit(request(0)))
-    await asyncio.to_thread(recorder.entered.wait, 10)
+    await asyncio.to_thread(recorder.entered.wait, 60)
     waiting = asyncio.ensure_future(batcher.submit(request(1)))
     await asyncio.sleep(0)
     recorder.gate.set()
