@@ -144,3 +144,21 @@ def test_chargpt_round_trips_text_and_exported_weights(tmp_path: Path) -> None:
     assert torch.equal(loaded(idx), model.eval()(idx))
     text = chargpt.generate(loaded, "Tom", max_new_tokens=5, temperature=0)
     assert len(text) == 5
+
+
+def test_staging_copies_into_reused_buffers_independent_of_training() -> None:
+    import torch
+
+    from loom.workloads.trainer.checkpoint.staging import ReusableCPUStager
+
+    weights = torch.arange(6, dtype=torch.float32)
+    stager = ReusableCPUStager()
+    first = stager.stage({"model": {"w": weights}, "step": 3})
+    weights.add_(100)  # the optimizer keeps training while the staged copy is being written
+    assert first["model"]["w"].tolist() == [0, 1, 2, 3, 4, 5] and first["step"] == 3
+    second = stager.stage({"model": {"w": weights}, "step": 4})
+    assert second["model"]["w"].data_ptr() == first["model"]["w"].data_ptr()  # no new allocation
+    assert second["model"]["w"].tolist() == [100, 101, 102, 103, 104, 105]
+    # A different structure (optimizer state appeared) gets fresh buffers instead of failing.
+    third = stager.stage({"model": {"w": weights}, "optim": {"m": torch.ones(2)}, "step": 5})
+    assert third["optim"]["m"].tolist() == [1, 1] and third["model"]["w"][0] == 100

@@ -22,12 +22,12 @@ class ReusableCPUStager(AsyncStager):
         self._buffers: dict[str, Any] | None = None
 
     def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        from torch.distributed._state_dict_utils import _create_cpu_state_dict
+        from torch.distributed._state_dict_utils import CompanionMismatch, _create_cpu_state_dict
 
         if self._buffers is not None:
             try:
                 return self._copy(state_dict)
-            except (ValueError, KeyError, RuntimeError):
+            except (CompanionMismatch, ValueError, KeyError, RuntimeError):
                 self._buffers = None  # the structure changed (e.g. optimizer state appeared): reallocate
         # Pinned buffers make the GPU->CPU copy a fast DMA.
         self._buffers = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
