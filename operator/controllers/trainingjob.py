@@ -27,7 +27,7 @@ from .. import kube
 from ..api import GROUP, VERSION
 from ..api.trainingjob import MlflowRun, TrainingJobSpec, TrainingJobStatus
 from ..render import trainingjob as render
-from ..render.trainingjob_config import SpecError
+from ..render.trainingjob_config import SpecError, samples_per_step
 from ..render.trainingjob_observe import NodeView, ProgressReport, WorkerView, observe_node, observe_pod
 from ..render.trainingjob_state import Decision, Observation, Policy, decide, status_patch
 from ..settings import OperatorSettings
@@ -203,7 +203,12 @@ class Controller:
             return None
         if self.http is None:
             self.http = new_client()
-        return await fetch_progress(self.http, rank0, spec.checkpoint.uri if spec.checkpoint else None)
+        return await fetch_progress(
+            self.http,
+            rank0,
+            spec.checkpoint.uri if spec.checkpoint else None,
+            samples_per_step=samples_per_step(spec, sum(1 for v, _ in observed if v.attempt == status.attempt)),
+        )
 
     async def act(
         self,

@@ -25,7 +25,11 @@ def new_client() -> httpx.AsyncClient:
 
 
 async def fetch_progress(
-    client: httpx.AsyncClient, pod_ip: str, checkpoint_uri: str | None, port: int = PROGRESS_PORT
+    client: httpx.AsyncClient,
+    pod_ip: str,
+    checkpoint_uri: str | None,
+    port: int = PROGRESS_PORT,
+    samples_per_step: int | None = None,
 ) -> ProgressReport | None:
     url = f"http://{pod_ip}:{port}/progress"
     try:
@@ -40,4 +44,4 @@ async def fetch_progress(
             return parse_progress(response.json())
         except ValueError:
             return None
-    return progress_from_metrics(response.text, checkpoint_uri)
+    return progress_from_metrics(response.text, checkpoint_uri, samples_per_step)

@@ -104,6 +104,16 @@ def trainer_config(spec: TrainingJobSpec) -> trainer.TrainerConfig:
         raise SpecError(f"the trainer rejects this spec: {error}") from error
 
 
+def samples_per_step(spec: TrainingJobSpec, workers: int) -> int | None:
+    """Global batch of one optimizer step: per-rank batch x ranks (None when the spec cannot render)."""
+    try:
+        batch: int = trainer_config(spec).training.batch_size
+    except SpecError:
+        return None
+    nproc = spec.workers.gpus_per_worker or 1
+    return batch * max(1, workers) * nproc
+
+
 def _drop_none(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _drop_none(v) for k, v in value.items() if v is not None}

@@ -209,11 +209,14 @@ _METRIC_FIELDS = {
 }
 
 
-def progress_from_metrics(text: str, checkpoint_uri: str | None) -> ProgressReport | None:
+def progress_from_metrics(
+    text: str, checkpoint_uri: str | None, samples_per_step: int | None = None
+) -> ProgressReport | None:
     """Progress from the trainer's Prometheus exposition, for trainers that serve metrics but no JSON.
 
     The checkpoint URI follows the trainer's layout `<checkpoint.uri>/step-<9 digits>`; without a
-    committed checkpoint (gauge 0 or absent) none is reported.
+    committed checkpoint (gauge 0 or absent) none is reported. The ETA is derived as the trainer does:
+    steps left x samples per step (batch size x world size) / samples per second.
     """
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -234,6 +237,9 @@ def progress_from_metrics(text: str, checkpoint_uri: str | None) -> ProgressRepo
     for key in ("step", "totalSteps"):
         if key in doc:
             doc[key] = int(doc[key])
+    rate, step, total = doc.get("samplesPerSecond"), doc.get("step"), doc.get("totalSteps")
+    if samples_per_step and rate and step is not None and total is not None:
+        doc["eta"] = max(0, total - step) * samples_per_step / rate
     if checkpoint_uri and checkpoint_step:
         doc["latestCheckpoint"] = {
             "uri": f"{checkpoint_uri.rstrip('/')}/step-{checkpoint_step:09d}",

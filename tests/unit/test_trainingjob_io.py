@@ -20,9 +20,10 @@ async def test_progress_is_read_from_the_trainers_real_endpoint(tmp_path) -> Non
     progress.update(40, 1.5, 64.0, 30.0, "Running")
     progress.checkpoint_committed("s3://bucket/run/step-000000040", 40)
     async with new_client() as client:
-        report = await fetch_progress(client, "127.0.0.1", "s3://bucket/run/", port=port)
+        report = await fetch_progress(client, "127.0.0.1", "s3://bucket/run/", port=port, samples_per_step=32)
     assert report is not None
     assert (report.step, report.total_steps, report.loss, report.samples_per_second) == (40, 100, 1.5, 64.0)
+    assert report.eta == "30s"  # 60 steps x 32 samples / 64 samples/s
     # The URI the operator reports is exactly the one the trainer committed.
     assert report.latest_checkpoint is not None
     assert report.latest_checkpoint.uri == "s3://bucket/run/step-000000040"
