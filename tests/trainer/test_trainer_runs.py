@@ -248,3 +248,21 @@ def test_sigterm_writes_a_final_checkpoint_and_exits_cleanly(s3: S3Endpoint, buc
     progress = json.loads((tmp_path / "progress.json").read_text())
     assert progress["phase"] == "Interrupted" and progress["latestCheckpoint"]["step"] == stopped_at
     assert not run.of("done")
+
+
+def test_deepspeed_zero3_offload_bf16_resume_continues_the_exact_loss_curve(
+    run_trainer: Callable[..., TrainerRun], bucket: str, tmp_path: Path
+) -> None:
+    config = make_config(tmp_path, f"s3://{bucket}/straight", engine="deepspeed",
+                         deepspeed={"zeroStage": 3, "offload": "cpu", "bf16": True}, training={"maxSteps": 8})
+    straight = run_trainer(config, nproc=2).losses()
+
+    # Same job restarted from the step-4 checkpoint of the first run (explicit URI, another prefix).
+    config["checkpoint"] = {**config["checkpoint"], "uri": f"s3://{bucket}/resumed",
+                            "resume": f"s3://{bucket}/straight/step-000000004"}
+    resumed_run = run_trainer(config, nproc=2)
+    assert resumed_run.of("resume")[0]["step"] == 4
+    resumed = resumed_run.losses()
+    assert sorted(resumed) == [5, 6, 7, 8]
+    for step in resumed:
+        assert resumed[step] == pytest.approx(straight[step], abs=2e-3), (step, resumed, straight)

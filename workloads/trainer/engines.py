@@ -53,6 +53,10 @@ class Engine(ABC):
     def load_checkpoint_state(self, load: Any) -> None:
         """`load(state_dict)` fills the given DCP state dict in place; apply it to model and optimizer."""
 
+    def prime(self, batch: Any) -> None:
+        """Make sure optimizer state exists before a checkpoint is loaded into it."""
+        del batch  # FSDP: DCP's get_state_dict creates the optimizer state itself
+
     @abstractmethod
     def full_model_state(self) -> dict[str, torch.Tensor]:
         """Full fp32 weights on CPU, on every rank (a collective): for the final model export."""
@@ -143,6 +147,10 @@ class DeepSpeedEngine(Engine):
     def __init__(self, config: TrainerConfig, task: TrainTask, model: nn.Module, device: torch.device) -> None:
         import deepspeed
 
+        if device.type == "cpu":
+            # DeepSpeed's CPU backend would JIT-compile a shared-memory all-reduce (needs a compiler in the
+            # image, minutes on first start); gloo through torch.distributed does the job without it.
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         self.task = task
         spec = config.deepspeed
         training = config.training
@@ -178,6 +186,31 @@ class DeepSpeedEngine(Engine):
         self.names = [name for name, _ in self.model.named_parameters()]
         self.dtype = torch.bfloat16 if spec.bf16 else None
 
+    def prime(self, batch: Any) -> None:
+        """Torch's Adam creates its state on the first step, and ZeRO maps parameters onto it only then.
+        Take one step that changes nothing (zero loss, zero learning rate) so loading has state to fill;
+        the loaded checkpoint then overwrites moments, step count and schedule."""
+        if self._state_keys():
+            return
+        base = self._base_optimizer()
+        saved_lrs = [group["lr"] for group in base.param_groups]
+        scheduler_state = self.scheduler.state_dict()
+        for group in base.param_groups:
+            group["lr"] = 0.0
+        self.engine.train()
+        self.engine.backward(self.task.loss(self.engine, batch) * 0.0)
+        self.engine.step()
+        for group, lr in zip(base.param_groups, saved_lrs, strict=True):
+            group["lr"] = lr
+        self.scheduler.load_state_dict(scheduler_state)
+
+    def _link_optimizer_state(self) -> None:
+        """ZeRO-1/2 and the bf16 optimizer map per-parameter views onto the optimizer state only after their
+        first step; the full-state getters and setters need those views now."""
+        link = getattr(self.ds_optimizer, "_lazy_init_hp_params_optimizer_state", None)
+        if link is not None:
+            link()
+
     def _base_optimizer(self) -> torch.optim.Optimizer:
         return getattr(self.ds_optimizer, "optimizer", self.ds_optimizer)  # type: ignore[no-any-return]
 
@@ -203,6 +236,7 @@ class DeepSpeedEngine(Engine):
     def checkpoint_state(self) -> dict[str, Any]:
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
+        self._link_optimizer_state()
         model: dict[str, torch.Tensor] = {}
         optim: dict[str, torch.Tensor] = {}
         keys = self._state_keys()

@@ -132,8 +132,13 @@ def run(config: TrainerConfig) -> int:
     if manager:
         target = manager.resolve_resume()
         if target:
+            engine.prime(task.move_batch(data.batch(0, rank, world, training.batch_size), str(device)))
             restored = manager.load(*target, engine.load_checkpoint_state)
             engine.scheduler.load_state_dict(restored.trainer_state["scheduler"])
+            # load_state_dict restores the schedule's position but not the optimizer's current lr, which
+            # the DeepSpeed state (weights and moments only) does not carry: set it from the schedule.
+            for group, lr in zip(engine.scheduler.optimizer.param_groups, engine.scheduler.get_last_lr(), strict=True):
+                group["lr"] = lr
             if hasattr(data, "load_state_dict") and restored.trainer_state.get("data") is not None:
                 data.load_state_dict(restored.trainer_state["data"])
     start_step = restored.step if restored else 0
