@@ -39,6 +39,7 @@ log = logging.getLogger("loom.trainingjob")
 API_VERSION = f"{GROUP}/{VERSION}"
 PLURAL = "trainingjobs"
 FINISHED = ("Succeeded", "Failed")
+RECONCILE_TIMEOUT_S = 120.0
 POD_INDEX = "loom_training_pods"
 NODE_INDEX = "loom_training_nodes"
 
@@ -86,7 +87,8 @@ class Controller:
             while True:
                 self.again.discard(key)
                 try:
-                    await self.reconcile(namespace, name)
+                    # Bounded: a hung API call must not keep this job marked busy (unreconciled) forever.
+                    await asyncio.wait_for(self.reconcile(namespace, name), timeout=RECONCILE_TIMEOUT_S)
                 except Exception:
                     # One broken job never stalls the rest; the timer retries it.
                     log.exception("reconciling TrainingJob %s/%s failed", namespace, name)
