@@ -170,7 +170,15 @@ def serve(cluster: Cluster, s3: S3Endpoint) -> str:
 
     obj = wait_for(ready, 600, "the InferenceService to be Ready", interval=2)
     say(f"InferenceService Ready: url={obj['status'].get('url')} version={obj['status'].get('modelVersion')}")
-    address = service_address(SERVICE, NAMESPACE, AGENT_STATE_DIR)
+
+    def address_published() -> str | None:
+        # The node agent publishes a Service's local proxy address a moment after its endpoints turn ready.
+        try:
+            return service_address(SERVICE, NAMESPACE, AGENT_STATE_DIR)
+        except (KeyError, OSError, ValueError):
+            return None
+
+    address = wait_for(address_published, 60, "the Service's address on the node agent", interval=0.5)
     response = httpx.post(
         f"http://{address}:80/v2/models/{SERVICE}/generate",
         json={"text_input": "The ", "parameters": {"max_tokens": 80, "temperature": 0.8}},
