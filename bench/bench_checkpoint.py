@@ -95,8 +95,8 @@ def main() -> None:
                 client.upload_file(str(path), target.bucket, target.key, Config=DEFAULT_TRANSFER)
             raw.append(time.perf_counter() - started)
         ours_rate, raw_rate = total / statistics.median(ours), total / statistics.median(raw)
-        print(f"upload: checkpoint path {ours_rate / 2**20:.1f} MiB/s, raw boto3 multipart {raw_rate / 2**20:.1f} MiB/s "
-              f"({total / 2**20:.1f} MiB)")
+        print(f"upload: checkpoint path {ours_rate / 2**20:.1f} MiB/s, "
+              f"raw boto3 multipart {raw_rate / 2**20:.1f} MiB/s ({total / 2**20:.1f} MiB)")
         print(f"RATIO checkpoint/raw upload throughput = {ours_rate / raw_rate:.2f}  (goal >= 0.8)")
         manager.close()
     dist.destroy_process_group()
