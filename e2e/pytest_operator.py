@@ -142,4 +142,7 @@ def operator_namespace(loom_operator: OperatorProcess, cluster: Any) -> Iterator
             raise TimeoutError(f"no default ServiceAccount in {name}")
         time.sleep(0.25)
     yield name
+    # Loom objects go first, while the operator still runs: one whose kind keeps a Kopf finalizer would
+    # otherwise hold the namespace in Terminating forever once the operator has stopped.
+    cluster.kubectl("delete", "loom", "--all", "-n", name, "--timeout=60s", check=False)
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

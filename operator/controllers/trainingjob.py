@@ -5,8 +5,8 @@ nodes from Kopf's in-memory indexes (no list calls), create the MLflow run if ne
 progress, run `decide`, write status FIRST, then act (apply children, delete pods) and post events.
 Writing status before acting is what makes a crash at any instant harmless: the next reconcile repeats
 idempotent actions (deterministic names, server-side apply, uid-guarded deletes) and never re-counts a
-restart. Triggers: job create/update/resume, every worker pod event, and a timer (deadlines, grace
-periods, progress). Triggers for a job that is already reconciling coalesce into one more pass.
+restart. Triggers: job create/update/resume, every worker pod event, and a periodic resync (deadlines,
+grace periods, progress). Triggers for a job that is already reconciling coalesce into one more pass.
 """
 
 from __future__ import annotations
@@ -42,9 +42,11 @@ FINISHED = ("Succeeded", "Failed")
 RECONCILE_TIMEOUT_S = 120.0
 POD_INDEX = "loom_training_pods"
 NODE_INDEX = "loom_training_nodes"
+JOB_INDEX = "loom_training_jobs"
 
 PodIndex = kopf.Index[tuple[str, str], tuple[WorkerView, str | None]]
 NodeIndex = kopf.Index[str, NodeView]
+JobIndex = kopf.Index[tuple[str, str], bool]
 
 
 @dataclass(frozen=True)
@@ -70,12 +72,30 @@ class Controller:
     again: set[tuple[str, str]] = field(default_factory=set)
     pods: PodIndex | None = None
     nodes: NodeIndex | None = None
+    jobs: JobIndex | None = None
+    resync: asyncio.Task[None] | None = None
     http: httpx.AsyncClient | None = None
 
     def remember(self, kwargs: dict[str, Any]) -> None:
         """Kopf hands its indexes to every handler; keep them for reconciles started elsewhere."""
         self.pods = kwargs.get(POD_INDEX, self.pods)
         self.nodes = kwargs.get(NODE_INDEX, self.nodes)
+        self.jobs = kwargs.get(JOB_INDEX, self.jobs)
+        if self.resync is None:
+            self.resync = asyncio.get_running_loop().create_task(self.resync_forever())
+
+    async def resync_forever(self) -> None:
+        """Deadlines, grace periods, TTLs and progress need a clock, not an event: every job that is not
+        idle gets a reconcile each poll interval. A plain task rather than a kopf.timer, because Kopf puts a
+        finalizer on objects with timers, and a finalizer would keep a TrainingJob (and its namespace)
+        from being deleted while the operator is down; nothing here needs cleanup beyond ownerReferences.
+        """
+        while True:
+            await asyncio.sleep(self.training.poll_interval_s)
+            if self.jobs is None:
+                continue
+            due = [key for key, flags in list(self.jobs.items()) if not all(flags)]
+            await asyncio.gather(*(self.trigger(namespace, name) for namespace, name in due))
 
     async def trigger(self, namespace: str, name: str) -> None:
         key = (namespace, name)
@@ -302,11 +322,10 @@ def register(settings: OperatorSettings) -> None:
         controller.remember(kwargs)
         await controller.trigger(str(body.metadata.namespace), body.metadata.labels[render.JOB_LABEL])
 
-    @kopf.timer(GROUP, VERSION, PLURAL, interval=controller.training.poll_interval_s)
-    async def trainingjob_resync(body: kopf.Body, **kwargs: Any) -> None:
-        controller.remember(kwargs)
+    @kopf.index(GROUP, VERSION, PLURAL, id=JOB_INDEX)
+    def loom_training_jobs(body: kopf.Body, **_: Any) -> dict[tuple[str, str], bool]:
+        """Every TrainingJob, flagged True when the periodic resync has nothing left to do for it."""
         status, spec = body.get("status") or {}, body.get("spec") or {}
         ttl = (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished")
-        if status.get("phase") in FINISHED and (ttl is None or status.get("childrenDeleted")):
-            return  # nothing left to do for a finished job: no API calls
-        await controller.trigger(str(body.metadata.namespace), str(body.metadata.name))
+        idle = status.get("phase") in FINISHED and (ttl is None or bool(status.get("childrenDeleted")))
+        return {(str(body.metadata.namespace), str(body.metadata.name)): idle}
