@@ -207,21 +207,23 @@ def main() -> int:
     with control_plane() as cluster, s3_server(workdir / "s3") as s3, mlflow_server(workdir / "mlflow", s3) as mlflow:
         say(f"S3 server at {s3.url}, MLflow server at {mlflow.url}")
         apply_crds(cluster)
-        cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=120s")
-        cluster.kubectl("create", "namespace", NAMESPACE)
-        wait_for(
-            lambda: kubectl_json(cluster, "get", "serviceaccount", "default", "-n", NAMESPACE),
-            60,
-            "the default ServiceAccount",
-        )
-        cluster.kubectl(
-            "create", "secret", "generic", "s3-credentials", "-n", NAMESPACE,
-            f"--from-literal=AWS_ACCESS_KEY_ID={s3.access_key}",
-            f"--from-literal=AWS_SECRET_ACCESS_KEY={s3.secret_key}",
-        )  # fmt: skip
-        bucket = "loom-demo"
-        s3.client().create_bucket(Bucket=bucket)
+        # The operator runs before the namespace is (re)made: Loom objects left by an earlier run carry its
+        # finalizer, so only a running operator lets their namespace go.
         with operator_process(cluster, workdir / "operator.log", prefix="demo") as op:
+            cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=180s")
+            cluster.kubectl("create", "namespace", NAMESPACE)
+            wait_for(
+                lambda: kubectl_json(cluster, "get", "serviceaccount", "default", "-n", NAMESPACE),
+                60,
+                "the default ServiceAccount",
+            )
+            cluster.kubectl(
+                "create", "secret", "generic", "s3-credentials", "-n", NAMESPACE,
+                f"--from-literal=AWS_ACCESS_KEY_ID={s3.access_key}",
+                f"--from-literal=AWS_SECRET_ACCESS_KEY={s3.secret_key}",
+            )  # fmt: skip
+            bucket = "loom-demo"
+            s3.client().create_bucket(Bucket=bucket)
             say(f"loom operator running (log: {op.log})")
             status = train(cluster, s3, mlflow.url, bucket)
             if status.get("phase") != "Succeeded":
@@ -234,7 +236,8 @@ def main() -> int:
             text = serve(cluster, s3)
             say(f"generated through the Service: {text!r}")
             print(cluster.kubectl("get", "loom", "-n", NAMESPACE).stdout, flush=True)
-            cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
+            say("cleaning up: deleting the demo namespace while the operator still runs")
+            cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=180s", check=False)
     say("done: trained with a worker killed mid-run, resumed from S3, tracked in MLflow, served, generated text")
     return 0
 
