@@ -137,6 +137,9 @@ def main() -> None:
     parser.add_argument("--variants", default="eager,compile")
     parser.add_argument("--checkpoint", action="store_true")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_trainer_gpu: no CUDA device here; skipped (run it on a GPU machine)")
+        return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
     dist.init_process_group("cpu:gloo,cuda:nccl", rank=0, world_size=1)
