@@ -188,6 +188,21 @@ def serve(cluster: Cluster, s3: S3Endpoint) -> str:
     return str(response.json().get("text_output", ""))
 
 
+def clear_leftovers(cluster: Cluster) -> None:
+    """Remove what an interrupted earlier run left. Kopf does not serve a namespace that is already
+    Terminating, so Loom's finalizers on leftover objects there are dropped by hand (their children go
+    with their ownerReferences)."""
+    if kubectl_json(cluster, "get", "namespace", NAMESPACE) is None:
+        return
+    say(f"removing namespace {NAMESPACE} left by an earlier run")
+    cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+    for name in cluster.kubectl("get", "loom", "-n", NAMESPACE, "-o", "name", check=False).stdout.split():
+        cluster.kubectl(
+            "patch", name, "-n", NAMESPACE, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False
+        )
+    wait_for(lambda: kubectl_json(cluster, "get", "namespace", NAMESPACE) is None or None, 180, "the old namespace")
+
+
 @contextlib.contextmanager
 def control_plane() -> Iterator[Cluster]:
     started_here = current() is None
@@ -210,7 +225,7 @@ def main() -> int:
         # The operator runs before the namespace is (re)made: Loom objects left by an earlier run carry its
         # finalizer, so only a running operator lets their namespace go.
         with operator_process(cluster, workdir / "operator.log", prefix="demo") as op:
-            cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", "--timeout=180s")
+            clear_leftovers(cluster)
             cluster.kubectl("create", "namespace", NAMESPACE)
             wait_for(
                 lambda: kubectl_json(cluster, "get", "serviceaccount", "default", "-n", NAMESPACE),

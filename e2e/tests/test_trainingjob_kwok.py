@@ -111,7 +111,7 @@ def test_reconciles_to_running_with_correct_children(
     assert job is not None
     assert status["observedGeneration"] == job["metadata"]["generation"]
 
-    svc = get(cluster, ns, "service", "gpt")
+    svc = get(cluster, ns, "service", "gpt-workers")
     assert svc is not None
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     assert svc["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
@@ -128,7 +128,7 @@ def test_reconciles_to_running_with_correct_children(
         assert pod["spec"]["restartPolicy"] == "Never"
         container = pod["spec"]["containers"][0]
         assert container["resources"]["limits"]["nvidia.com/gpu"] in (1, "1")
-        assert f"--rdzv-endpoint=gpt-worker-0.gpt.{ns}.svc:29400" in container["command"]
+        assert f"--rdzv-endpoint=gpt-worker-0.gpt-workers.{ns}.svc:29400" in container["command"]
         assert f"--rdzv-id={job['metadata']['uid']}" in container["command"]
         secret_env = {e["name"]: e for e in container["env"]}["AWS_SECRET_ACCESS_KEY"]
         assert secret_env["valueFrom"]["secretKeyRef"]["name"] == "s3-credentials"
@@ -373,7 +373,7 @@ def test_success_then_ttl_deletes_children_but_keeps_the_job(
     def cleaned() -> bool:
         return (
             not pods(cluster, ns, "short")
-            and get(cluster, ns, "service", "short") is None
+            and get(cluster, ns, "service", "short-workers") is None
             and get(cluster, ns, "configmap", "short-trainer") is None
         )
 

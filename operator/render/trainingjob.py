@@ -17,6 +17,7 @@ from .trainingjob_config import (
     PROGRESS_PORT,
     RENDEZVOUS_PORT,
     rendezvous_endpoint,
+    rendezvous_service_name,
     torchrun_command,
     trainer_config,
     worker_range,
@@ -57,9 +58,9 @@ def config_map_name(job_name: str) -> str:
 
 def name_problem(job_name: str, max_workers: int) -> str | None:
     """Why this job name cannot name its Service and worker hostnames (DNS-1035 labels), or None."""
-    longest = worker_name(job_name, max_workers - 1)
+    longest = max(worker_name(job_name, max_workers - 1), rendezvous_service_name(job_name), key=len)
     if len(longest) > 63:
-        return f"name too long: worker hostname {longest!r} exceeds 63 characters; use a shorter TrainingJob name"
+        return f"name too long: {longest!r} exceeds 63 characters (DNS label); use a shorter TrainingJob name"
     if not job_name[:1].isalpha():
         return f"name {job_name!r} must start with a letter: it names the rendezvous Service"
     return None
@@ -77,7 +78,7 @@ def headless_service(job: Manifest) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": child_metadata(owner, name, "rendezvous"),
+        "metadata": child_metadata(owner, rendezvous_service_name(name), "rendezvous"),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
@@ -226,7 +227,7 @@ def worker_pod(
     pod_spec: Manifest = {
         "restartPolicy": "Never",
         "hostname": worker_name(job_name, index),
-        "subdomain": job_name,
+        "subdomain": rendezvous_service_name(job_name),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,

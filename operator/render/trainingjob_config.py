@@ -120,9 +120,15 @@ def _drop_none(value: Any) -> Any:
     return value
 
 
+def rendezvous_service_name(job_name: str) -> str:
+    """The headless Service of a job's workers. Suffixed, so an InferenceService of the same name (train-to-serve
+    naturally reuses names) keeps its own Service."""
+    return f"{job_name}-workers"
+
+
 def worker_address(job_name: str, namespace: str, index: int) -> str:
     """A worker's stable DNS name through the headless Service (hostname.subdomain.namespace.svc)."""
-    return f"{job_name}-worker-{index}.{job_name}.{namespace}.svc"
+    return f"{job_name}-worker-{index}.{rendezvous_service_name(job_name)}.{namespace}.svc"
 
 
 def rendezvous_endpoint(job_name: str, namespace: str) -> str:

@@ -47,7 +47,7 @@ def pod(index: int = 0, **kwargs: Any) -> dict[str, Any]:
 
 def test_headless_service_publishes_not_ready_addresses_and_selects_workers() -> None:
     svc = render.headless_service(JOB)
-    assert svc["metadata"]["name"] == "gpt"
+    assert svc["metadata"]["name"] == "gpt-workers"  # not "gpt": an InferenceService gpt owns that Service
     assert svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["publishNotReadyAddresses"] is True
     assert svc["spec"]["selector"] == {"loom.dev/trainingjob": "gpt", "app.kubernetes.io/component": "worker"}
@@ -58,7 +58,7 @@ def test_pod_identity_hostname_and_attempt_label() -> None:
     manifest = pod(1)
     assert manifest["metadata"]["name"] == "gpt-worker-1"
     assert manifest["spec"]["hostname"] == "gpt-worker-1"
-    assert manifest["spec"]["subdomain"] == "gpt"
+    assert manifest["spec"]["subdomain"] == "gpt-workers"
     labels = manifest["metadata"]["labels"]
     assert labels["loom.dev/attempt"] == "3"
     assert labels["loom.dev/worker-index"] == "1"
@@ -79,11 +79,11 @@ def test_torchrun_arguments() -> None:
     assert "--nnodes=2:4" in cmd
     assert "--nproc-per-node=1" in cmd  # CPU: one process per worker
     assert "--rdzv-backend=c10d" in cmd
-    assert "--rdzv-endpoint=gpt-worker-0.gpt.team-a.svc:29400" in cmd
+    assert "--rdzv-endpoint=gpt-worker-0.gpt-workers.team-a.svc:29400" in cmd
     assert "--rdzv-id=uid-123" in cmd
     assert "--rdzv-conf=is_host=1" in cmd
     # torchrun sorts agents by address to assign ranks: worker 0's name sorts first, so it is rank 0.
-    assert "--local-addr=gpt-worker-0.gpt.team-a.svc" in cmd
+    assert "--local-addr=gpt-worker-0.gpt-workers.team-a.svc" in cmd
     assert any(a.startswith("--max-restarts=") for a in cmd)
     assert cmd[cmd.index("-m") + 1 :] == ["loom.workloads.trainer", "--config", "/etc/loom/trainer/config.json"]
     other = torchrun_command(spec(), job_name="gpt", namespace="team-a", job_uid="u", index=1)
