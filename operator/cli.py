@@ -35,8 +35,15 @@ def crds(folders: tuple[Path, ...]) -> None:
 @main.command()
 def operator() -> None:
     """Run the operator against the current kubeconfig (settings from LOOM_* environment variables)."""
+    import logging
+    import os
+
     from .main import run
 
+    logging.basicConfig(
+        level=os.environ.get("LOOM_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     run()
 
 

@@ -221,11 +221,35 @@ async def _reconcile_by_name(namespace: str, name: str, settings: OperatorSettin
         await reconcile(body, settings)
 
 
+INDEX_ID = "loom_inferenceservices"
+_resync: dict[str, Any] = {}
+
+
+def _start_resync(kwargs: dict[str, Any], settings: OperatorSettings) -> None:
+    """Start the periodic resync once, over the index Kopf hands to handlers (watched namespaces only)."""
+    index = kwargs.get(INDEX_ID)
+    if index is None or "task" in _resync:
+        return
+    _resync["task"] = asyncio.get_running_loop().create_task(_resync_forever(index, settings))
+
+
+async def _resync_forever(index: Any, settings: OperatorSettings) -> None:
+    while True:
+        await asyncio.sleep(settings.resync_interval_s)
+        for namespace, name in list(index.keys()):
+            try:
+                await _reconcile_by_name(namespace, name, settings)
+            except Exception:
+                # One broken object never stalls the others; the next round retries it.
+                log.exception("resync of InferenceService %s/%s failed", namespace, name)
+
+
 def register(settings: OperatorSettings) -> None:
     @kopf.on.resume(GROUP, VERSION, PLURAL)
     @kopf.on.create(GROUP, VERSION, PLURAL)
     @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-    async def _spec_handler(body: kopf.Body, **_: Any) -> None:
+    async def _spec_handler(body: kopf.Body, **kwargs: Any) -> None:
+        _start_resync(kwargs, settings)
         await reconcile(dict(body), settings)
 
     # Children go with the object (ownerReferences); only the in-memory lock is left to drop. Optional: no finalizer.
@@ -233,10 +257,13 @@ def register(settings: OperatorSettings) -> None:
     async def _forget(meta: kopf.Meta, **_: Any) -> None:
         _locks.pop((str(meta.get("namespace")), str(meta.get("name"))), None)
 
-    # The safety net: status converges and drift is corrected even after a missed watch event.
-    @kopf.timer(GROUP, VERSION, PLURAL, interval=settings.resync_interval_s, initial_delay=settings.resync_interval_s)
-    async def _resync(body: kopf.Body, **_: Any) -> None:
-        await reconcile(dict(body), settings)
+    # The safety net: status converges and drift is corrected even after a missed watch event. A plain task
+    # over an index rather than a kopf.timer: Kopf puts a finalizer on objects with timers, which would keep
+    # an InferenceService (and its namespace) from being deleted while the operator is down.
+    @kopf.index(GROUP, VERSION, PLURAL, id=INDEX_ID)
+    def _known(namespace: str | None, name: str | None, **kwargs: Any) -> dict[tuple[str, str], bool]:
+        _start_resync(kwargs, settings)
+        return {(str(namespace), str(name)): True}
 
     # Rollouts progress with the Deployments' status: react to it instead of polling.
     @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/name": KIND_LABEL})
