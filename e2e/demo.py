@@ -196,11 +196,17 @@ def clear_leftovers(cluster: Cluster) -> None:
         return
     say(f"removing namespace {NAMESPACE} left by an earlier run")
     cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
-    for name in cluster.kubectl("get", "loom", "-n", NAMESPACE, "-o", "name", check=False).stdout.split():
-        cluster.kubectl(
-            "patch", name, "-n", NAMESPACE, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False
-        )
-    wait_for(lambda: kubectl_json(cluster, "get", "namespace", NAMESPACE) is None or None, 180, "the old namespace")
+
+    def gone() -> bool | None:
+        if kubectl_json(cluster, "get", "namespace", NAMESPACE) is None:
+            return True
+        for name in cluster.kubectl("get", "loom", "-n", NAMESPACE, "-o", "name", check=False).stdout.split():
+            cluster.kubectl(
+                "patch", name, "-n", NAMESPACE, "--type=merge", "-p", '{"metadata":{"finalizers":null}}', check=False
+            )
+        return None
+
+    wait_for(gone, 180, "the old namespace", interval=2)
 
 
 @contextlib.contextmanager
@@ -216,6 +222,8 @@ def control_plane() -> Iterator[Cluster]:
 
 
 def main() -> int:
+    # SIGTERM (timeout, CI, a closed terminal) unwinds like Ctrl-C, so every server the demo started is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     workdir = STATE_DIR / "demo"
     workdir.mkdir(parents=True, exist_ok=True)
     say("starting the local real stack (the first run builds Kubernetes from its Go modules: many minutes)")

@@ -52,6 +52,13 @@ def enter_namespaces(spec: dict[str, Any]) -> None:
             _mount(None, mount["target"], MS_BIND | MS_REMOUNT | MS_RDONLY)
     if spec.get("hostsFile"):
         _mount(spec["hostsFile"], "/etc/hosts", MS_BIND)
+    termination = spec.get("terminationLog")
+    if termination:
+        try:
+            _mount_point(termination["source"], termination["target"])
+            _mount(termination["source"], termination["target"], MS_BIND)
+        except OSError:
+            pass  # best effort, as a missing message must not keep a container from starting
     if spec.get("hostname"):
         socket.sethostname(spec["hostname"][:63])
 

@@ -228,7 +228,7 @@ class PodWorker:
         finally:
             probes.cancel()
         container.started = False
-        container.terminated(code, reason)
+        container.terminated(code, reason, proc.termination_message())
         self._changed(container)
         return int(code)
 
@@ -264,6 +264,7 @@ class PodWorker:
             self.log_path(container.name, attempt),
             attempt,
             started_at,
+            spec.get("terminationMessagePath") or "/dev/termination-log",
         )
         container.running(started_at, attempt)
         self.event("Started", f"Started container {container.name}", False)

@@ -81,6 +81,18 @@ class ContainerProcess:
     def pid_file(self) -> Path:
         return self.folder / "pid"
 
+    @property
+    def termination_file(self) -> Path:
+        return self.folder / "termination-log"
+
+    def termination_message(self) -> str | None:
+        """The container's termination message (the kubelet keeps at most 4096 bytes of it)."""
+        try:
+            text = self.termination_file.read_bytes()[:4096].decode(errors="replace").strip()
+        except OSError:
+            return None
+        return text or None
+
     async def start(
         self,
         argv: list[str],
@@ -92,10 +104,12 @@ class ContainerProcess:
         log_path: Path,
         attempt: int,
         started_at: str,
+        termination_path: str = "/dev/termination-log",
     ) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         for stale in (self.exit_file, self.pid_file):
             stale.unlink(missing_ok=True)
+        self.termination_file.write_text("")
         spec: dict[str, Any] = {
             "argv": argv,
             "env": env,
@@ -103,6 +117,8 @@ class ContainerProcess:
             "mounts": [{"source": m.source, "target": m.target, "readOnly": m.read_only} for m in mounts],
             "hostsFile": hosts_file,
             "hostname": hostname,
+            # What the container writes at terminationMessagePath becomes state.terminated.message (kubelet does so).
+            "terminationLog": {"source": str(self.termination_file), "target": termination_path},
             "exitFile": str(self.exit_file),
             "pidFile": str(self.pid_file),
         }

@@ -222,6 +222,9 @@ def _pods_any(cluster: Cluster, namespace: str, selector: str | None = None) -> 
     return list(out["items"])
 
 
+SAY_AND_FAIL = "echo about to fail; printf 'disk on fire' > /dev/termination-log; exit 1"
+
+
 def test_failing_job_ends_failed_with_exit_code(cluster: Cluster, namespace: str) -> None:
     job = {
         "apiVersion": "batch/v1",
@@ -234,7 +237,7 @@ def test_failing_job_ends_failed_with_exit_code(cluster: Cluster, namespace: str
                     "nodeSelector": ON_AGENT,
                     "restartPolicy": "Never",
                     "containers": [
-                        {"name": "main", "image": "busybox", "command": ["sh", "-c", "echo about to fail; exit 1"]}
+                        {"name": "main", "image": "busybox", "command": ["sh", "-c", SAY_AND_FAIL]}
                     ],
                 }
             },
@@ -253,6 +256,7 @@ def test_failing_job_ends_failed_with_exit_code(cluster: Cluster, namespace: str
     assert pod["status"]["phase"] == "Failed"
     terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
     assert terminated["exitCode"] == 1 and terminated["reason"] == "Error"
+    assert terminated["message"] == "disk on fire"  # terminationMessagePath, as the kubelet reports it
     logs = cluster.kubectl("logs", "-n", namespace, pod["metadata"]["name"]).stdout
     assert logs == "about to fail\n"
     events = json.loads(
