@@ -266,3 +266,27 @@ def test_suspend_checkpoints_and_resume_continues_from_it(
     assert (status["restarts"], status["failures"], status["attempt"]) == (0, 0, 1)
     resumed = events(worker_logs(cluster, ns, f"{name}-worker-0"), "resume")
     assert resumed and resumed[0]["step"] == saved[0]
+
+
+def test_permanent_user_error_fails_fast_without_retries(
+    cluster: Cluster,
+    loom_operator: OperatorProcess,
+    operator_namespace: str,
+    s3: S3Endpoint,
+    mlflow: MLflowEndpoint,
+    bucket: str,
+) -> None:
+    """A task that does not exist is a user error: the trainer exits with its permanent code, says so in the
+    termination message, and the operator fails the job at once instead of spending the restart budget."""
+    ns = operator_namespace
+    setup_namespace(cluster, ns, s3)
+    manifest = job("typo", "fsdp", bucket, s3, mlflow, max_steps=10)
+    manifest["spec"]["entrypoint"]["module"] = "loom.workloads.trainer.examples.no_such_module:task"
+    manifest["spec"]["runPolicy"]["backoffLimit"] = 3
+    cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(manifest))
+    status = wait_finished(cluster, loom_operator, ns, "typo", timeout=300)
+    assert status["phase"] == "Failed", status
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "PermanentError", failed
+    assert "no_such_module" in failed["message"], failed
+    assert status["restarts"] == 0, status
