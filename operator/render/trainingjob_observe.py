@@ -32,6 +32,13 @@ def format_time(value: datetime) -> str:
 
 
 @dataclass(frozen=True)
+class CheckpointReport:
+    uri: str
+    step: int | None = None
+    time: str | None = None
+
+
+@dataclass(frozen=True)
 class WorkerView:
     """One worker pod as the state machine needs it."""
 
@@ -49,6 +56,7 @@ class WorkerView:
     message: str = ""
     unschedulable: str | None = None  # the scheduler's message while it cannot place the pod
     disrupted: bool = False  # evicted, preempted, node shut down: not counted as a failure
+    final_checkpoint: CheckpointReport | None = None  # named by the trainer's termination message on success
 
     @property
     def active(self) -> bool:
@@ -60,13 +68,6 @@ class NodeView:
     name: str
     ready: bool
     since: datetime | None  # lastTransitionTime of the Ready condition
-
-
-@dataclass(frozen=True)
-class CheckpointReport:
-    uri: str
-    step: int | None = None
-    time: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,26 @@ def _condition(obj: Manifest, kind: str) -> Manifest | None:
     for cond in obj.get("status", {}).get("conditions") or []:
         if cond.get("type") == kind:
             return dict(cond)
+    return None
+
+
+def _final_checkpoint(pod: Manifest) -> CheckpointReport | None:
+    """The checkpoint a successful trainer names in its JSON termination message."""
+    for status in pod.get("status", {}).get("containerStatuses") or []:
+        terminated = (status.get("state") or {}).get("terminated") or {}
+        try:
+            doc = json.loads(str(terminated.get("message") or ""))
+        except ValueError:
+            continue
+        checkpoint = doc.get("checkpoint") if isinstance(doc, dict) else None
+        if isinstance(checkpoint, dict) and isinstance(checkpoint.get("uri"), str):
+            step = checkpoint.get("step")
+            time = checkpoint.get("time")
+            return CheckpointReport(
+                uri=checkpoint["uri"],
+                step=step if isinstance(step, int) else None,
+                time=time if isinstance(time, str) else None,
+            )
     return None
 
 
@@ -145,6 +166,7 @@ def observe_pod(pod: Manifest) -> WorkerView | None:
         message=message or str(status.get("message") or ""),
         unschedulable=unschedulable,
         disrupted=disrupted or (phase == "Failed" and exit_code == EXIT_INTERRUPTED),
+        final_checkpoint=_final_checkpoint(pod) if phase == "Succeeded" else None,
     )
 
 

@@ -124,10 +124,24 @@ class _Machine:
         if phase == "Succeeded" and progress is not None and progress.total_steps is not None:
             # Exit 0 is the trainer's word that every step ran; the last poll may have been a few steps earlier.
             self.st.progress = progress.model_copy(update={"step": progress.total_steps, "eta": "0s"})
+        if phase == "Succeeded":
+            self.record_final_checkpoint()
         self.stop_all(self.obs.pods)
         self.event("Normal" if phase == "Succeeded" else "Warning", reason, message)
         self.reason_detail = (reason, message)
         return self.conclude()
+
+    def record_final_checkpoint(self) -> None:
+        """The last checkpoint is committed after the last progress poll; the trainer names it on exit 0."""
+        finals = [p.final_checkpoint for p in self.obs.pods if p.final_checkpoint is not None]
+        if not finals:
+            return
+        newest = max(finals, key=lambda c: c.step if c.step is not None else -1)
+        current = self.st.checkpoint
+        if current is None or (newest.step or 0) >= (current.step or 0):
+            self.st.checkpoint = CheckpointStatus(
+                latest=newest.uri, step=newest.step, time=newest.time or format_time(self.obs.now)
+            )
 
     # ---- the machine ---------------------------------------------------------------------------------
     def run(self) -> Decision:

@@ -26,13 +26,15 @@ SHA = "0" * 64
 
 
 def test_config_accepts_kubernetes_camel_case_and_round_trips() -> None:
-    config = TrainerConfig.model_validate({
-        "engine": "deepspeed",
-        "deepspeed": {"zeroStage": 3, "offload": "cpu", "bf16": True, "config": {"zero_optimization": {"x": 1}}},
-        "training": {"maxSteps": 50, "batchSize": 4},
-        "checkpoint": {"uri": "s3://bucket/runs/a", "everySteps": 10, "async": False, "keepLast": 2},
-        "tracking": {"mlflow": {"trackingUri": "http://mlflow:5000", "experiment": "e"}},
-    })
+    config = TrainerConfig.model_validate(
+        {
+            "engine": "deepspeed",
+            "deepspeed": {"zeroStage": 3, "offload": "cpu", "bf16": True, "config": {"zero_optimization": {"x": 1}}},
+            "training": {"maxSteps": 50, "batchSize": 4},
+            "checkpoint": {"uri": "s3://bucket/runs/a", "everySteps": 10, "async": False, "keepLast": 2},
+            "tracking": {"mlflow": {"trackingUri": "http://mlflow:5000", "experiment": "e"}},
+        }
+    )
     assert config.deepspeed.zero_stage == 3
     assert config.checkpoint is not None and config.checkpoint.async_ is False
     assert (config.checkpoint.bucket, config.checkpoint.prefix) == ("bucket", "runs/a")
@@ -77,8 +79,13 @@ def test_load_config_reports_field_paths(tmp_path: Path) -> None:
 
 def test_config_module_imports_without_torch() -> None:
     code = "import sys, loom.workloads.trainer.config; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONSAFEPATH": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+    )
     assert out.stdout.strip() == "False"
 
 
@@ -86,18 +93,41 @@ def test_bad_config_exits_with_the_permanent_code_and_a_clear_message(tmp_path: 
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"engine": "deepspeed", "deepspeed": {"zeroStage": 9}}))
     env = {**os.environ, "PYTHONSAFEPATH": "1", "LOOM_TERMINATION_LOG": str(tmp_path / "termination")}
-    done = subprocess.run([sys.executable, "-m", "loom.workloads.trainer", "--config", str(path)],
-                          capture_output=True, text=True, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "loom.workloads.trainer", "--config", str(path)], capture_output=True, text=True, env=env
+    )
     assert done.returncode == EXIT_PERMANENT
     assert "deepspeed.zeroStage" in done.stderr and "permanent" in done.stderr
     message = json.loads((tmp_path / "termination").read_text())
     assert message["exitCode"] == EXIT_PERMANENT and "deepspeed.zeroStage" in message["message"]
 
 
+def test_success_message_names_the_newest_committed_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loom.workloads.trainer.__main__ import _latest_committed, write_termination_message
+
+    progress = tmp_path / "progress.json"
+    progress.write_text(json.dumps({"step": 120, "latestCheckpoint": {"uri": "s3://b/j/step-120", "step": 120}}))
+    monkeypatch.setenv("LOOM_TERMINATION_LOG", str(tmp_path / "termination"))
+    write_termination_message(0, "training finished", _latest_committed(str(progress)))
+    doc = json.loads((tmp_path / "termination").read_text())
+    assert doc == {
+        "exitCode": 0,
+        "message": "training finished",
+        "checkpoint": {"uri": "s3://b/j/step-120", "step": 120},
+    }
+    assert _latest_committed(str(tmp_path / "missing.json")) is None
+
+
 def test_manifest_merges_every_rank_and_refuses_gaps() -> None:
     reports = [
-        RankReport(rank=0, session="s", files=[FileEntry(path=".metadata", size=3, sha256=SHA),
-                                               FileEntry(path="__0_0.distcp", size=10, sha256=SHA)]),
+        RankReport(
+            rank=0,
+            session="s",
+            files=[
+                FileEntry(path=".metadata", size=3, sha256=SHA),
+                FileEntry(path="__0_0.distcp", size=10, sha256=SHA),
+            ],
+        ),
         RankReport(rank=1, session="s", files=[FileEntry(path="__1_0.distcp", size=12, sha256=SHA)]),
     ]
     manifest = merge_reports(reports, world_size=2, step=7, engine="fsdp", now=1.0)
@@ -112,10 +142,13 @@ def test_manifest_merges_every_rank_and_refuses_gaps() -> None:
 
 def test_only_checkpoints_with_a_manifest_count_as_complete() -> None:
     keys = [
-        "runs/a/step-000000004/__0_0.distcp", "runs/a/step-000000004/manifest.json",
-        "runs/a/step-000000008/__0_0.distcp", "runs/a/step-000000008/manifest.json",
+        "runs/a/step-000000004/__0_0.distcp",
+        "runs/a/step-000000004/manifest.json",
+        "runs/a/step-000000008/__0_0.distcp",
+        "runs/a/step-000000008/manifest.json",
         "runs/a/step-000000012/__0_0.distcp",  # torn: shards but no manifest
-        "runs/a/final/manifest.json", "runs/ab/step-000000016/manifest.json",
+        "runs/a/final/manifest.json",
+        "runs/ab/step-000000016/manifest.json",
     ]
     assert complete_steps(keys, "runs/a") == [4, 8]
     assert step_of(checkpoint_dir_name(123)) == 123 and step_of("final") is None
@@ -125,8 +158,9 @@ def test_only_checkpoints_with_a_manifest_count_as_complete() -> None:
     ("steps", "keep", "doomed"),
     [([4, 8, 12], 2, [4]), ([4, 8], 2, []), ([12, 4, 8, 16], 1, [4, 8, 12]), ([4, 8], None, [])],
 )
-def test_retention_deletes_only_older_complete_checkpoints(steps: list[int], keep: int | None,
-                                                           doomed: list[int]) -> None:
+def test_retention_deletes_only_older_complete_checkpoints(
+    steps: list[int], keep: int | None, doomed: list[int]
+) -> None:
     assert steps_to_delete(steps, keep) == doomed
 
 

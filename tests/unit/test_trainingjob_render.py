@@ -234,6 +234,22 @@ def test_observe_pod_reads_exit_codes_scheduling_and_disruption() -> None:
     assert observe_pod({"metadata": {"name": "x", "labels": {}}}) is None
 
 
+def test_observe_pod_reads_the_final_checkpoint_of_a_successful_trainer() -> None:
+    manifest = pod(0)
+    message = '{"exitCode": 0, "message": "training finished", "checkpoint": {"uri": "s3://b/j/step-120", "step": 120}}'
+    terminated = {"exitCode": 0, "reason": "Completed", "message": message}
+    manifest["status"] = {
+        "phase": "Succeeded",
+        "containerStatuses": [{"name": "trainer", "state": {"terminated": terminated}}],
+    }
+    view = observe_pod(manifest)
+    assert view is not None and view.final_checkpoint is not None
+    assert (view.final_checkpoint.uri, view.final_checkpoint.step) == ("s3://b/j/step-120", 120)
+    manifest["status"]["phase"] = "Failed"  # a failed worker's message never moves status.checkpoint
+    failed = observe_pod(manifest)
+    assert failed is not None and failed.final_checkpoint is None
+
+
 def test_observe_node_readiness() -> None:
     node = observe_node(
         {

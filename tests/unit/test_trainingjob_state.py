@@ -133,6 +133,21 @@ def test_all_workers_success_policy() -> None:
     assert done.status.workers is not None and done.status.workers.desired == 0
 
 
+def test_success_records_the_checkpoint_the_trainer_names_on_exit() -> None:
+    """The last checkpoint commits after the last progress poll: the trainer's exit message is the truth."""
+    polled = TrainingJobStatus.model_validate(
+        running().status.to_wire() | {"checkpoint": {"latest": "s3://b/j/step-100", "step": 100}}
+    )
+    final = CheckpointReport(uri="s3://b/j/step-120", step=120, time="2026-03-01T11:59:00Z")
+    done = step(polled, (worker(0, phase="Succeeded", final_checkpoint=final), worker(1, phase="Succeeded")))
+    assert done.status.phase == "Succeeded"
+    assert done.status.checkpoint is not None
+    assert (done.status.checkpoint.latest, done.status.checkpoint.step) == ("s3://b/j/step-120", 120)
+    stale = CheckpointReport(uri="s3://b/j/step-080", step=80)
+    kept = step(polled, (worker(0, phase="Succeeded", final_checkpoint=stale), worker(1, phase="Succeeded")))
+    assert kept.status.checkpoint is not None and kept.status.checkpoint.step == 100
+
+
 def test_worker0_success_policy_stops_the_rest() -> None:
     r = running(the_spec=spec(successPolicy="Worker0"))
     d = step(r.status, (worker(0, phase="Succeeded"), worker(1)), the_spec=spec(successPolicy="Worker0"))

@@ -15,10 +15,12 @@ import os
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 from loom.workloads.trainer.config import (
     DEFAULT_PROGRESS_FILE,
     EXIT_INTERRUPTED,
+    EXIT_OK,
     EXIT_PERMANENT,
     EXIT_RETRYABLE,
     ConfigError,
@@ -26,12 +28,25 @@ from loom.workloads.trainer.config import (
 )
 
 
-def write_termination_message(exit_code: int, message: str) -> None:
+def write_termination_message(exit_code: int, message: str, checkpoint: dict[str, Any] | None = None) -> None:
     """Kubernetes puts this file into the pod status. torchrun exits 1 whatever its workers returned, so the
-    JSON {"exitCode", "message"} is how the operator learns that an error is permanent."""
+    JSON {"exitCode", "message"} is how the operator learns that an error is permanent; on success it also
+    names the newest committed checkpoint, which the last progress poll may have missed."""
     termination_log = os.environ.get("LOOM_TERMINATION_LOG", "/dev/termination-log")
+    doc: dict[str, Any] = {"exitCode": exit_code, "message": message[-3000:]}
+    if checkpoint:
+        doc["checkpoint"] = checkpoint
     with contextlib.suppress(OSError):
-        Path(termination_log).write_text(json.dumps({"exitCode": exit_code, "message": message[-3000:]}))
+        Path(termination_log).write_text(json.dumps(doc))
+
+
+def _latest_committed(progress_file: str) -> dict[str, Any] | None:
+    """Rank 0's progress document holds the newest committed checkpoint ({uri, step, time})."""
+    try:
+        latest = json.loads(Path(progress_file).read_text()).get("latestCheckpoint")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return latest if isinstance(latest, dict) and latest.get("uri") else None
 
 
 def _report_failure(message: str, permanent: bool, progress_file: str) -> None:
@@ -59,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         from loom.workloads.trainer.loop import run
 
         code = run(config)
+        if code == EXIT_OK and os.environ.get("RANK", "0") == "0":
+            write_termination_message(code, "training finished", _latest_committed(progress_file))
         if code == EXIT_INTERRUPTED:
             write_termination_message(code, "stopped by SIGTERM after a final checkpoint")
         return code
