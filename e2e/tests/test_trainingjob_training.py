@@ -130,6 +130,9 @@ def assert_trained(
     assert status["phase"] == "Succeeded", status
     assert status["progress"]["step"] == steps
     assert status["checkpoint"]["latest"].startswith(f"s3://{bucket}/{name}/step-")
+    # The final checkpoint commits after the last progress poll; the trainer's exit message still reports it.
+    assert status["checkpoint"]["step"] == steps, status["checkpoint"]
+    assert max(committed_steps(s3, bucket, name)) == steps
     assert committed_steps(s3, bucket, name), "no complete checkpoint in S3"
     run_id = status["mlflow"]["runId"]
     assert status["mlflow"]["url"].endswith(run_id)
