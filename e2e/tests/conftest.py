@@ -61,12 +61,23 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         build(progress=_progress)
 
 
+def _up_with_one_retry() -> Cluster:
+    """Start the stack; once more after a clean `down` if a component died while starting. Seen here: the
+    first `up` right after a `down` of the same state folder sometimes loses kube-apiserver at start."""
+    try:
+        return up(StackConfig.from_env(), progress=_progress, started_by="pytest")
+    except RuntimeError as error:
+        _progress(f"stack start failed ({str(error).splitlines()[0]}); stopping it and trying once more")
+        down(progress=_progress)
+        return up(StackConfig.from_env(), progress=_progress, started_by="pytest")
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     join_session()
     try:
         running = current()
-        yield running if running is not None else up(StackConfig.from_env(), progress=_progress, started_by="pytest")
+        yield running if running is not None else _up_with_one_retry()
     finally:
         if leave_session():
             down(progress=_progress)
