@@ -40,44 +40,65 @@ def _mount_point(source: str, target: str) -> None:
         path.touch()
 
 
+def _pinned(path: str) -> tuple[int, str]:
+    """An O_PATH handle on `path` and the /proc name that reaches it. Mounting from the handle keeps working
+    after an earlier mount of the pod covers the path (a volume at /tmp while the state folder is under /tmp)."""
+    fd = os.open(path, os.O_PATH)
+    return fd, f"/proc/self/fd/{fd}"
+
+
 def enter_namespaces(spec: dict[str, Any]) -> None:
     if _libc.unshare(CLONE_NEWNS | CLONE_NEWUTS) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"unshare: {os.strerror(err)}")
     _mount(None, "/", MS_REC | MS_PRIVATE)  # nothing we mount leaks back to the host
-    for mount in spec["mounts"]:
-        _mount_point(mount["source"], mount["target"])
-        _mount(mount["source"], mount["target"], MS_BIND | MS_REC)
-        if mount.get("readOnly"):
-            _mount(None, mount["target"], MS_BIND | MS_REMOUNT | MS_RDONLY)
-    if spec.get("hostsFile"):
-        _mount(spec["hostsFile"], "/etc/hosts", MS_BIND)
+    # Pin every source (inside the new namespace: a bind source must belong to it) before the first mount:
+    # once a pod volume covers, say, /tmp, host paths below it are out of sight.
+    mounts = [(mount, *_pinned(mount["source"])) for mount in spec["mounts"]]
+    hosts = _pinned(spec["hostsFile"])[1] if spec.get("hostsFile") else None
     termination = spec.get("terminationLog")
+    termination_source = None
     if termination:
         try:
-            _mount_point(termination["source"], termination["target"])
-            _mount(termination["source"], termination["target"], MS_BIND)
+            termination_source = _pinned(termination["source"])[1]
+        except OSError:
+            termination = None
+    for mount, _, source in mounts:
+        _mount_point(source, mount["target"])
+        _mount(source, mount["target"], MS_BIND | MS_REC)
+        if mount.get("readOnly"):
+            _mount(None, mount["target"], MS_BIND | MS_REMOUNT | MS_RDONLY)
+    if hosts:
+        _mount(hosts, "/etc/hosts", MS_BIND)
+    if termination and termination_source:
+        try:
+            _mount_point(termination_source, termination["target"])
+            _mount(termination_source, termination["target"], MS_BIND)
         except OSError:
             pass  # best effort, as a missing message must not keep a container from starting
     if spec.get("hostname"):
         socket.sethostname(spec["hostname"][:63])
 
 
-def write_atomic(path: str, text: str) -> None:
-    partial = path + ".tmp"
-    with open(partial, "w") as f:
+def write_atomic(path: str, text: str, folder_fd: int | None = None) -> None:
+    """Write through `folder_fd` (the container's record folder, opened before any mount could hide it)."""
+    name = os.path.basename(path) if folder_fd is not None else path
+    fd = os.open(name + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=folder_fd)
+    with os.fdopen(fd, "w") as f:
         f.write(text)
-    os.replace(partial, path)
+    os.replace(name + ".tmp", name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
 
 
 def main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
+    # The pid and exit files live in the agent's state folder, which a pod volume (say at /tmp) may cover.
+    records = os.open(os.path.dirname(spec["exitFile"]), os.O_RDONLY | os.O_DIRECTORY)
     try:
         enter_namespaces(spec)
         os.makedirs(spec["cwd"], exist_ok=True)
     except Exception as exc:  # any setup failure must end as a recorded StartError
         print(f"loom-agent: cannot set up the container: {exc}", file=sys.stderr, flush=True)
-        write_atomic(spec["exitFile"], "128 StartError")
+        write_atomic(spec["exitFile"], "128 StartError", records)
         return 128
     # Ignore nothing by SIG_IGN (that would be inherited across exec): handlers reset on exec.
     signal.signal(signal.SIGTERM, lambda *_: None)
@@ -90,7 +111,7 @@ def main(spec_path: str) -> int:
         except OSError as exc:
             print(f"loom-agent: cannot run {spec['argv'][0]!r}: {exc}", file=sys.stderr, flush=True)
             os._exit(127)
-    write_atomic(spec["pidFile"], str(pid))
+    write_atomic(spec["pidFile"], str(pid), records)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
@@ -99,7 +120,7 @@ def main(spec_path: str) -> int:
             continue
     code = os.waitstatus_to_exitcode(status)
     exit_code = 128 - code if code < 0 else code  # killed by signal N -> 128 + N, as runtimes report
-    write_atomic(spec["exitFile"], str(exit_code))
+    write_atomic(spec["exitFile"], str(exit_code), records)
     return 0
 
 

@@ -135,6 +135,28 @@ async def test_failing_job_ends_failed_with_its_exit_code(make_worker: Callable[
     assert job.to_status()["state"]["terminated"]["reason"] == "Error"
 
 
+async def test_volume_over_tmp_hides_no_source_and_termination_message_is_kept(
+    make_worker: Callable[..., PodWorker],
+) -> None:
+    """The agent's state lives under /tmp here (pytest's tmp_path), as in a clone under /tmp: a pod volume at
+    /tmp must not hide the sources of later mounts, the hosts file, or the launcher's pid and exit files."""
+    script = "cat /etc/app/mode > /dev/termination-log; touch /tmp/scratch-ok; grep -q pod-t1 /etc/hosts; exit 3"
+    container = {
+        "name": "job",
+        "image": "x",
+        "command": ["sh", "-c", script],
+        "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}, {"name": "cfg", "mountPath": "/etc/app"}],
+    }
+    volumes = [{"name": "scratch", "emptyDir": {}}, {"name": "cfg", "configMap": {"name": "app"}}]
+    worker = make_worker(_pod("t1", [container], restart="Never", volumes=volumes), "127.10.200.9")
+    worker.start()
+    await _until(lambda: worker.state.final_phase is not None)
+    job = worker.state.main[0]
+    assert (worker.state.final_phase, job.exit_code) == ("Failed", 3)
+    assert job.to_status()["state"]["terminated"]["message"] == "fast"
+    assert not Path("/tmp/scratch-ok").exists()  # the emptyDir took the write, not the host's /tmp
+
+
 async def test_unrunnable_containers_wait_with_a_reason(make_worker: Callable[..., PodWorker]) -> None:
     worker = make_worker(
         _pod(
