@@ -321,8 +321,10 @@ class _Machine:
         ]
         recovering = st.phase == "Restarting"
         # Workers that already exited 0 are done, not missing: the gang is still running to completion.
-        ready += sum(1 for p in workers.values() if p.phase == "Succeeded")
-        if ready >= self.desired or (ready >= self.minimum and st.phase == "Running"):
+        finished = sum(1 for p in workers.values() if p.phase == "Succeeded")
+        ready += finished
+        # A gang winding down (some workers done, the rest no longer ready while they exit) is still Running.
+        if ready >= self.desired or (st.phase == "Running" and (ready >= self.minimum or finished > 0)):
             if recovering:
                 self.event("Normal", "Recovered", f"{ready}/{self.desired} workers running again")
             st.phase = "Running"

@@ -148,6 +148,14 @@ def test_success_records_the_checkpoint_the_trainer_names_on_exit() -> None:
     assert kept.status.checkpoint is not None and kept.status.checkpoint.step == 100
 
 
+def test_a_gang_winding_down_stays_running() -> None:
+    """Worker 0 done, worker 1 unready while it exits: Running, not back to Created (status must not lie)."""
+    r = running()
+    winding = step(r.status, (worker(0, phase="Succeeded"), worker(1, ready=False)))
+    assert winding.status.phase == "Running"
+    assert not winding.create and not winding.delete
+
+
 def test_worker0_success_policy_stops_the_rest() -> None:
     r = running(the_spec=spec(successPolicy="Worker0"))
     d = step(r.status, (worker(0, phase="Succeeded"), worker(1)), the_spec=spec(successPolicy="Worker0"))
