@@ -10,6 +10,11 @@ from pathlib import Path
 POD_NETWORK = "127.10.0.0/16"
 
 
+def default_host_paths() -> tuple[str, ...]:
+    """Host folders every container runs from: the virtualenv and the checkout (an editable install)."""
+    return (sys.prefix, str(Path(__file__).resolve().parents[2]))
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     kubeconfig: str
@@ -27,6 +32,8 @@ class AgentConfig:
     backoff_max: float = 60.0
     bin_dir: str = os.path.dirname(sys.executable)
     shim_path: str | None = None
+    # Kept visible in every container even under a pod volume (a checkout under /tmp, an emptyDir at /tmp).
+    host_paths: tuple[str, ...] = default_host_paths()
 
     @property
     def pods_dir(self) -> Path:

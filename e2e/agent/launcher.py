@@ -56,6 +56,7 @@ def enter_namespaces(spec: dict[str, Any]) -> None:
     # once a pod volume covers, say, /tmp, host paths below it are out of sight.
     mounts = [(mount, *_pinned(mount["source"])) for mount in spec["mounts"]]
     hosts = _pinned(spec["hostsFile"])[1] if spec.get("hostsFile") else None
+    kept = [(path, _pinned(path)[1]) for path in spec.get("hostPaths", []) if os.path.isdir(path)]
     termination = spec.get("terminationLog")
     termination_source = None
     if termination:
@@ -68,6 +69,12 @@ def enter_namespaces(spec: dict[str, Any]) -> None:
         _mount(source, mount["target"], MS_BIND | MS_REC)
         if mount.get("readOnly"):
             _mount(None, mount["target"], MS_BIND | MS_REMOUNT | MS_RDONLY)
+    # Host folders the process runs from (venv, checkout, shim) come back on top of any volume covering them.
+    targets = [mount["target"].rstrip("/") or "/" for mount, _, _ in mounts]
+    for path, source in kept:
+        if any(path == t or path.startswith(t.rstrip("/") + "/") for t in targets):
+            os.makedirs(path, exist_ok=True)
+            _mount(source, path, MS_BIND | MS_REC)
     if hosts:
         _mount(hosts, "/etc/hosts", MS_BIND)
     if termination and termination_source:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -242,6 +243,11 @@ class PodWorker:
         env.update(plan.resolve_env(self.pod, spec, data))
         return env
 
+    def host_paths(self) -> tuple[str, ...]:
+        """What the process needs from the host whatever the pod mounts: venv, checkout, the bind shim."""
+        shim = (os.path.dirname(self.cfg.shim_path),) if self.cfg.shim_path else ()
+        return (*self.cfg.host_paths, *shim)
+
     async def _launch(self, container: ContainerState, proc: ContainerProcess) -> None:
         spec = self.spec_of(container.name)
         data, _ = await self.fetch(self.pod, False)
@@ -265,6 +271,7 @@ class PodWorker:
             attempt,
             started_at,
             spec.get("terminationMessagePath") or "/dev/termination-log",
+            self.host_paths(),
         )
         container.running(started_at, attempt)
         self.event("Started", f"Started container {container.name}", False)

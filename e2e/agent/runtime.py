@@ -105,6 +105,7 @@ class ContainerProcess:
         attempt: int,
         started_at: str,
         termination_path: str = "/dev/termination-log",
+        host_paths: tuple[str, ...] = (),
     ) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         for stale in (self.exit_file, self.pid_file):
@@ -119,6 +120,7 @@ class ContainerProcess:
             "hostname": hostname,
             # What the container writes at terminationMessagePath becomes state.terminated.message (kubelet does so).
             "terminationLog": {"source": str(self.termination_file), "target": termination_path},
+            "hostPaths": list(host_paths),
             "exitFile": str(self.exit_file),
             "pidFile": str(self.pid_file),
         }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,8 +53,19 @@ async def _fetch(pod: dict[str, Any], want_token: bool) -> tuple[ClusterData, st
 def make_worker(tmp_path: Path) -> Callable[..., PodWorker]:
     state = tmp_path / "state"
     state.mkdir()
+    tools = tmp_path / "tools"  # a host folder under /tmp that containers run programs from
+    tools.mkdir()
     cfg = AgentConfig(
-        "unused", "node", state, 0, None, None, shim_path=str(build_shim(state)), backoff_initial=0.2, backoff_max=1
+        "unused",
+        "node",
+        state,
+        0,
+        None,
+        None,
+        shim_path=str(build_shim(state)),
+        backoff_initial=0.2,
+        backoff_max=1,
+        host_paths=(sys.prefix, str(tools)),
     )
 
     def make(pod: dict[str, Any], ip: str) -> PodWorker:
@@ -62,6 +74,7 @@ def make_worker(tmp_path: Path) -> Callable[..., PodWorker]:
         write_in_place(worker.hosts_file, render_hosts(ip, pod["metadata"]["name"], "ns", None, None, []))
         return worker
 
+    make.tmp = tmp_path  # type: ignore[attr-defined]
     return make
 
 
@@ -135,16 +148,23 @@ async def test_failing_job_ends_failed_with_its_exit_code(make_worker: Callable[
     assert job.to_status()["state"]["terminated"]["reason"] == "Error"
 
 
+def worker_tmp(make: Callable[..., PodWorker]) -> Path:
+    return Path(make.tmp)  # type: ignore[attr-defined]
+
+
 async def test_volume_over_tmp_hides_no_source_and_termination_message_is_kept(
     make_worker: Callable[..., PodWorker],
 ) -> None:
     """The agent's state lives under /tmp here (pytest's tmp_path), as in a clone under /tmp: a pod volume at
     /tmp must not hide the sources of later mounts, the hosts file, or the launcher's pid and exit files."""
+    tool = Path(str(worker_tmp(make_worker))) / "tools" / "job.sh"
     script = "cat /etc/app/mode > /dev/termination-log; touch /tmp/scratch-ok; grep -q pod-t1 /etc/hosts; exit 3"
+    tool.write_text(f"#!/bin/sh\n{script}\n")
+    tool.chmod(0o755)
     container = {
         "name": "job",
         "image": "x",
-        "command": ["sh", "-c", script],
+        "command": [str(tool)],  # under /tmp on the host, so only visible if host paths survive the volume
         "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}, {"name": "cfg", "mountPath": "/etc/app"}],
     }
     volumes = [{"name": "scratch", "emptyDir": {}}, {"name": "cfg", "configMap": {"name": "app"}}]
