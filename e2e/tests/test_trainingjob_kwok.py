@@ -123,7 +123,7 @@ def test_reconciles_to_running_with_correct_children(
     workers = sorted(pods(cluster, ns, "gpt"), key=lambda p: p["metadata"]["name"])
     assert [p["metadata"]["name"] for p in workers] == ["gpt-worker-0", "gpt-worker-1"]
     for index, pod in enumerate(workers):
-        assert pod["spec"]["hostname"] == f"gpt-worker-{index}" and pod["spec"]["subdomain"] == "gpt"
+        assert pod["spec"]["hostname"] == f"gpt-worker-{index}" and pod["spec"]["subdomain"] == "gpt-workers"
         assert pod["metadata"]["labels"]["loom.dev/attempt"] == "0"
         assert pod["spec"]["restartPolicy"] == "Never"
         container = pod["spec"]["containers"][0]

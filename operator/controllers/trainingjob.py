@@ -27,7 +27,7 @@ from .. import kube
 from ..api import GROUP, VERSION
 from ..api.trainingjob import MlflowRun, TrainingJobSpec, TrainingJobStatus
 from ..render import trainingjob as render
-from ..render.trainingjob_config import SpecError, samples_per_step
+from ..render.trainingjob_config import SpecError, rendezvous_service_name, samples_per_step
 from ..render.trainingjob_observe import NodeView, ProgressReport, WorkerView, observe_node, observe_pod
 from ..render.trainingjob_state import Decision, Observation, Policy, decide, status_patch
 from ..settings import OperatorSettings
@@ -270,7 +270,7 @@ class Controller:
         if decision.delete_children:
             await asyncio.gather(
                 *(kube.delete("v1", "Pod", namespace, v.name, uid=v.uid) for v in views),
-                kube.delete("v1", "Service", namespace, name),
+                kube.delete("v1", "Service", namespace, rendezvous_service_name(name)),
                 kube.delete("v1", "ConfigMap", namespace, render.config_map_name(name)),
             )
             group = render.pod_group(job, spec)
