@@ -21,6 +21,7 @@ import yaml
 
 from loom.e2e.agent.services import service_address
 from loom.e2e.pytest_operator import OperatorProcess
+from loom.e2e.pytest_services import apply_s3_secret
 from loom.e2e.services import S3Endpoint
 from loom.e2e.stack import Cluster
 from loom.e2e.stack.cluster import wait_until
@@ -30,23 +31,6 @@ from loom.e2e.stack.pki import AGENT_NODE_NAME
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROLLOUT_TIMEOUT_S = 300.0
-
-
-@pytest.fixture
-def bucket(s3: S3Endpoint) -> str:
-    name = f"isvc-{uuid.uuid4().hex[:8]}"
-    s3.client().create_bucket(Bucket=name)
-    return name
-
-
-def setup_namespace(cluster: Cluster, namespace: str, s3: S3Endpoint) -> None:
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "s3-credentials"},
-        "stringData": {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key},
-    }
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(secret))
 
 
 def upload_placeholder_model(s3: S3Endpoint, bucket: str, prefix: str) -> str:
@@ -228,7 +212,7 @@ def test_serves_a_torchscript_model_from_s3_through_the_service(
     s3.client().put_object(Bucket=bucket, Key="affine/v1/model.pt", Body=buffer.getvalue())
 
     ns = operator_namespace
-    setup_namespace(cluster, ns, s3)
+    apply_s3_secret(cluster, ns, s3)
     body = manifest("affine", f"s3://{bucket}/affine/v1", s3, handler="torchscript", replicas=1)
     cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(body))
     isvc = wait_rolled_out(cluster, loom_operator, ns, "affine")
@@ -278,7 +262,7 @@ def test_model_change_under_steady_load_drops_no_request(
     cluster: Cluster, loom_operator: OperatorProcess, operator_namespace: str, s3: S3Endpoint, bucket: str
 ) -> None:
     ns = operator_namespace
-    setup_namespace(cluster, ns, s3)
+    apply_s3_secret(cluster, ns, s3)
     v1 = upload_placeholder_model(s3, bucket, "echo/v1")
     v2 = upload_placeholder_model(s3, bucket, "echo/v2")
     cluster.kubectl(
@@ -312,7 +296,7 @@ def test_canary_gets_its_share_rolls_back_and_is_promoted(
     cluster: Cluster, loom_operator: OperatorProcess, operator_namespace: str, s3: S3Endpoint, bucket: str
 ) -> None:
     ns = operator_namespace
-    setup_namespace(cluster, ns, s3)
+    apply_s3_secret(cluster, ns, s3)
     v1 = upload_placeholder_model(s3, bucket, "canary/v1")
     v2 = upload_placeholder_model(s3, bucket, "canary/v2")
     body = manifest("cn", v1, s3, handler="noop", replicas=5)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import uuid
 from typing import Any
 
 import httpx
@@ -15,6 +14,7 @@ import pytest
 import yaml
 
 from loom.e2e.pytest_operator import OperatorProcess
+from loom.e2e.pytest_services import apply_s3_secret
 from loom.e2e.services import MLflowEndpoint, S3Endpoint
 from loom.e2e.stack import Cluster
 from loom.e2e.stack.cluster import wait_until
@@ -24,23 +24,6 @@ from loom.e2e.stack.pki import AGENT_NODE_NAME
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 TINY_MODEL = ["nLayer=2", "nEmbd=64", "nHead=4", "blockSize=32"]
-
-
-@pytest.fixture
-def bucket(s3: S3Endpoint) -> str:
-    name = f"tj-{uuid.uuid4().hex[:8]}"
-    s3.client().create_bucket(Bucket=name)
-    return name
-
-
-def setup_namespace(cluster: Cluster, namespace: str, s3: S3Endpoint) -> None:
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "s3-credentials"},
-        "stringData": {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key},
-    }
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(secret))
 
 
 def job(name: str, engine: str, bucket: str, s3: S3Endpoint, mlflow: MLflowEndpoint, max_steps: int) -> dict[str, Any]:
@@ -155,7 +138,7 @@ def test_two_workers_train_to_succeeded(
     engine: str,
 ) -> None:
     ns = operator_namespace
-    setup_namespace(cluster, ns, s3)
+    apply_s3_secret(cluster, ns, s3)
     name = f"gpt-{engine}"
     cluster.kubectl(
         "apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(job(name, engine, bucket, s3, mlflow, max_steps=40))
@@ -188,7 +171,7 @@ def test_killed_worker_recovers_from_checkpoint_and_succeeds(
     bucket: str,
 ) -> None:
     ns = operator_namespace
-    setup_namespace(cluster, ns, s3)
+    apply_s3_secret(cluster, ns, s3)
     name = "gpt-chaos"
     cluster.kubectl(
         "apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(job(name, "fsdp", bucket, s3, mlflow, max_steps=80))
@@ -235,7 +218,7 @@ def test_suspend_checkpoints_and_resume_continues_from_it(
     bucket: str,
 ) -> None:
     ns = operator_namespace
-    setup_namespace(cluster, ns, s3)
+    apply_s3_secret(cluster, ns, s3)
     name = "gpt-pause"
     manifest = job(name, "fsdp", bucket, s3, mlflow, max_steps=100)
     manifest["spec"]["checkpoint"]["everySteps"] = 1000  # only the suspend's final checkpoint can exist
@@ -282,7 +265,7 @@ def test_permanent_user_error_fails_fast_without_retries(
     """A task that does not exist is a user error: the trainer exits with its permanent code, says so in the
     termination message, and the operator fails the job at once instead of spending the restart budget."""
     ns = operator_namespace
-    setup_namespace(cluster, ns, s3)
+    apply_s3_secret(cluster, ns, s3)
     manifest = job("typo", "fsdp", bucket, s3, mlflow, max_steps=10)
     manifest["spec"]["entrypoint"]["module"] = "loom.workloads.trainer.examples.no_such_module:task"
     manifest["spec"]["runPolicy"]["backoffLimit"] = 3
