@@ -7,13 +7,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 # uv's cache makes a second install (or a fresh clone on the same machine) take seconds.
 UV := $(BIN)/uv
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha1sum | cut -c1-12)
 
 .PHONY: demo test venv lint typecheck unit e2e bench crds stack clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check 'uv>=0.4,<1'
 	# torch first: deepspeed's sdist imports it at build time.
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.installed-*; touch $@
 
 lint: venv
-	$(BIN)/ruff check operator workloads tests e2e bench
+	$(BIN)/ruff check operator workloads devstack e2e tests bench setup.py
 	$(BIN)/lint-imports
 
 typecheck: venv

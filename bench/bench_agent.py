@@ -22,10 +22,10 @@ import threading
 import time
 from pathlib import Path
 
-from loom.e2e.agent.runtime import ContainerProcess
-from loom.e2e.agent.services import PortProxy
-from loom.e2e.agent.shim import build_shim
-from loom.e2e.agent.volumes import Mount
+from loom.devstack.agent.proxies import PortProxy
+from loom.devstack.agent.runtime import ContainerProcess
+from loom.devstack.agent.shim import build_shim
+from loom.devstack.agent.volumes import Mount
 
 BACKEND = """
 import socket, sys, threading

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
-from loom.e2e.services import free_port, s3_server
+from loom.devstack.servers import free_port, s3_server
 from loom.workloads.common.s3 import DEFAULT_TRANSFER, S3Location, make_client
 from loom.workloads.trainer.checkpoint.manager import CheckpointManager
 from loom.workloads.trainer.config import TrainerConfig

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from loom.e2e.services import free_port
+from loom.devstack.servers import free_port
 from loom.workloads.server import testing
 
 BARE_APP = """

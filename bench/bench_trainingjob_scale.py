@@ -21,10 +21,10 @@ from typing import Any
 
 import yaml
 
+from loom.devstack.cluster import StackConfig, current, up
+from loom.devstack.cluster.handle import Cluster
+from loom.devstack.cluster.nodes import KWOK_TOLERATION
 from loom.e2e.pytest_operator import apply_crds, operator_process
-from loom.e2e.stack import StackConfig, current, up
-from loom.e2e.stack.cluster import Cluster
-from loom.e2e.stack.nodes import KWOK_TOLERATION
 
 WORKERS = 2
 

@@ -1,1 +1,1 @@
-"""The local real stack: control plane build and process management, node agent. Dev and test only."""
+"""End-to-end tier: the pytest plugins, the e2e tests and the demo, on top of loom.devstack. Dev and test only."""

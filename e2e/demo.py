@@ -25,13 +25,13 @@ import httpx
 import psutil
 import yaml
 
-from loom.e2e.agent.services import service_address
+from loom.devstack.agent.proxies import service_address
+from loom.devstack.cluster import Cluster, StackConfig, current, up
+from loom.devstack.cluster import down as stack_down
+from loom.devstack.cluster.paths import AGENT_STATE_DIR, STATE_DIR
+from loom.devstack.cluster.pki import AGENT_NODE_NAME
+from loom.devstack.servers import S3Endpoint, mlflow_server, s3_server
 from loom.e2e.pytest_operator import apply_crds, operator_process
-from loom.e2e.services import S3Endpoint, mlflow_server, s3_server
-from loom.e2e.stack import Cluster, StackConfig, current, up
-from loom.e2e.stack import down as stack_down
-from loom.e2e.stack.paths import AGENT_STATE_DIR, STATE_DIR
-from loom.e2e.stack.pki import AGENT_NODE_NAME
 
 NAMESPACE = "demo-loom"
 JOB = "chargpt"

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from loom.e2e.services import free_port
+from loom.devstack.servers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 90.0

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from loom.e2e.services import MLflowEndpoint, S3Endpoint, mlflow_server, s3_server
+from loom.devstack.servers import MLflowEndpoint, S3Endpoint, mlflow_server, s3_server
 
 
 @pytest.fixture(scope="session")

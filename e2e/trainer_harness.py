@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loom.e2e.services import S3Endpoint
+from loom.devstack.servers import S3Endpoint
 
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 # Small enough that a step takes milliseconds on one CPU core, big enough that the loss visibly falls.

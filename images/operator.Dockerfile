@@ -1,10 +1,9 @@
 # The operator image: the light install only (no torch, deepspeed, feast or mlflow).
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY operator operator
 COPY workloads workloads
-COPY e2e e2e
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim

@@ -2,10 +2,9 @@
 ARG BASE=python:3.11-slim
 FROM ${BASE} AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY operator operator
 COPY workloads workloads
-COPY e2e e2e
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM ${BASE}
@@ -14,5 +13,5 @@ COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir "$(ls /wheels/*.whl)[serve]" 'torch>=2.5,<3' && rm -rf /wheels
 USER 1000
 ENV PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
-EXPOSE 8000
+EXPOSE 8080
 ENTRYPOINT ["python", "-m", "loom.workloads.server"]

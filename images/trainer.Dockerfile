@@ -2,10 +2,9 @@
 ARG BASE=python:3.11-slim
 FROM ${BASE} AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY operator operator
 COPY workloads workloads
-COPY e2e e2e
 RUN pip install --no-cache-dir 'torch>=2.5,<3' && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 FROM ${BASE}

@@ -1,8 +1,9 @@
-"""The `loom` command: CRD generation, running the operator, the local dev stack, the demo."""
+"""The `loom` command: CRD generation, running the operator, and command groups found through entry points."""
 
 from __future__ import annotations
 
 import sys
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import click
@@ -47,20 +48,30 @@ def operator() -> None:
     run()
 
 
+CLI_GROUP = "loom.cli"
+
+
+def _missing(module: str, error: ModuleNotFoundError) -> bool:
+    """True when `module` itself (or a package above it) is absent, not when something it imports is broken."""
+    return error.name is not None and (module == error.name or module.startswith(f"{error.name}."))
+
+
 def _register_optional() -> None:
-    """Dev-only command groups live outside the operator's import path; add them when present."""
-    try:
-        from .cli_dev import dev
+    """Add command groups other distributions of Loom declare under the `loom.cli` entry-point group.
 
-        main.add_command(dev)
-    except ImportError:
-        pass
-    try:
-        from .demo import demo
-
-        main.add_command(demo)
-    except ImportError:
-        pass
+    `loom dev` lives in loom.devstack, which a checkout has and a container image does not: the operator
+    never imports it by name, and an entry point whose module is absent is skipped. A module that is
+    present but fails to import still raises, so a broken `loom dev` is not silently hidden.
+    """
+    for entry in entry_points(group=CLI_GROUP):
+        try:
+            command = entry.load()
+        except ModuleNotFoundError as error:
+            if _missing(entry.module, error):
+                continue
+            raise
+        if isinstance(command, click.Command) and entry.name not in main.commands:
+            main.add_command(command, entry.name)
 
 
 _register_optional()

@@ -1,8 +1,8 @@
-"""Fixtures for end-to-end tests on the local real control plane (see loom.e2e.stack).
+"""Fixtures for end-to-end tests on the local real control plane (see loom.devstack.cluster).
 
 Fixtures (names are stable; other e2e modules rely on them):
 
-- ``cluster`` (session): a ``loom.e2e.stack.Cluster`` for the running stack, with
+- ``cluster`` (session): a ``loom.devstack.cluster.Cluster`` for the running stack, with
   ``kubeconfig`` (admin, Path), ``server`` (https URL), ``bin_dir`` (kubectl, helm, kwok, etcd,
   kube-*), ``ca_cert``, ``env`` (os.environ plus KUBECONFIG, PATH and PYTHONSAFEPATH, for
   subprocesses), ``kubectl(*args, stdin=None, check=True)`` and ``api_client()``.
@@ -15,7 +15,7 @@ Fixtures (names are stable; other e2e modules rely on them):
   be created at once); deleted after the test.
 
 Pods land on the simulated kwok nodes (``type=kwok``, 8 ``nvidia.com/gpu`` each by default) only
-with ``loom.e2e.stack.nodes.KWOK_TOLERATION``; ``loom.e2e.stack.cluster.wait_until`` polls for
+with ``loom.devstack.cluster.nodes.KWOK_TOLERATION``; ``loom.devstack.cluster.handle.wait_until`` polls for
 state that controllers converge to. Every test in this folder is marked ``e2e``.
 """
 
@@ -30,10 +30,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from loom.e2e.stack import Cluster, StackConfig, current, down, up
-from loom.e2e.stack.build import build, is_built
-from loom.e2e.stack.cluster import wait_until
-from loom.e2e.stack.stack import join_session, leave_session
+from loom.devstack.cluster import Cluster, StackConfig, current, down, up
+from loom.devstack.cluster.build import build, is_built
+from loom.devstack.cluster.handle import wait_until
+from loom.devstack.cluster.lifecycle import join_session, leave_session
 
 HERE = Path(__file__).resolve().parent
 

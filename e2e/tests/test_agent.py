@@ -14,11 +14,11 @@ import pytest
 import yaml
 from kubernetes import client
 
-from loom.e2e.agent import service_address
-from loom.e2e.stack import Cluster, procs
-from loom.e2e.stack.cluster import wait_until
-from loom.e2e.stack.paths import AGENT_STATE_DIR
-from loom.e2e.stack.pki import AGENT_NODE_NAME
+from loom.devstack.agent import service_address
+from loom.devstack.cluster import Cluster, procs
+from loom.devstack.cluster.handle import wait_until
+from loom.devstack.cluster.paths import AGENT_STATE_DIR
+from loom.devstack.cluster.pki import AGENT_NODE_NAME
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 ON_AGENT = {"kubernetes.io/hostname": AGENT_NODE_NAME}

@@ -14,10 +14,10 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from loom.e2e.stack import Cluster, KubectlError
-from loom.e2e.stack.build import KUBERNETES_VERSION
-from loom.e2e.stack.cluster import wait_until
-from loom.e2e.stack.nodes import GPU_RESOURCE, KWOK_TOLERATION
+from loom.devstack.cluster import Cluster, KubectlError
+from loom.devstack.cluster.build import KUBERNETES_VERSION
+from loom.devstack.cluster.handle import wait_until
+from loom.devstack.cluster.nodes import GPU_RESOURCE, KWOK_TOLERATION
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

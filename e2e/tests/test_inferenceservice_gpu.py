@@ -17,10 +17,10 @@ import pytest
 import yaml
 from kubernetes import client
 
+from loom.devstack.cluster import Cluster
+from loom.devstack.cluster.handle import wait_until
+from loom.devstack.cluster.nodes import GPU_RESOURCE, KWOK_TAINT, KWOK_TOLERATION
 from loom.e2e.pytest_operator import OperatorProcess
-from loom.e2e.stack import Cluster
-from loom.e2e.stack.cluster import wait_until
-from loom.e2e.stack.nodes import GPU_RESOURCE, KWOK_TAINT, KWOK_TOLERATION
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
+from loom.devstack.cluster import Cluster
+from loom.devstack.cluster.handle import wait_until
+from loom.devstack.cluster.nodes import KWOK_TOLERATION
 from loom.e2e.pytest_operator import apply_crds, operator_process
-from loom.e2e.stack import Cluster
-from loom.e2e.stack.cluster import wait_until
-from loom.e2e.stack.nodes import KWOK_TOLERATION
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

@@ -13,13 +13,13 @@ import httpx
 import pytest
 import yaml
 
-from loom.e2e.agent.services import service_address
+from loom.devstack.agent.proxies import service_address
+from loom.devstack.cluster import Cluster
+from loom.devstack.cluster.handle import wait_until
+from loom.devstack.cluster.paths import AGENT_STATE_DIR
+from loom.devstack.cluster.pki import AGENT_NODE_NAME
+from loom.devstack.servers import S3Endpoint
 from loom.e2e.pytest_operator import OperatorProcess
-from loom.e2e.services import S3Endpoint
-from loom.e2e.stack import Cluster
-from loom.e2e.stack.cluster import wait_until
-from loom.e2e.stack.paths import AGENT_STATE_DIR
-from loom.e2e.stack.pki import AGENT_NODE_NAME
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 

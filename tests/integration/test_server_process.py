@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from loom.e2e.services import free_port
+from loom.devstack.servers import free_port
 from loom.workloads.server.testing import child_env, model_server
 
 pytestmark = pytest.mark.timeout(180)

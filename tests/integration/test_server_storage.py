@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from loom.e2e.services import MLflowEndpoint, S3Endpoint, free_port
+from loom.devstack.servers import MLflowEndpoint, S3Endpoint, free_port
 from loom.workloads.common.s3 import sha256_file
 from loom.workloads.server.chargpt_handler import save_for_serving
 from loom.workloads.server.config import ServerConfig

@@ -11,7 +11,7 @@ import pytest
 from tritonclient.http import InferenceServerClient, InferInput, InferRequestedOutput
 from tritonclient.utils import InferenceServerException
 
-from loom.e2e.services import free_port
+from loom.devstack.servers import free_port
 from loom.workloads.server.testing import model_server
 
 pytestmark = pytest.mark.timeout(180)

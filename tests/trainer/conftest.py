@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from loom.e2e.services import S3Endpoint
+from loom.devstack.servers import S3Endpoint
 from loom.e2e.trainer_harness import TrainerRun, torchrun_argv, trainer_env
 
 

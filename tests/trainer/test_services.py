@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loom.e2e.services import MLflowEndpoint, S3Endpoint
+from loom.devstack.servers import MLflowEndpoint, S3Endpoint
 
 
 def test_s3_server_stores_and_returns_objects(s3: S3Endpoint) -> None:

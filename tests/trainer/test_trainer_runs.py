@@ -15,7 +15,7 @@ import httpx
 import psutil
 import pytest
 
-from loom.e2e.services import MLflowEndpoint, S3Endpoint, free_port
+from loom.devstack.servers import MLflowEndpoint, S3Endpoint, free_port
 from loom.e2e.trainer_harness import TrainerRun, make_config, torchrun_argv, trainer_env
 from loom.workloads.common.s3 import S3Location, download_tree, list_keys
 from loom.workloads.trainer.checkpoint.manifest import Manifest

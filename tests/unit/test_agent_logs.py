@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from loom.e2e.agent.logserver import LogServer
+from loom.devstack.agent.logserver import LogServer
 
 
 def _free_port() -> int:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from loom.e2e.agent import plan
-from loom.e2e.agent.hosts import ServiceView, render_hosts, write_in_place
-from loom.e2e.agent.plan import ClusterData, ConfigError
-from loom.e2e.agent.volumes import container_mounts, materialize, volume_files
+from loom.devstack.agent import plan
+from loom.devstack.agent.hosts import ServiceView, render_hosts, write_in_place
+from loom.devstack.agent.plan import ClusterData, ConfigError
+from loom.devstack.agent.volumes import container_mounts, materialize, volume_files
 
 POD = {
     "metadata": {

@@ -7,10 +7,9 @@ import contextlib
 import json
 from pathlib import Path
 
-from loom.e2e.agent.logserver import tail
-from loom.e2e.agent.probes import ProbeTracker, resolve_port
-from loom.e2e.agent.runtime import parse_exit
-from loom.e2e.agent.services import (
+from loom.devstack.agent.logserver import tail
+from loom.devstack.agent.probes import ProbeTracker, resolve_port
+from loom.devstack.agent.proxies import (
     PodEndpoint,
     PortProxy,
     ServiceTable,
@@ -18,7 +17,8 @@ from loom.e2e.agent.services import (
     pod_backends,
     ready_endpoints,
 )
-from loom.e2e.agent.status import ContainerState, PodState, backoff_seconds, pod_status, ran_for_seconds
+from loom.devstack.agent.runtime import parse_exit
+from loom.devstack.agent.status import ContainerState, PodState, backoff_seconds, pod_status, ran_for_seconds
 
 
 def _pod(*containers: ContainerState, init: tuple[ContainerState, ...] = ()) -> PodState:

@@ -8,12 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from loom.e2e.agent.__main__ import take_over
+from loom.devstack.agent.__main__ import take_over
 
 HOLDER = """
 import signal, sys, time
 from pathlib import Path
-from loom.e2e.agent.__main__ import take_over
+from loom.devstack.agent.__main__ import take_over
 signal.signal(signal.SIGHUP, lambda *_: sys.exit(0))
 import asyncio
 asyncio.run(take_over(Path(sys.argv[1])))

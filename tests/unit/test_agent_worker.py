@@ -14,12 +14,12 @@ from typing import Any
 import httpx
 import pytest
 
-from loom.e2e.agent.config import AgentConfig
-from loom.e2e.agent.hosts import render_hosts, write_in_place
-from loom.e2e.agent.plan import ClusterData
-from loom.e2e.agent.podworker import PodWorker
-from loom.e2e.agent.runtime import group_members
-from loom.e2e.agent.shim import build_shim
+from loom.devstack.agent.config import AgentConfig
+from loom.devstack.agent.hosts import render_hosts, write_in_place
+from loom.devstack.agent.plan import ClusterData
+from loom.devstack.agent.podworker import PodWorker
+from loom.devstack.agent.runtime import group_members
+from loom.devstack.agent.shim import build_shim
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the node agent needs root for mount namespaces"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from loom.e2e.services import MLflowEndpoint, free_port
+from loom.devstack.servers import MLflowEndpoint, free_port
 from loom.operator.controllers.trainingjob_mlflow import JOB_UID_TAG, TrackingError, ensure_run, finish_run
 from loom.operator.controllers.trainingjob_progress import fetch_progress, new_client
 from loom.operator.render.trainingjob_observe import progress_from_metrics

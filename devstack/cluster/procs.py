@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from loom.e2e.stack.paths import LOG_DIR, RUN_DIR
+from loom.devstack.cluster.paths import LOG_DIR, RUN_DIR
 
 
 @dataclass(frozen=True)

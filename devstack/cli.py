@@ -1,7 +1,7 @@
 """`loom dev`: build, start and stop the local real control plane (dev and tests only).
 
-The stack's code (loom.e2e.stack) is imported inside each command, so the operator's normal start
-never loads dev tooling.
+`loom` finds this group through the `loom.cli` entry-point group (see pyproject.toml); the stack's code
+(loom.devstack.cluster) is imported inside each command, so `loom --help` stays quick.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def dev() -> None:
 @dev.command()
 def build() -> None:
     """Build the control plane, kwok, kubectl and helm from their Go modules (cached; a rebuild is a no-op)."""
-    from loom.e2e.stack.build import build as build_stack
+    from loom.devstack.cluster.build import build as build_stack
 
     build_stack(progress=click.echo)
 
@@ -32,8 +32,8 @@ def build() -> None:
 )
 def up(nodes: int, gpus_per_node: int, agent_gpus: int) -> None:
     """Start the stack (building it first if needed); a no-op when it already runs like this."""
-    from loom.e2e.stack import StackConfig
-    from loom.e2e.stack import up as stack_up
+    from loom.devstack.cluster import StackConfig
+    from loom.devstack.cluster import up as stack_up
 
     cluster = stack_up(StackConfig(nodes=nodes, gpus_per_node=gpus_per_node, agent_gpus=agent_gpus), click.echo)
     click.echo(f"ready: {cluster.server}\n{cluster.shell_exports()}")
@@ -43,7 +43,7 @@ def up(nodes: int, gpus_per_node: int, agent_gpus: int) -> None:
 @click.option("--wipe", is_flag=True, help="Also delete the cluster's data, certificates and logs.")
 def down(wipe: bool) -> None:
     """Stop every process of the stack."""
-    from loom.e2e.stack import down as stack_down
+    from loom.devstack.cluster import down as stack_down
 
     stack_down(click.echo, wipe=wipe)
 
@@ -52,7 +52,7 @@ def down(wipe: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status(as_json: bool) -> None:
     """Which components run, where the API server listens, where the logs are."""
-    from loom.e2e.stack import status as stack_status
+    from loom.devstack.cluster import status as stack_status
 
     report = stack_status()
     if as_json:
@@ -69,8 +69,8 @@ def status(as_json: bool) -> None:
 @dev.command()
 def env() -> None:
     """Print the exports a shell needs: eval "$(loom dev env)"."""
-    from loom.e2e.stack.build import is_built, stack_bin_dir
-    from loom.e2e.stack.paths import KUBECONFIG
+    from loom.devstack.cluster.build import is_built, stack_bin_dir
+    from loom.devstack.cluster.paths import KUBECONFIG
 
     if not is_built():
         raise click.ClickException("the local stack is not built yet: `loom dev build` first")

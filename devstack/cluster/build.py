@@ -1,4 +1,4 @@
-"""Build the stack's Go programs from the modules under e2e/stack/go/ and cache them.
+"""Build the stack's Go programs from the modules under devstack/cluster/go/ and cache them.
 
 Each module builds all of its `tool` packages in one `go build`, so the packages they share compile
 once. Results go to <cache>/<module>-<digest>/bin, keyed by the module's go.mod, go.sum and link
@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from loom.e2e.stack.paths import GO_MODULES_DIR, cache_root
+from loom.devstack.cluster.paths import GO_MODULES_DIR, cache_root
 
 KUBERNETES_VERSION = "v1.37.2"
 HELM_VERSION = "v4.3.1"

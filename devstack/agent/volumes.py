@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loom.e2e.agent.plan import ClusterData, ConfigError, config_map_data, field_value, secret_data
+from loom.devstack.agent.plan import ClusterData, ConfigError, config_map_data, field_value, secret_data
 
 Obj = dict[str, Any]
 FileSet = dict[str, tuple[bytes, int]]  # relative path -> (content, mode)

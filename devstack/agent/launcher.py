@@ -1,6 +1,6 @@
 """Starts one container process in its own mount and UTS namespace and records how it ended.
 
-Run as `python -m loom.e2e.agent.launcher SPEC.json` in a new session (process group). It binds the
+Run as `python -m loom.devstack.agent.launcher SPEC.json` in a new session (process group). It binds the
 pod's volumes and /etc/hosts into a private mount namespace, sets the pod hostname, forks the
 command, writes the command's pid, waits, and writes the exit code atomically. Because the exit
 code lands in a file, an agent that restarted can re-adopt the container and still learn how it

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# The stack is dev tooling used from a checkout (editable install): e2e/stack/ sits two levels
+# The stack is dev tooling used from a checkout (editable install): devstack/cluster/ sits two levels
 # below the repository root.
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GO_MODULES_DIR = Path(__file__).resolve().parent / "go"
 KWOK_STAGES_FILE = Path(__file__).resolve().parent / "kwok-stages.yaml"
-AGENT_MAIN = REPO_ROOT / "e2e" / "agent" / "__main__.py"
+AGENT_MAIN = REPO_ROOT / "devstack" / "agent" / "__main__.py"
 
 # Runtime state lives in the git-ignored .state/ of the checkout, so every clone has its own cluster.
 STATE_DIR = Path(os.environ.get("LOOM_STATE_DIR", REPO_ROOT / ".state"))

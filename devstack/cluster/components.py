@@ -7,8 +7,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from loom.e2e.stack.paths import AGENT_MAIN, AGENT_STATE_DIR, ETCD_DATA_DIR, KWOK_STAGES_FILE, STACK_DIR
-from loom.e2e.stack.pki import AGENT_NODE_NAME, SERVICE_CIDR, Pki
+from loom.devstack.cluster.paths import AGENT_MAIN, AGENT_STATE_DIR, ETCD_DATA_DIR, KWOK_STAGES_FILE, STACK_DIR
+from loom.devstack.cluster.pki import AGENT_NODE_NAME, SERVICE_CIDR, Pki
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 KWOK_POD_CIDR = "10.244.0.0/16"
@@ -174,7 +174,7 @@ def node_agent(pki: Pki, ports: Ports, gpus: int) -> Component | None:
         [
             sys.executable,
             "-m",
-            "loom.e2e.agent",
+            "loom.devstack.agent",
             "--kubeconfig",
             str(kubeconfig_path("admin")),
             "--node-name",

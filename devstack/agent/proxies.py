@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loom.e2e.agent.hosts import ServiceView
-from loom.e2e.agent.plan import allocate_address
+from loom.devstack.agent.hosts import ServiceView
+from loom.devstack.agent.plan import allocate_address
 
 Obj = dict[str, Any]
 log = logging.getLogger("loom.agent.services")

@@ -14,9 +14,9 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from loom.e2e.agent.config import AgentConfig
-from loom.e2e.agent.kubeapi import KubeApi
-from loom.e2e.agent.status import now
+from loom.devstack.agent.config import AgentConfig
+from loom.devstack.agent.kubeapi import KubeApi
+from loom.devstack.agent.status import now
 
 Obj = dict[str, Any]
 log = logging.getLogger("loom.agent.node")

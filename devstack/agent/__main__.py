@@ -1,4 +1,4 @@
-"""`python -m loom.e2e.agent`: run the node agent.
+"""`python -m loom.devstack.agent`: run the node agent.
 
 Exit modes:
 - SIGTERM/SIGINT (`loom dev down`): stop every pod's processes (SIGTERM, SIGKILL after at most
@@ -25,12 +25,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from loom.e2e.agent.config import AgentConfig, machine_memory
-from loom.e2e.agent.shim import build_shim
+from loom.devstack.agent.config import AgentConfig, machine_memory
+from loom.devstack.agent.shim import build_shim
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m loom.e2e.agent", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m loom.devstack.agent", description=__doc__)
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--node-name", default="loom-local")
     parser.add_argument("--state-dir", required=True, type=Path)
@@ -77,7 +77,7 @@ async def take_over(state_dir: Path, wait_seconds: float = 30.0) -> int:
 
 
 async def amain(args: argparse.Namespace) -> None:
-    from loom.e2e.agent.agent import Agent
+    from loom.devstack.agent.agent import Agent
 
     state_dir: Path = args.state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)

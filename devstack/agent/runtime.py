@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from loom.e2e.agent.volumes import Mount
+from loom.devstack.agent.volumes import Mount
 
 LAUNCHER = Path(__file__).resolve().with_name("launcher.py")
 

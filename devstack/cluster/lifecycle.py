@@ -24,13 +24,13 @@ from typing import Any
 import httpx
 import yaml
 
-from loom.e2e.stack import procs
-from loom.e2e.stack.build import build, is_built, stack_bin_dir
-from loom.e2e.stack.cluster import Cluster
-from loom.e2e.stack.components import Component, Ports, control_plane, kubeconfig_path, node_agent
-from loom.e2e.stack.nodes import NodeShape, ensure_nodes, wait_nodes_ready
-from loom.e2e.stack.paths import KUBECONFIG, LOCK_FILE, PKI_DIR, STACK_DIR, STACK_FILE, USERS_DIR
-from loom.e2e.stack.pki import AGENT_NODE_NAME, Pki, ensure_pki
+from loom.devstack.cluster import procs
+from loom.devstack.cluster.build import build, is_built, stack_bin_dir
+from loom.devstack.cluster.components import Component, Ports, control_plane, kubeconfig_path, node_agent
+from loom.devstack.cluster.handle import Cluster
+from loom.devstack.cluster.nodes import NodeShape, ensure_nodes, wait_nodes_ready
+from loom.devstack.cluster.paths import KUBECONFIG, LOCK_FILE, PKI_DIR, STACK_DIR, STACK_FILE, USERS_DIR
+from loom.devstack.cluster.pki import AGENT_NODE_NAME, Pki, ensure_pki
 
 Progress = Callable[[str], None]
 COMPONENT_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "node-agent")

@@ -14,13 +14,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from loom.e2e.agent import plan
-from loom.e2e.agent.config import AgentConfig
-from loom.e2e.agent.plan import ClusterData, ConfigError
-from loom.e2e.agent.probes import ProbeTracker, run_probe
-from loom.e2e.agent.runtime import ContainerProcess
-from loom.e2e.agent.status import ContainerState, PodState, backoff_seconds, now, ran_for_seconds
-from loom.e2e.agent.volumes import container_mounts, materialize
+from loom.devstack.agent import plan
+from loom.devstack.agent.config import AgentConfig
+from loom.devstack.agent.plan import ClusterData, ConfigError
+from loom.devstack.agent.probes import ProbeTracker, run_probe
+from loom.devstack.agent.runtime import ContainerProcess
+from loom.devstack.agent.status import ContainerState, PodState, backoff_seconds, now, ran_for_seconds
+from loom.devstack.agent.volumes import container_mounts, materialize
 
 Obj = dict[str, Any]
 log = logging.getLogger("loom.agent.pod")

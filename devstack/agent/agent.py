@@ -17,18 +17,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loom.e2e.agent import plan
-from loom.e2e.agent.config import POD_NETWORK, AgentConfig
-from loom.e2e.agent.hosts import render_hosts, write_in_place
-from loom.e2e.agent.kubeapi import KubeApi
-from loom.e2e.agent.logserver import LogServer
-from loom.e2e.agent.node import NodeKeeper
-from loom.e2e.agent.plan import ClusterData
-from loom.e2e.agent.podworker import PodWorker
-from loom.e2e.agent.runtime import ContainerProcess
-from loom.e2e.agent.services import PodEndpoint, ServiceTable, api_endpoints, named_ports
-from loom.e2e.agent.status import pod_status
-from loom.e2e.agent.volumes import needs_token
+from loom.devstack.agent import plan
+from loom.devstack.agent.config import POD_NETWORK, AgentConfig
+from loom.devstack.agent.hosts import render_hosts, write_in_place
+from loom.devstack.agent.kubeapi import KubeApi
+from loom.devstack.agent.logserver import LogServer
+from loom.devstack.agent.node import NodeKeeper
+from loom.devstack.agent.plan import ClusterData
+from loom.devstack.agent.podworker import PodWorker
+from loom.devstack.agent.proxies import PodEndpoint, ServiceTable, api_endpoints, named_ports
+from loom.devstack.agent.runtime import ContainerProcess
+from loom.devstack.agent.status import pod_status
+from loom.devstack.agent.volumes import needs_token
 
 Obj = dict[str, Any]
 log = logging.getLogger("loom.agent")
