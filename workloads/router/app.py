@@ -1,0 +1,193 @@
+"""The router's HTTP side: the graph served as one Open Inference Protocol v2 model, over Starlette.
+
+Every answer carries ``loom-graph-steps`` (``node.step=outcome,...``): which steps ran, were skipped
+after a Soft failure, failed, or were not taken, so a graph can be debugged from one response.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .conditions import Condition, compile_conditions
+from .config import RouterConfig
+from .engine import GraphEngine, Outcome
+from .errors import GraphError, StepRecord
+from .metrics import RouterMetrics
+from .payload import Endpoint, Payload, PayloadError
+from .upstream import Caller, Stream, Upstreams, forwarded_headers
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "loom-graph-router"
+SERVER_VERSION = "0.1.0"
+EXTENSIONS = ["binary_tensor_data", "generate", "generate_stream"]
+STEPS_HEADER = "loom-graph-steps"
+
+
+def _error(status: int, message: str, code: str) -> JSONResponse:
+    return JSONResponse({"error": message, "code": code}, status_code=status)
+
+
+def _steps_header(steps: list[StepRecord]) -> dict[str, str]:
+    return {STEPS_HEADER: ",".join(record.header_value() for record in steps)}
+
+
+def build_app(
+    config: RouterConfig,
+    caller: Caller | None = None,
+    engine: GraphEngine | None = None,
+    conditions: dict[tuple[str, int], Condition] | None = None,
+) -> Starlette:
+    """The ASGI app for one graph. ``caller`` defaults to pooled HTTP clients for ``config.services``
+    (closed on shutdown); ``engine`` may be given whole, e.g. with a seeded RNG in tests."""
+    graph = config.graph_name
+    metrics = engine.metrics if engine is not None else RouterMetrics(graph)
+    upstreams: Upstreams | None = None
+    if engine is None:
+        if caller is None:
+            steps = [step for node in config.nodes.values() for step in node.steps]
+            longest = max([config.step_timeout_ms, *(step.timeout_ms or 0 for step in steps)])
+            upstreams = Upstreams(config.services, longest / 1000.0, config.max_connections)
+            caller = upstreams
+        engine = GraphEngine(
+            config, caller, compile_conditions(config) if conditions is None else conditions, metrics=metrics
+        )
+    ready = {"value": False}
+
+    def measured(endpoint: str, handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Any]:
+        async def wrapped(request: Request) -> Response:
+            started = time.perf_counter()
+            if request.path_params.get("name", graph) != graph:
+                response: Response = _error(404, f"model {request.path_params['name']!r} not found", "not_found")
+            else:
+                metrics.inflight.labels(graph).inc()
+                try:
+                    response = await handler(request)
+                except GraphError as exc:
+                    if exc.status >= 500:
+                        log.warning("graph %s failed: %s", graph, exc.describe())
+                    response = JSONResponse(
+                        exc.to_json(graph), status_code=exc.status, headers={**exc.headers, **_steps_header(exc.steps)}
+                    )
+                except Exception as exc:  # a router bug: still a JSON error, and still counted
+                    log.exception("%s failed", endpoint)
+                    response = _error(500, f"internal error: {type(exc).__name__}", "internal")
+                finally:
+                    metrics.inflight.labels(graph).dec()
+            metrics.answered(endpoint, response.status_code, time.perf_counter() - started)
+            return response
+
+        return wrapped
+
+    async def execute(request: Request, endpoint: Endpoint, stream: bool = False) -> Outcome:
+        body = await request.body()
+        try:
+            payload = Payload.from_http(body, request.headers, "request")
+        except PayloadError as exc:
+            raise GraphError("bad_request", 400, str(exc)) from exc
+        return await engine.run(payload, endpoint, forwarded_headers(request.headers), stream=stream)
+
+    async def live(request: Request) -> Response:
+        return JSONResponse({"live": True})
+
+    async def health_ready(request: Request) -> Response:
+        return JSONResponse({"ready": ready["value"]}, status_code=200 if ready["value"] else 503)
+
+    async def server_metadata(request: Request) -> Response:
+        return JSONResponse({"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS})
+
+    async def model_metadata(request: Request) -> Response:
+        # A graph has no fixed signature of its own: its inputs are its first steps' and its outputs
+        # depend on the route taken, so they are left empty (the protocol allows it).
+        return JSONResponse({"name": graph, "versions": [], "platform": "loom-graph", "inputs": [], "outputs": []})
+
+    async def model_ready(request: Request) -> Response:
+        return JSONResponse({"name": graph, "ready": ready["value"]}, status_code=200 if ready["value"] else 503)
+
+    async def infer(request: Request) -> Response:
+        outcome = await execute(request, "infer")
+        assert isinstance(outcome.value, Payload)
+        return Response(outcome.value.body, headers={**outcome.value.http_headers(), **_steps_header(outcome.steps)})
+
+    async def generate(request: Request) -> Response:
+        outcome = await execute(request, "generate")
+        assert isinstance(outcome.value, Payload)
+        return Response(outcome.value.body, headers={**outcome.value.http_headers(), **_steps_header(outcome.steps)})
+
+    async def generate_stream(request: Request) -> Response:
+        outcome = await execute(request, "generate", stream=True)
+        value = outcome.value
+        events = _relay(value) if isinstance(value, Stream) else _one_event(value)
+        headers = {"cache-control": "no-cache", **_steps_header(outcome.steps)}
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+
+    async def prometheus(request: Request) -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    routes = [
+        Route("/v2/health/live", live, methods=["GET"]),
+        Route("/v2/health/ready", health_ready, methods=["GET"]),
+        Route("/v2", measured("server_metadata", server_metadata), methods=["GET"]),
+        Route("/v2/models/{name}", measured("metadata", model_metadata), methods=["GET"]),
+        Route("/v2/models/{name}/ready", measured("model_ready", model_ready), methods=["GET"]),
+        Route("/v2/models/{name}/infer", measured("infer", infer), methods=["POST"]),
+        Route("/v2/models/{name}/generate", measured("generate", generate), methods=["POST"]),
+        Route("/v2/models/{name}/generate_stream", measured("generate_stream", generate_stream), methods=["POST"]),
+        Route("/metrics", prometheus, methods=["GET"]),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        ready["value"] = True
+        try:
+            yield
+        finally:
+            ready["value"] = False
+            if upstreams is not None:
+                await upstreams.aclose()
+
+    app = Starlette(routes=routes, lifespan=lifespan)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _error(404, f"no route for {request.method} {request.url.path}", "not_found")
+
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        return _error(405, f"method {request.method} not allowed on {request.url.path}", "method_not_allowed")
+
+    app.add_exception_handler(404, not_found)
+    app.add_exception_handler(405, not_allowed)
+    app.state.engine = engine
+    app.state.metrics = metrics
+    return app
+
+
+async def _relay(stream: Stream) -> AsyncIterator[bytes]:
+    """The streaming step's chunks, passed on as they arrive; a failure mid-stream becomes an error
+    event (the 200 is already sent), the model server's way."""
+    try:
+        async for chunk in stream.chunks():
+            yield chunk
+    except Exception as exc:
+        log.warning("stream through the graph broke: %s", exc)
+        event = {"error": f"stream broke: {type(exc).__name__}: {exc}", "code": "stream_error"}
+        yield f"data: {json.dumps(event)}\n\n".encode()
+
+
+async def _one_event(payload: Payload) -> AsyncIterator[bytes]:
+    """A complete body (the last position was an Ensemble, or was skipped) as one event."""
+    try:
+        doc = payload.doc()
+    except PayloadError:
+        doc = {"text_output": payload.body.decode("utf-8", "replace")}
+    yield f"data: {json.dumps(doc, separators=(',', ':'))}\n\n".encode()

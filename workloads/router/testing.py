@@ -1,0 +1,141 @@
+"""Test and benchmark helpers: a scripted Caller (services as async functions of the request
+document) and ASGI apps served by a real uvicorn on 127.0.0.1 in a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from .config import RouterConfig
+from .payload import Payload
+from .upstream import Stream, UpstreamFailure
+
+Handler = Callable[[Any], Awaitable[Any]]
+
+
+@dataclass
+class Call:
+    service: str
+    endpoint: str
+    payload: Payload
+    headers: dict[str, str]
+
+    @property
+    def doc(self) -> Any:
+        return self.payload.doc()
+
+
+@dataclass
+class FakeCaller:
+    """Each service is a handler: doc in, doc out (or an UpstreamFailure raised, or bytes answered as is)."""
+
+    handlers: dict[str, Handler] = field(default_factory=dict)
+    calls: list[Call] = field(default_factory=list)
+
+    async def call(self, service: str, endpoint: str, payload: Payload, headers: Mapping[str, str]) -> Payload:
+        self.calls.append(Call(service, endpoint, payload, dict(headers)))
+        answer = await self.handlers[service](payload.doc())
+        if isinstance(answer, Payload):
+            return answer
+        return Payload(json.dumps(answer).encode(), origin="response")
+
+    async def stream(self, service: str, endpoint: str, payload: Payload, headers: Mapping[str, str]) -> Stream:
+        self.calls.append(Call(service, endpoint, payload, dict(headers)))
+        answer = await self.handlers[service](payload.doc())
+        text = answer["text_output"]
+
+        async def rest() -> AsyncIterator[bytes]:
+            for char in text[1:]:
+                yield f"data: {json.dumps({'text_output': char})}\n\n".encode()
+
+        return Stream(f"data: {json.dumps({'text_output': text[:1]})}\n\n".encode(), rest())
+
+    def services(self) -> list[str]:
+        return [c.service for c in self.calls]
+
+
+def scale(factor: float, output: str = "y") -> Handler:
+    """An OIP model: every input's data times ``factor`` as one output."""
+
+    async def handler(doc: Any) -> Any:
+        first = doc["inputs"][0]
+        return {
+            "model_name": f"x{factor}",
+            "outputs": [{"name": output, "datatype": "FP64", "shape": first["shape"],
+                         "data": [v * factor for v in first["data"]]}],
+        }
+
+    return handler
+
+
+def fails(status: int | None, message: str = "boom", headers: dict[str, str] | None = None) -> Handler:
+    async def handler(doc: Any) -> Any:
+        raise UpstreamFailure(status, message, headers)
+
+    return handler
+
+
+def answers(doc: Any) -> Handler:
+    async def handler(_: Any) -> Any:
+        return doc
+
+    return handler
+
+
+def hangs() -> Handler:
+    async def handler(_: Any) -> Any:
+        await asyncio.Event().wait()
+
+    return handler
+
+
+def echo_text(suffix: str) -> Handler:
+    async def handler(doc: Any) -> Any:
+        return {"model_name": suffix, "text_output": doc["text_input"] + suffix}
+
+    return handler
+
+
+def graph(nodes: dict[str, Any], services: list[str], **extra: Any) -> RouterConfig:
+    """A RouterConfig in its camelCase ConfigMap form (what the operator renders)."""
+    return RouterConfig.model_validate({
+        "graphName": "g",
+        "nodes": nodes,
+        "services": {s: {"url": f"http://{s}.ns.svc", "modelName": s} for s in services},
+        **extra,
+    })
+
+
+def infer_request(*values: float, **extra: Any) -> Payload:
+    doc = {"inputs": [{"name": "x", "datatype": "FP64", "shape": [len(values)], "data": list(values)}], **extra}
+    return Payload(json.dumps(doc).encode())
+
+
+@contextlib.contextmanager
+def serving(app: ASGIApp, timeout_s: float = 30.0) -> Iterator[str]:
+    """Serve ``app`` with uvicorn (HTTP/1.1, h11) on a free 127.0.0.1 port; yields its base URL."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False, http="h11",
+                            lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=timeout_s)
