@@ -1,4 +1,7 @@
-"""Real backing services for tests and the demo: an S3-compatible server and an MLflow tracking server.
+"""Real backing servers on this machine for tests and the demo: an S3-compatible store and MLflow tracking.
+
+This is the one home for such helpers (a new backing server, e.g. Prometheus or Redis, goes here too);
+not to be confused with the node agent's Service proxies (loom.devstack.agent.proxies).
 
 Each context manager starts the real program as a subprocess on a free loopback port, waits until it
 answers its health check (bounded), yields its endpoint and stops it on exit. When a server does not
