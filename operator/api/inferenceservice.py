@@ -1,10 +1,16 @@
-"""InferenceService: a model server that batches, streams, protects itself, rolls out safely and autoscales."""
+"""InferenceService: a model server that batches, streams, protects itself, rolls out safely and autoscales.
+
+Fields the model server also reads take their limits, defaults and handler names from the server's own config
+model (loom.workloads.server.config): one definition, checked by tests/unit/test_contracts.py.
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
 from pydantic import Field
+
+from loom.workloads.server import config as server
 
 from .common import (
     ApiModel,
@@ -88,14 +94,18 @@ class Autoscaling(ApiModel):
 class Batching(ApiModel):
     """Adaptive batching: requests wait until maxBatchSize are pooled or maxLatencyMs passed."""
 
-    max_batch_size: int = Field(8, ge=1, le=1024)
-    max_latency_ms: int = Field(10, ge=0, le=60000)
-    max_queue: int = Field(256, ge=1, le=100000, description="Requests waiting beyond this get 503.")
+    max_batch_size: server.MaxBatchSize = Field(
+        server.DEFAULT_MAX_BATCH_SIZE, description="Most requests run in one predict call."
+    )
+    max_latency_ms: server.MaxLatencyMs = Field(
+        server.DEFAULT_MAX_LATENCY_MS, description="Longest a request waits for others to join its batch."
+    )
+    max_queue: server.MaxQueue = Field(server.DEFAULT_MAX_QUEUE, description="Requests waiting beyond this get 503.")
 
 
 class RateLimit(ApiModel):
-    requests_per_second: float = Field(gt=0, description="Token refill rate per API key.")
-    burst: int = Field(10, ge=1, description="Bucket size per API key.")
+    requests_per_second: server.RequestsPerSecond = Field(description="Token refill rate per API key.")
+    burst: server.Burst = Field(server.DEFAULT_BURST, description="Bucket size per API key.")
 
 
 class Auth(ApiModel):
@@ -140,7 +150,7 @@ class InferenceServiceSpec(ApiModel):
     model: ModelSource
     handler: str = Field(
         "auto",
-        description="How to load and call the model: chargpt | torchscript | torch-export | mlflow-pyfunc | noop | "
+        description=f"How to load and call the model: {' | '.join(server.BUILTIN_HANDLERS)} | "
         "'module:Class' | auto (guessed from the model folder).",
         max_length=256,
     )

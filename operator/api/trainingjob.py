@@ -1,10 +1,16 @@
-"""TrainingJob: a DeepSpeed or FSDP training run that recovers from lost pods by resuming from checkpoints."""
+"""TrainingJob: a DeepSpeed or FSDP training run that recovers from lost pods by resuming from checkpoints.
+
+Fields the trainer also reads take their enums, limits and defaults from the trainer's own config model
+(loom.workloads.trainer.config): one definition, checked by tests/unit/test_contracts.py.
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
 from pydantic import Field
+
+from loom.workloads.trainer import config as trainer
 
 from .common import (
     ApiModel,
@@ -18,7 +24,6 @@ from .common import (
     validations,
 )
 
-Engine = Literal["deepspeed", "fsdp"]
 TrainingPhase = Literal["Pending", "Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 
 
@@ -29,7 +34,7 @@ class Entrypoint(ApiModel):
         cel("has(self.module) != has(self.command)", "set exactly one of module or command"),
     )
 
-    module: str | None = Field(
+    module: trainer.EntrypointRef | None = Field(
         None,
         description="Python entry of the user's training task, 'package.module:function'. "
         "Default image ships the bundled example 'loom.workloads.trainer.examples.chargpt:task'.",
@@ -69,18 +74,22 @@ class Workers(ApiModel):
 class DeepSpeedOptions(ApiModel):
     """DeepSpeed engine settings; `config` is a raw ds_config merged last (it wins)."""
 
-    zero_stage: int = Field(2, ge=0, le=3, description="ZeRO stage 0-3.")
-    offload: Literal["none", "cpu"] = Field("none", description="Offload optimizer (and params at stage 3) to CPU.")
-    bf16: bool = Field(False, description="Train in bfloat16.")
+    zero_stage: trainer.ZeroStage = Field(trainer.DEFAULT_ZERO_STAGE, description="ZeRO stage 0-3.")
+    offload: trainer.Offload = Field(
+        trainer.DEFAULT_OFFLOAD, description="Offload optimizer (and params at stage 3) to CPU."
+    )
+    bf16: bool = Field(trainer.DEFAULT_BF16, description="Train in bfloat16.")
     config: FreeForm | None = Field(None, description="Raw ds_config passthrough, merged over the generated one.")
 
 
 class FsdpOptions(ApiModel):
     """FSDP2 (fully_shard) engine settings."""
 
-    sharding: Literal["full", "hybrid", "none"] = Field("full", description="How parameters are sharded.")
-    mixed_precision: Literal["none", "bf16", "fp16"] = Field("none", description="Compute dtype.")
-    activation_checkpointing: bool = Field(False, description="Recompute activations in backward.")
+    sharding: trainer.FsdpSharding = Field(trainer.DEFAULT_SHARDING, description="How parameters are sharded.")
+    mixed_precision: trainer.MixedPrecision = Field(trainer.DEFAULT_MIXED_PRECISION, description="Compute dtype.")
+    activation_checkpointing: bool = Field(
+        trainer.DEFAULT_ACTIVATION_CHECKPOINTING, description="Recompute activations in backward."
+    )
 
 
 class CheckpointSpec(ApiModel):
@@ -94,25 +103,34 @@ class CheckpointSpec(ApiModel):
         ),
     )
 
-    uri: str = Field(
-        description="s3://bucket/prefix under which checkpoints are written.",
-        pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$",
-        max_length=1024,
+    uri: trainer.CheckpointUri = Field(
+        description="s3://bucket/prefix under which checkpoints are written.", max_length=1024
     )
     endpoint: str | None = Field(None, description="S3 endpoint URL for non-AWS stores.", max_length=1024)
     secret_ref: S3Credentials | None = Field(None, description="Secret with the S3 credentials.")
-    every_steps: int | None = Field(None, ge=1, description="Save every N steps.")
-    every_minutes: int | None = Field(None, ge=1, description="Save at least every N minutes.")
-    async_: bool = Field(True, alias="async", description="Upload in the background; training blocks only to stage.")
-    keep_last: int = Field(3, ge=1, le=1000, description="Complete checkpoints kept; older ones are deleted.")
-    resume: str = Field("latest", description="latest | none | an explicit s3:// checkpoint URI.", max_length=1024)
+    every_steps: trainer.Steps | None = Field(None, description="Save every N steps.")
+    every_minutes: trainer.Minutes | None = Field(
+        None, description="Save at least every N minutes (fractions allowed)."
+    )
+    async_: bool = Field(
+        trainer.DEFAULT_ASYNC_CHECKPOINT,
+        alias="async",
+        description="Upload in the background; training blocks only to stage.",
+    )
+    # At most 1000 here (the trainer has no limit): admission keeps a typo from keeping every checkpoint.
+    keep_last: trainer.KeepLast = Field(
+        trainer.DEFAULT_KEEP_LAST, le=1000, description="Complete checkpoints kept; older ones are deleted."
+    )
+    resume: str = Field(
+        trainer.DEFAULT_RESUME, description="latest | none | an explicit s3:// checkpoint URI.", max_length=1024
+    )
 
 
 class MlflowTracking(ApiModel):
     """MLflow tracking: the operator creates the run before the pods start, so retries log to one run."""
 
     tracking_uri: str = Field(description="MLflow tracking server URL.", max_length=1024)
-    experiment: str = Field("Default", description="Experiment name.", max_length=256)
+    experiment: str = Field(trainer.DEFAULT_MLFLOW_EXPERIMENT, description="Experiment name.", max_length=256)
 
 
 class Tracking(ApiModel):
@@ -155,10 +173,13 @@ class TrainingJobSpec(ApiModel):
         cel("!has(self.fsdp) || self.engine == 'fsdp'", "fsdp options need engine: fsdp", field_path=".fsdp"),
     )
 
-    engine: Engine = Field(description="Distributed engine: deepspeed or fsdp. Immutable.")
+    engine: trainer.Engine = Field(description="Distributed engine: deepspeed or fsdp. Immutable.")
     image: str | None = Field(None, description="Worker image (default: the operator's trainer image).")
     entrypoint: Entrypoint = Field(description="The training task each worker runs.")
-    max_steps: int | None = Field(None, ge=1, description="Optimizer steps to train; the run succeeds after them.")
+    max_steps: trainer.Steps | None = Field(
+        None,
+        description=f"Optimizer steps to train; the run succeeds after them (default {trainer.DEFAULT_MAX_STEPS}).",
+    )
     env: list[EnvVar] | None = Field(None, description="Extra environment for the workers.", max_length=128)
     workers: Workers = Field(default_factory=Workers)
     deepspeed: DeepSpeedOptions | None = None

@@ -1,8 +1,8 @@
 """TrainingJob -> the trainer's own config model and the torchrun command line (pure).
 
 The trainer's pydantic model (loom.workloads.trainer.config.TrainerConfig) is the contract: the operator
-builds an instance of it, never a look-alike dict, so a field the trainer does not know fails here, in a
-unit test, instead of inside a pod.
+builds it by keyword from the spec's typed fields, never through a look-alike dict, so mypy catches a field
+the trainer does not know and the trainer's own validators run here, in a unit test, instead of inside a pod.
 """
 
 from __future__ import annotations
@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import ValidationError
+
 from loom.workloads.trainer import config as trainer
 
-from ..api.trainingjob import TrainingJobSpec
+from ..api.trainingjob import CheckpointSpec, DeepSpeedOptions, FsdpOptions, Tracking, TrainingJobSpec
 
 CONFIG_DIR = "/etc/loom/trainer"
 CONFIG_FILE = "config.json"
@@ -54,54 +56,66 @@ def task_args(args: list[str]) -> dict[str, Any]:
 
 def trainer_config(spec: TrainingJobSpec) -> trainer.TrainerConfig:
     """The TrainerConfig every worker reads from the ConfigMap."""
-    training: dict[str, Any] = {"device": "cuda" if spec.workers.gpus_per_worker > 0 else "cpu"}
-    if spec.max_steps is not None:
-        training["maxSteps"] = spec.max_steps
-    if spec.entrypoint.module is not None:
-        training["taskArgs"] = task_args(spec.entrypoint.args)
-    data: dict[str, Any] = {
-        "engine": spec.engine,
-        "training": training,
-        "progress": {"metricsPort": PROGRESS_PORT},
-    }
-    if spec.entrypoint.module is not None:
-        data["entrypoint"] = spec.entrypoint.module
-    if spec.deepspeed is not None:
-        ds = spec.deepspeed
-        data["deepspeed"] = {
-            "zeroStage": ds.zero_stage,
-            "offload": ds.offload,
-            "bf16": ds.bf16,
-            "config": ds.config or {},
-        }
-    if spec.fsdp is not None:
-        fsdp = spec.fsdp
-        data["fsdp"] = {
-            # The API says "none" for no sharding (kubectl users read it); the trainer's model says "no".
-            "sharding": "no" if fsdp.sharding == "none" else fsdp.sharding,
-            "mixedPrecision": fsdp.mixed_precision,
-            "activationCheckpointing": fsdp.activation_checkpointing,
-        }
-    if spec.checkpoint is not None:
-        ckpt = spec.checkpoint
-        data["checkpoint"] = {
-            "uri": ckpt.uri,
-            "endpoint": ckpt.endpoint,
-            "everySteps": ckpt.every_steps,
-            "everyMinutes": ckpt.every_minutes,
-            "async": ckpt.async_,
-            "keepLast": ckpt.keep_last,
-            "resume": ckpt.resume,
-        }
-    if spec.tracking is not None and spec.tracking.mlflow is not None:
-        # The run id is not rendered here: it arrives as MLFLOW_RUN_ID so the ConfigMap never changes with it.
-        data["tracking"] = {
-            "mlflow": {"trackingUri": spec.tracking.mlflow.tracking_uri, "experiment": spec.tracking.mlflow.experiment}
-        }
+    module = spec.entrypoint.module
     try:
-        return trainer.TrainerConfig.model_validate(_drop_none(data))
-    except ValueError as error:
+        return trainer.TrainerConfig(
+            engine=spec.engine,
+            # A command entrypoint never reads the config's entrypoint: the trainer's default stays.
+            entrypoint=module if module is not None else trainer.DEFAULT_ENTRYPOINT,
+            deepspeed=_deepspeed(spec.deepspeed),
+            fsdp=_fsdp(spec.fsdp),
+            training=trainer.TrainingSpec(
+                max_steps=spec.max_steps if spec.max_steps is not None else trainer.DEFAULT_MAX_STEPS,
+                device="cuda" if spec.workers.gpus_per_worker > 0 else "cpu",
+                task_args=task_args(spec.entrypoint.args) if module is not None else {},
+            ),
+            checkpoint=_checkpoint(spec.checkpoint),
+            tracking=_tracking(spec.tracking),
+            progress=trainer.ProgressSpec(metrics_port=PROGRESS_PORT),
+        )
+    except ValidationError as error:
         raise SpecError(f"the trainer rejects this spec: {error}") from error
+
+
+def _deepspeed(options: DeepSpeedOptions | None) -> trainer.DeepSpeedSpec:
+    if options is None:
+        return trainer.DeepSpeedSpec()
+    return trainer.DeepSpeedSpec(
+        zero_stage=options.zero_stage, offload=options.offload, bf16=options.bf16, config=options.config or {}
+    )
+
+
+def _fsdp(options: FsdpOptions | None) -> trainer.FSDPSpec:
+    if options is None:
+        return trainer.FSDPSpec()
+    return trainer.FSDPSpec(
+        sharding=options.sharding,
+        mixed_precision=options.mixed_precision,
+        activation_checkpointing=options.activation_checkpointing,
+    )
+
+
+def _checkpoint(checkpoint: CheckpointSpec | None) -> trainer.CheckpointSpec | None:
+    if checkpoint is None:
+        return None
+    return trainer.CheckpointSpec(
+        uri=checkpoint.uri,
+        endpoint=checkpoint.endpoint,
+        every_steps=checkpoint.every_steps,
+        every_minutes=checkpoint.every_minutes,
+        async_=checkpoint.async_,
+        keep_last=checkpoint.keep_last,
+        resume=checkpoint.resume,
+    )
+
+
+def _tracking(tracking: Tracking | None) -> trainer.TrackingSpec:
+    if tracking is None or tracking.mlflow is None:
+        return trainer.TrackingSpec()
+    # The run id is not rendered here: it arrives as MLFLOW_RUN_ID so the ConfigMap never changes with it.
+    return trainer.TrackingSpec(
+        mlflow=trainer.MLflowSpec(tracking_uri=tracking.mlflow.tracking_uri, experiment=tracking.mlflow.experiment)
+    )
 
 
 def samples_per_step(spec: TrainingJobSpec, workers: int) -> int | None:
@@ -112,12 +126,6 @@ def samples_per_step(spec: TrainingJobSpec, workers: int) -> int | None:
         return None
     nproc = spec.workers.gpus_per_worker or 1
     return batch * max(1, workers) * nproc
-
-
-def _drop_none(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _drop_none(v) for k, v in value.items() if v is not None}
-    return value
 
 
 def rendezvous_service_name(job_name: str) -> str:

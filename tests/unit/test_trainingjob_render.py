@@ -154,7 +154,7 @@ def test_config_map_holds_the_trainers_own_model() -> None:
     raw = cm["data"]["config.json"]
     config = TrainerConfig.model_validate(json.loads(raw))
     assert config.engine.value == "fsdp"
-    assert config.fsdp.sharding == "no"
+    assert config.fsdp.sharding == "none"  # one word on both sides of the contract (was "no" in the trainer)
     assert config.fsdp.mixed_precision == "bf16"
     assert config.training.max_steps == 50
     assert config.training.device == "cpu"

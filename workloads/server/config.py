@@ -13,19 +13,43 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-# Handlers that ship with the server; anything else must be "package.module:ClassName".
-BUILTIN_HANDLERS: tuple[str, ...] = ("chargpt", "torchscript", "torch-export", "mlflow-pyfunc", "noop")
+# Handlers that ship with the server, by name -> the "module:Class" that implements it (imported only when
+# chosen, by handlers.load_handler_class, so this module stays free of torch). The one list of handler names:
+# the server, the operator's API description and its 'auto' resolution all read it. Anything else must be
+# "package.module:ClassName".
+BUILTIN_HANDLER_CLASSES: dict[str, str] = {
+    "chargpt": "loom.workloads.server.chargpt_handler:CharGPTModel",
+    "torchscript": "loom.workloads.server.handlers:TorchScriptModel",
+    "torch-export": "loom.workloads.server.handlers:TorchExportModel",
+    "mlflow-pyfunc": "loom.workloads.server.handlers:MLflowPyfuncModel",
+    "noop": "loom.workloads.server.handlers:NoopModel",
+}
+BUILTIN_HANDLERS: tuple[str, ...] = tuple(BUILTIN_HANDLER_CLASSES)
 _CUSTOM_HANDLER = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # models:/name/3, models:/name@champion, models:/name/latest
 _MLFLOW_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>[^/@]+)|@(?P<alias>[^/@]+))$")
 
 StorageKind = Literal["auto", "s3", "mlflow", "checkpoint", "local"]
+
+# ------------------------------------------------------------------------------------------- shared vocabulary
+# Every limit and default that an InferenceService also exposes is written here, once; the operator's API
+# (loom.operator.api.inferenceservice) imports them, and tests/unit/test_contracts.py fails if the two drift apart.
+MaxBatchSize = Annotated[int, Field(ge=1, le=4096)]
+MaxLatencyMs = Annotated[float, Field(ge=0, le=60_000)]
+MaxQueue = Annotated[int, Field(ge=1, le=1_000_000)]
+RequestsPerSecond = Annotated[float, Field(gt=0, le=1_000_000)]
+Burst = Annotated[int, Field(ge=1, le=1_000_000)]
+
+DEFAULT_MAX_BATCH_SIZE = 8
+DEFAULT_MAX_LATENCY_MS = 10.0
+DEFAULT_MAX_QUEUE = 256
+DEFAULT_BURST = 10
 
 
 class _Camel(BaseModel):
@@ -37,20 +61,18 @@ class _Camel(BaseModel):
 class BatchingConfig(_Camel):
     """Adaptive batching: pool requests until ``max_batch_size`` or ``max_latency_ms``."""
 
-    max_batch_size: int = Field(8, ge=1, le=4096, description="Most requests run in one predict call.")
-    max_latency_ms: float = Field(
-        5.0, ge=0, le=60_000, description="Longest a request waits for others to join its batch."
+    max_batch_size: MaxBatchSize = Field(DEFAULT_MAX_BATCH_SIZE, description="Most requests run in one predict call.")
+    max_latency_ms: MaxLatencyMs = Field(
+        DEFAULT_MAX_LATENCY_MS, description="Longest a request waits for others to join its batch."
     )
-    max_queue: int = Field(
-        256, ge=1, le=1_000_000, description="Requests waiting beyond this are refused with 503."
-    )
+    max_queue: MaxQueue = Field(DEFAULT_MAX_QUEUE, description="Requests waiting beyond this are refused with 503.")
 
 
 class RateLimitConfig(_Camel):
     """Per-key limit: ``burst`` requests at once, ``requests_per_second`` sustained."""
 
-    requests_per_second: float = Field(gt=0, le=1_000_000)
-    burst: int = Field(1, ge=1, le=1_000_000)
+    requests_per_second: RequestsPerSecond
+    burst: Burst = DEFAULT_BURST
 
 
 class AuthConfig(_Camel):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -28,10 +28,9 @@ DEFAULT_ENTRYPOINT = "loom.workloads.trainer.examples.chargpt:task"
 DEFAULT_PROGRESS_FILE = "/tmp/loom-progress.json"
 
 
-class _Spec(BaseModel):
-    # Kubernetes style: camelCase on the wire, snake_case in Python; unknown fields are errors so a typo
-    # in a TrainingJob is reported instead of silently ignored.
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+# ------------------------------------------------------------------------------------------- shared vocabulary
+# Every enum, limit and default that a TrainingJob also exposes is written here, once; the operator's API
+# (loom.operator.api.trainingjob) imports them, and tests/unit/test_contracts.py fails if the two drift apart.
 
 
 class Engine(StrEnum):
@@ -39,22 +38,56 @@ class Engine(StrEnum):
     FSDP = "fsdp"
 
 
+Offload = Literal["none", "cpu"]
+# "none" keeps parameters replicated (DDP-like), still through FSDP2 so checkpoints take the same path.
+FsdpSharding = Literal["full", "hybrid", "none"]
+MixedPrecision = Literal["none", "bf16", "fp16"]
+ZeroStage = Annotated[int, Field(ge=0, le=3)]
+# "package.module:attribute" naming a TrainTask instance, class or zero-argument factory.
+EntrypointRef = Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]
+CheckpointUri = Annotated[str, Field(pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")]
+Steps = Annotated[int, Field(ge=1)]
+# Fractions are fine (0.5 = every 30 seconds); the API has always accepted whole minutes, which stay valid.
+Minutes = Annotated[float, Field(gt=0)]
+KeepLast = Annotated[int, Field(ge=1)]
+
+DEFAULT_ZERO_STAGE = 2
+DEFAULT_OFFLOAD: Offload = "none"
+DEFAULT_BF16 = False
+DEFAULT_SHARDING: FsdpSharding = "full"
+DEFAULT_MIXED_PRECISION: MixedPrecision = "none"
+DEFAULT_ACTIVATION_CHECKPOINTING = False
+DEFAULT_MAX_STEPS = 200
+DEFAULT_ASYNC_CHECKPOINT = True
+DEFAULT_KEEP_LAST = 3
+# "latest": newest complete checkpoint under uri; "none": start fresh; or an explicit s3:// checkpoint URI.
+DEFAULT_RESUME = "latest"
+# MLflow's own default experiment: where a TrainingJob without tracking.mlflow.experiment has always logged.
+DEFAULT_MLFLOW_EXPERIMENT = "Default"
+
+
+class _Spec(BaseModel):
+    # Kubernetes style: camelCase on the wire, snake_case in Python; unknown fields are errors so a typo
+    # in a TrainingJob is reported instead of silently ignored.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
 class DeepSpeedSpec(_Spec):
-    zero_stage: int = Field(default=2, ge=0, le=3)
-    offload: Literal["none", "cpu"] = "none"
-    bf16: bool = False
+    zero_stage: ZeroStage = DEFAULT_ZERO_STAGE
+    offload: Offload = DEFAULT_OFFLOAD
+    bf16: bool = DEFAULT_BF16
     # Raw ds_config passthrough, merged over what Loom derives from the fields above.
     config: dict[str, Any] = Field(default_factory=dict)
 
 
 class FSDPSpec(_Spec):
-    sharding: Literal["full", "hybrid", "no"] = "full"
-    mixed_precision: Literal["bf16", "fp16", "none"] = "none"
-    activation_checkpointing: bool = False
+    sharding: FsdpSharding = DEFAULT_SHARDING
+    mixed_precision: MixedPrecision = DEFAULT_MIXED_PRECISION
+    activation_checkpointing: bool = DEFAULT_ACTIVATION_CHECKPOINTING
 
 
 class TrainingSpec(_Spec):
-    max_steps: int = Field(default=200, ge=1)
+    max_steps: Steps = DEFAULT_MAX_STEPS
     # Per-rank micro-batch size (sequences per step per rank).
     batch_size: int = Field(default=16, ge=1)
     learning_rate: float = Field(default=1e-3, gt=0)
@@ -70,15 +103,14 @@ class TrainingSpec(_Spec):
 
 
 class CheckpointSpec(_Spec):
-    uri: str = Field(pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")
+    uri: CheckpointUri
     # S3-compatible endpoint URL (MinIO, Ceph...); empty means AWS's default endpoint resolution.
     endpoint: str | None = None
-    every_steps: int | None = Field(default=None, ge=1)
-    every_minutes: float | None = Field(default=None, gt=0)
-    async_: bool = Field(default=True, alias="async")
-    keep_last: int | None = Field(default=3, ge=1)
-    # "latest": newest complete checkpoint under uri; "none": start fresh; or an explicit checkpoint URI.
-    resume: str = "latest"
+    every_steps: Steps | None = None
+    every_minutes: Minutes | None = None
+    async_: bool = Field(default=DEFAULT_ASYNC_CHECKPOINT, alias="async")
+    keep_last: KeepLast | None = DEFAULT_KEEP_LAST
+    resume: str = DEFAULT_RESUME
     # Local scratch space the shards are staged in before upload.
     staging_dir: str = "/tmp/loom-checkpoint-staging"
     # Save a last checkpoint when training completes or is interrupted by SIGTERM.
@@ -103,7 +135,7 @@ class CheckpointSpec(_Spec):
 
 class MLflowSpec(_Spec):
     tracking_uri: str
-    experiment: str = "loom"
+    experiment: str = DEFAULT_MLFLOW_EXPERIMENT
     # Normally left empty: the operator injects MLFLOW_RUN_ID; without either a new run is created.
     run_id: str | None = None
     log_model: bool = True
@@ -126,8 +158,7 @@ class OutputSpec(_Spec):
 
 class TrainerConfig(_Spec):
     engine: Engine = Engine.FSDP
-    # "package.module:attribute" naming a TrainTask instance, class or zero-argument factory.
-    entrypoint: str = Field(default=DEFAULT_ENTRYPOINT, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    entrypoint: EntrypointRef = DEFAULT_ENTRYPOINT
     deepspeed: DeepSpeedSpec = Field(default_factory=DeepSpeedSpec)
     fsdp: FSDPSpec = Field(default_factory=FSDPSpec)
     training: TrainingSpec = Field(default_factory=TrainingSpec)

@@ -91,9 +91,9 @@ class FSDPEngine(Engine):
         policy = (
             MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
         )
-        # "no" sharding keeps parameters replicated (DDP-like) but still through FSDP2 so the state path
+        # "none" sharding keeps parameters replicated (DDP-like) but still through FSDP2 so the state path
         # is the same; reshard_after_forward=False avoids the extra all-gathers.
-        reshard = spec.sharding != "no"
+        reshard = spec.sharding != "none"
         for block in blocks:
             fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)

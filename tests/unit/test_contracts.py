@@ -1,0 +1,208 @@
+"""One source of truth per workload contract: where the operator's API and a workload's config model expose the
+same field, they agree on its type, enum, limits and default.
+
+The walk is generic: both pydantic models are turned into the structural schemas the CRDs are generated from,
+flattened to camelCase field paths, and every field that exists on both sides (same path, or a move declared in
+`moved`) is compared. A field the workload restricts (type, enum, bounds, pattern) must carry the same restriction
+in the API, or admission would accept an object the workload refuses inside a pod; a default on both sides must
+be the same value, or the same object would mean two things. The API may restrict more (lengths for CEL cost
+budgets, an upper bound on keepLast): that only refuses earlier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from loom.operator.api.crd import model_schema
+from loom.operator.api.inferenceservice import InferenceServiceSpec
+from loom.operator.api.trainingjob import TrainingJobSpec
+from loom.operator.render.trainingjob_config import trainer_config
+from loom.workloads.server import handlers
+from loom.workloads.server.config import BUILTIN_HANDLERS, ServerConfig
+from loom.workloads.server.model import Model
+from loom.workloads.trainer.config import TrainerConfig
+
+Schema = dict[str, Any]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLE_JOBS = [
+    (path.name, doc)
+    for path in sorted(EXAMPLES.glob("*.yaml"))
+    for doc in yaml.safe_load_all(path.read_text())
+    if isinstance(doc, dict) and doc.get("kind") == "TrainingJob"
+]
+
+# What restricts a value: a workload restriction must be repeated, equal, by the API.
+RESTRICTIONS = ("type", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "pattern")
+
+
+@dataclass(frozen=True)
+class Contract:
+    api: type[BaseModel]
+    workload: type[BaseModel]
+    # API path -> workload path, for fields the operator renders under another name or shape.
+    moved: dict[str, str] = field(default_factory=dict)
+    # Paths on both sides whose value the operator translates, so nothing is compared; each says why.
+    translated: dict[str, str] = field(default_factory=dict)
+    # Fields that must be among the compared ones, so a rename cannot make the walk silently compare nothing.
+    expected: frozenset[str] = frozenset()
+
+
+TRAINING = Contract(
+    api=TrainingJobSpec,
+    workload=TrainerConfig,
+    moved={"maxSteps": "training.maxSteps", "entrypoint.module": "entrypoint"},
+    expected=frozenset(
+        {
+            "engine",
+            "maxSteps",
+            "entrypoint.module",
+            "deepspeed.zeroStage",
+            "deepspeed.offload",
+            "deepspeed.bf16",
+            "fsdp.sharding",
+            "fsdp.mixedPrecision",
+            "fsdp.activationCheckpointing",
+            "checkpoint.uri",
+            "checkpoint.everySteps",
+            "checkpoint.everyMinutes",
+            "checkpoint.async",
+            "checkpoint.keepLast",
+            "checkpoint.resume",
+            "tracking.mlflow.experiment",
+        }
+    ),
+)
+SERVING = Contract(
+    api=InferenceServiceSpec,
+    workload=ServerConfig,
+    translated={
+        "handler": "the operator resolves 'auto' to a built-in handler from the model source "
+        "(render/inferenceservice_model.resolve_handler); the server never sees 'auto'",
+    },
+    expected=frozenset(
+        {
+            "batching.maxBatchSize",
+            "batching.maxLatencyMs",
+            "batching.maxQueue",
+            "auth.rateLimit.requestsPerSecond",
+            "auth.rateLimit.burst",
+        }
+    ),
+)
+CONTRACTS = {"TrainingJob-TrainerConfig": TRAINING, "InferenceService-ServerConfig": SERVING}
+
+
+def leaves(schema: Schema, path: str = "") -> dict[str, Schema]:
+    """Every field of a structural schema by its camelCase path; objects with properties are walked into."""
+    if "properties" not in schema:
+        return {path: schema}
+    found: dict[str, Schema] = {}
+    for name, sub in schema["properties"].items():
+        found.update(leaves(sub, f"{path}.{name}" if path else name))
+    return found
+
+
+def disagreements(api: Schema, workload: Schema) -> list[str]:
+    problems = []
+    for key in RESTRICTIONS:
+        if key not in workload:
+            continue
+        mine, theirs = api.get(key), workload[key]
+        if key == "enum" and mine is not None:
+            mine, theirs = sorted(mine), sorted(theirs)
+        if mine != theirs:
+            problems.append(f"{key}: API {api.get(key, '<unset>')!r} != workload {workload[key]!r}")
+    if "default" in api and "default" in workload and api["default"] != workload["default"]:
+        problems.append(f"default: API {api['default']!r} != workload {workload['default']!r}")
+    return problems
+
+
+def compare(contract: Contract) -> tuple[set[str], list[str]]:
+    """(API paths compared, problems found)."""
+    api = leaves(model_schema(contract.api))
+    workload = leaves(model_schema(contract.workload))
+    pairs = {path: path for path in api.keys() & workload.keys()} | contract.moved
+    problems = [
+        f"declared {path} -> {target} is missing"
+        for path, target in contract.moved.items()
+        if path not in api or target not in workload
+    ]
+    problems += [
+        f"translated {path} is not on both sides"
+        for path in contract.translated
+        if path not in api or path not in workload
+    ]
+    # A name that is a field on one side and an object on the other is a reshaping nobody declared.
+    for path in sorted(api.keys() ^ workload.keys()):
+        other = workload if path in api else api
+        if any(o.startswith(f"{path}.") for o in other) and path not in contract.moved.values() | contract.moved.keys():
+            problems.append(f"{path}: a field on one side, an object on the other (declare it in `moved`)")
+    compared = set()
+    for path, target in sorted(pairs.items()):
+        if path in contract.translated or path not in api or target not in workload:
+            continue
+        compared.add(path)
+        problems += [
+            f"{contract.api.__name__} {path} <-> {contract.workload.__name__} {target}: {problem}"
+            for problem in disagreements(api[path], workload[target])
+        ]
+    return compared, problems
+
+
+@pytest.mark.parametrize("name", CONTRACTS)
+def test_every_limit_enum_and_default_on_both_sides_agrees(name: str) -> None:
+    contract = CONTRACTS[name]
+    compared, problems = compare(contract)
+    assert not problems, "the API and the workload disagree:\n" + "\n".join(problems)
+    assert contract.expected <= compared, f"not compared any more: {sorted(contract.expected - compared)}"
+
+
+def test_the_walk_sees_a_change_on_one_side() -> None:
+    """The comparison itself: a workload limit the API lacks, a differing default and a differing enum."""
+    api = {"properties": {"size": {"type": "integer", "default": 8, "minimum": 1}, "mode": {"enum": ["a", "b"]}}}
+    workload = {
+        "properties": {
+            "size": {"type": "integer", "default": 5, "minimum": 1, "maximum": 10},
+            "mode": {"enum": ["a", "c"]},
+        }
+    }
+    problems = [p for path in ("size", "mode") for p in disagreements(leaves(api)[path], leaves(workload)[path])]
+    assert problems == [
+        "maximum: API '<unset>' != workload 10",
+        "default: API 8 != workload 5",
+        "enum: API ['a', 'b'] != workload ['a', 'c']",
+    ]
+
+
+def test_builtin_handler_names_are_one_list_and_each_resolves_to_a_model() -> None:
+    assert handlers.BUILTINS.keys() == set(BUILTIN_HANDLERS)
+    for name in BUILTIN_HANDLERS:
+        assert issubclass(handlers.load_handler_class(name), Model)
+    description = InferenceServiceSpec.model_fields["handler"].description or ""
+    assert all(name in description for name in BUILTIN_HANDLERS)
+
+
+def test_there_are_example_training_jobs() -> None:
+    assert {"deepspeed", "fsdp"} <= {doc["spec"]["engine"] for _, doc in EXAMPLE_JOBS}
+
+
+@pytest.mark.parametrize(("name", "doc"), EXAMPLE_JOBS, ids=[name for name, _ in EXAMPLE_JOBS])
+def test_example_training_jobs_render_their_values_unchanged(name: str, doc: dict[str, Any]) -> None:
+    spec = TrainingJobSpec.model_validate(doc["spec"])
+    config = trainer_config(spec)
+    assert TrainerConfig.model_validate_json(config.to_json()) == config  # what the pod reads back
+    assert config.engine == spec.engine
+    if spec.fsdp is not None:
+        assert config.fsdp.sharding == spec.fsdp.sharding
+    if spec.checkpoint is not None:
+        assert config.checkpoint is not None
+        assert config.checkpoint.every_minutes == spec.checkpoint.every_minutes
+    if spec.tracking is not None and spec.tracking.mlflow is not None:
+        assert config.tracking.mlflow is not None
+        assert config.tracking.mlflow.experiment == spec.tracking.mlflow.experiment
