@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from loom.workloads.server.config import BUILTIN_HANDLER_CLASSES
 from loom.workloads.server.model import (
     InferRequest,
     InferResponse,
@@ -25,13 +26,8 @@ from loom.workloads.server.model import (
 )
 from loom.workloads.server.protocol import NUMPY_TYPES, datatype_of
 
-BUILTINS: dict[str, str] = {
-    "noop": "loom.workloads.server.handlers:NoopModel",
-    "torchscript": "loom.workloads.server.handlers:TorchScriptModel",
-    "torch-export": "loom.workloads.server.handlers:TorchExportModel",
-    "mlflow-pyfunc": "loom.workloads.server.handlers:MLflowPyfuncModel",
-    "chargpt": "loom.workloads.server.chargpt_handler:CharGPTModel",
-}
+# Built-in handler names and their classes are listed once, in the config (the operator validates against it).
+BUILTINS: dict[str, str] = BUILTIN_HANDLER_CLASSES
 
 Arrays = dict[str, np.ndarray[Any, Any]]
 
