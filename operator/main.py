@@ -33,6 +33,11 @@ def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
     settings.execution.max_workers = 20
 
 
+def endpoint(host: str, port: int, path: str) -> str:
+    """http URL of one of the operator's own endpoints (an IPv6 host goes in brackets)."""
+    return f"http://[{host}]:{port}{path}" if ":" in host else f"http://{host}:{port}{path}"
+
+
 def run(settings: OperatorSettings | None = None) -> None:
     """Run the operator against the current kubeconfig (or in-cluster config) until interrupted."""
     ours = settings or OperatorSettings.from_env()
@@ -41,14 +46,18 @@ def run(settings: OperatorSettings | None = None) -> None:
     @kopf.on.startup()
     async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings, ours)
-        prometheus_client.start_http_server(ours.metrics_port)
-        log.info("loom operator started (metrics on :%d)", ours.metrics_port)
+        prometheus_client.start_http_server(ours.metrics_port, addr=ours.metrics_host)
+        log.info(
+            "loom operator started (metrics on %s, liveness on %s)",
+            endpoint(ours.metrics_host, ours.metrics_port, "/metrics"),
+            endpoint(ours.health_host, ours.health_port, "/healthz"),
+        )
 
     asyncio.run(
         kopf.operator(
             clusterwide=not ours.namespaces,
             namespaces=ours.namespaces,
-            liveness_endpoint=f"http://0.0.0.0:{ours.health_port}/healthz",
+            liveness_endpoint=endpoint(ours.health_host, ours.health_port, "/healthz"),
             standalone=True,  # one replica; HA peering comes with the install issue
         )
     )

@@ -1,20 +1,31 @@
-"""Operator settings, read once from the environment (the Helm chart sets them)."""
+"""Operator settings, read once from the environment (the Helm chart sets them): the only place that reads
+`LOOM_*` variables for the operator. Every field `x` is set by `LOOM_X` (upper case); `LOOM_NAMESPACES` is a
+comma-separated list.
+"""
 
 from __future__ import annotations
 
 import os
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 PREFIX = "loom.dev"
 FIELD_MANAGER = "loom-operator"
 FINALIZER = f"{PREFIX}/finalizer"
+ENV_PREFIX = "LOOM_"
 
 
 class OperatorSettings(BaseModel):
     namespaces: list[str] = Field(default_factory=list, description="Namespaces to watch; empty = cluster-wide.")
-    metrics_port: int = 8081
-    health_port: int = 8080
+    # Liveness (/healthz) and Prometheus metrics endpoints. Loopback by default: `loom operator` run on a
+    # machine must neither expose unauthenticated endpoints to the network nor take a port from every address
+    # (on the local stack pods share the host network, and a wildcard bind of 8080 would take the model
+    # servers' port). In a pod the chart sets 0.0.0.0, so the kubelet's probe and Prometheus reach the pod IP.
+    health_host: str = "127.0.0.1"
+    health_port: int = Field(8080, ge=1, le=65535)
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(8081, ge=1, le=65535)
+    log_level: str = "INFO"
     trainer_image: str = "loom/trainer:0.1.0"
     server_image: str = "loom/server:0.1.0"
     router_image: str = "loom/server:0.1.0"
@@ -22,22 +33,31 @@ class OperatorSettings(BaseModel):
     watch_server_timeout_s: int = 300
     watch_client_timeout_s: int = 330
     # Periodic re-reconcile of every object: the safety net that makes status converge after missed events.
-    resync_interval_s: float = 30.0
+    resync_interval_s: float = Field(30.0, gt=0)
+    # One reconcile pass may take this long; then it is abandoned (a hung API call must not wedge an object).
+    reconcile_timeout_s: float = Field(120.0, gt=0)
+    # TrainingJob: how often a job that is not idle is reconciled (progress, deadlines, grace periods, TTLs).
+    training_poll_s: float = Field(5.0, gt=0)
+    # TrainingJob: how long a worker's node may be NotReady before the worker counts as lost.
+    node_lost_grace_s: float = Field(60.0, ge=0)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorSettings:
         env = dict(os.environ if env is None else env)
         values: dict[str, object] = {}
-        if env.get("LOOM_NAMESPACES"):
-            values["namespaces"] = [ns.strip() for ns in env["LOOM_NAMESPACES"].split(",") if ns.strip()]
-        for field in ("metrics_port", "health_port", "watch_server_timeout_s", "watch_client_timeout_s"):
-            key = "LOOM_" + field.upper()
-            if key in env:
-                values[field] = int(env[key])
-        if "LOOM_RESYNC_INTERVAL_S" in env:
-            values["resync_interval_s"] = float(env["LOOM_RESYNC_INTERVAL_S"])
-        for field in ("trainer_image", "server_image", "router_image"):
-            key = "LOOM_" + field.upper()
-            if key in env:
-                values[field] = env[key]
-        return cls.model_validate(values)
+        for field in cls.model_fields:
+            key = ENV_PREFIX + field.upper()
+            if key not in env:
+                continue
+            if field == "namespaces":
+                values[field] = [ns.strip() for ns in env[key].split(",") if ns.strip()]
+            else:
+                values[field] = env[key]  # pydantic converts and checks ("5" -> 5.0, "x" -> an error)
+        try:
+            return cls.model_validate(values)
+        except ValidationError as error:
+            problems = []
+            for e in error.errors():
+                key = ENV_PREFIX + str(e["loc"][0]).upper()
+                problems.append(f"{key}={env.get(key)!r}: {e['msg']}")
+            raise ValueError(f"invalid operator settings: {'; '.join(problems)}") from None

@@ -15,6 +15,9 @@ GROUP = "loom.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 
+# A Kubernetes object as a plain dict, as the API server sends it and server-side apply takes it.
+Manifest = dict[str, Any]
+
 
 class ApiModel(BaseModel):
     """Base of every spec/status model: camelCase on the wire, snake_case in Python, unknown fields refused."""
@@ -119,12 +122,22 @@ class Condition(ApiModel):
     observed_generation: int | None = Field(None, description="The metadata.generation this was computed from.")
 
 
-def now_rfc3339() -> str:
-    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+def format_time(value: datetime) -> str:
+    """RFC 3339 in UTC to the second, as Kubernetes writes timestamps (e.g. 2026-01-02T03:04:05Z)."""
+    return value.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def set_condition(conditions: list[Condition], new: Condition) -> list[Condition]:
-    """Return conditions with `new` merged in; lastTransitionTime moves only when the status changes."""
+def parse_time(value: str | None) -> datetime | None:
+    """A Kubernetes timestamp as an aware UTC datetime; None for an empty value."""
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
+
+
+def set_condition(conditions: list[Condition], new: Condition, now: datetime | None = None) -> list[Condition]:
+    """Return conditions with `new` merged in; lastTransitionTime moves (to `now`, default the clock) only when
+    the status changes. Conditions of other types are kept, in place."""
+    stamp = format_time(now or datetime.now(UTC))
     merged: list[Condition] = []
     replaced = False
     for cond in conditions:
@@ -133,10 +146,10 @@ def set_condition(conditions: list[Condition], new: Condition) -> list[Condition
             continue
         replaced = True
         changed = cond.status != new.status
-        when = new.last_transition_time or (now_rfc3339() if changed else cond.last_transition_time)
+        when = new.last_transition_time or (stamp if changed else cond.last_transition_time)
         merged.append(new.model_copy(update={"last_transition_time": when}))
     if not replaced:
-        merged.append(new.model_copy(update={"last_transition_time": new.last_transition_time or now_rfc3339()}))
+        merged.append(new.model_copy(update={"last_transition_time": new.last_transition_time or stamp}))
     return merged
 
 

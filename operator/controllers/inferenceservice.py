@@ -1,7 +1,8 @@
 """InferenceService controller: thin Kopf handlers around one idempotent `reconcile`.
 
-Every entry point (create/resume/spec update, a periodic resync, a change of one of our Deployments, a new
-checkpoint of a referenced TrainingJob) runs the same pass: read -> resolve the model -> plan (pure) -> render
+Every entry point (create/resume/spec update, the periodic resync, a change of one of our Deployments, a new
+checkpoint of a referenced TrainingJob) triggers the same pass through the shared runner (runner.py), which
+serialises, coalesces and bounds passes per object. A pass: read -> resolve the model -> plan (pure) -> render
 (pure) -> server-side apply -> status (pure) -> status patch + events. Everything the pass needs is in the
 cluster (the stable model is an annotation on the stable Deployment), so the operator can be killed at any
 instant: the next pass converges, creating nothing twice (deterministic names, server-side apply).
@@ -9,9 +10,8 @@ instant: the next pass converges, creating nothing twice (deterministic names, s
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from typing import Any, cast
+from typing import Any
 
 import kopf
 from pydantic import ValidationError
@@ -35,33 +35,18 @@ from ..render.inferenceservice import (
 )
 from ..render.inferenceservice_model import ModelRef, ResolveError, resolve_model
 from ..render.inferenceservice_rollout import RolloutPlan, desired_total_replicas, plan_rollout
-from ..render.inferenceservice_status import Event, Observed, compute_status
+from ..render.inferenceservice_status import Observed, compute_status
+from ..render.kit import Manifest, owner_of, status_patch
 from ..settings import OperatorSettings
+from .events import post_events
+from .runner import LastSeen, Runner
 
 log = logging.getLogger("loom.operator.inferenceservice")
 
 API_VERSION = f"{GROUP}/{VERSION}"
 PLURAL = "inferenceservices"
-Manifest = dict[str, Any]
-
-# One pass at a time per object: handlers, the resync timer and watch events of children may fire together.
-_locks: dict[tuple[str, str], asyncio.Lock] = {}
-# Last (checkpoint, phase) seen per TrainingJob: a job's status changes often, only these matter here.
-_seen_checkpoints: dict[tuple[str, str], tuple[Any, Any]] = {}
-
-
-def _owner(body: Manifest) -> Manifest:
-    meta = body["metadata"]
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "InferenceService",
-        "metadata": {
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "uid": meta["uid"],
-            "generation": meta.get("generation"),
-        },
-    }
+KIND = "InferenceService"
+INDEX_ID = "loom_inferenceservices"
 
 
 async def _resolve(spec: InferenceServiceSpec, namespace: str) -> tuple[ModelRef | None, ResolveError | None]:
@@ -95,35 +80,13 @@ def _template_hash(deployment: Manifest | None) -> str | None:
     return annotations.get(CONFIG_HASH_ANNOTATION)
 
 
-def _status_patch(status: InferenceServiceStatus) -> Manifest:
-    """Status as a merge patch: fields that became empty are sent as null so they are removed."""
-    wire = status.to_wire()
-    for key in ("phase", "url", "selector", "modelVersion", "canary"):
-        wire.setdefault(key, None)
-    return wire
-
-
-async def reconcile(body: Manifest, settings: OperatorSettings) -> None:
-    """One full pass for one InferenceService (serialized per object)."""
-    meta = body["metadata"]
-    key = (meta["namespace"], meta["name"])
-    lock = _locks.setdefault(key, asyncio.Lock())
-    async with lock:
-        # Read it again: a pass that waited for the lock must see the status the previous pass wrote, or it
-        # would announce the same transitions twice.
-        fresh = await kube.get(API_VERSION, "InferenceService", key[0], key[1])
-        if (
-            fresh is None
-            or fresh["metadata"].get("uid") != meta.get("uid")
-            or fresh["metadata"].get("deletionTimestamp")
-        ):
-            return
-        await _reconcile(fresh, settings)
-
-
-async def _reconcile(body: Manifest, settings: OperatorSettings) -> None:
-    owner = _owner(body)
-    namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> None:
+    """One full pass for one InferenceService, read fresh (the runner serialises passes per object, so a pass
+    sees the status the previous one wrote and announces each transition once)."""
+    body = await kube.get(API_VERSION, KIND, namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return
+    owner = owner_of(body, KIND)
     previous = _previous_status(body)
     stable = await kube.get("apps/v1", "Deployment", namespace, deployment_name(name, "stable"))
     canary = await kube.get("apps/v1", "Deployment", namespace, deployment_name(name, "canary"))
@@ -163,8 +126,10 @@ async def _reconcile(body: Manifest, settings: OperatorSettings) -> None:
         invalid=invalid,
     )
     status, events = compute_status(owner, observed, previous)
-    await kube.patch_status(API_VERSION, "InferenceService", namespace, name, _status_patch(status))
-    _post(body, events)
+    patch = status_patch(dict(body.get("status") or {}), status.to_wire())
+    if patch is not None:
+        await kube.patch_status(API_VERSION, KIND, namespace, name, patch)
+    post_events(body, events)
 
 
 async def _apply(
@@ -209,60 +174,31 @@ def _short(exc: Exception) -> str:
     return str(exc)
 
 
-def _post(body: Manifest, events: list[Event]) -> None:
-    for event in events:
-        # kopf only reads apiVersion/kind/metadata from it, which a plain manifest has.
-        kopf.event(cast(kopf.Body, body), type=event.type, reason=event.reason, message=event.message)
-
-
-async def _reconcile_by_name(namespace: str, name: str, settings: OperatorSettings) -> None:
-    body = await kube.get(API_VERSION, "InferenceService", namespace, name)
-    if body is not None:
-        await reconcile(body, settings)
-
-
-INDEX_ID = "loom_inferenceservices"
-_resync: dict[str, Any] = {}
-
-
-def _start_resync(kwargs: dict[str, Any], settings: OperatorSettings) -> None:
-    """Start the periodic resync once, over the index Kopf hands to handlers (watched namespaces only)."""
-    index = kwargs.get(INDEX_ID)
-    if index is None or "task" in _resync:
-        return
-    _resync["task"] = asyncio.get_running_loop().create_task(_resync_forever(index, settings))
-
-
-async def _resync_forever(index: Any, settings: OperatorSettings) -> None:
-    while True:
-        await asyncio.sleep(settings.resync_interval_s)
-        for namespace, name in list(index.keys()):
-            try:
-                await _reconcile_by_name(namespace, name, settings)
-            except Exception:
-                # One broken object never stalls the others; the next round retries it.
-                log.exception("resync of InferenceService %s/%s failed", namespace, name)
-
-
 def register(settings: OperatorSettings) -> None:
+    async def one_pass(namespace: str, name: str) -> None:
+        await reconcile(namespace, name, settings)
+
+    runner = Runner(KIND, one_pass, interval_s=settings.resync_interval_s, timeout_s=settings.reconcile_timeout_s)
+    # Last (checkpoint, phase) seen per TrainingJob: a job's status changes often, only these matter here.
+    checkpoints: LastSeen[tuple[Any, Any]] = LastSeen()
+
     @kopf.on.resume(GROUP, VERSION, PLURAL)
     @kopf.on.create(GROUP, VERSION, PLURAL)
     @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-    async def _spec_handler(body: kopf.Body, **kwargs: Any) -> None:
-        _start_resync(kwargs, settings)
-        await reconcile(dict(body), settings)
+    async def _spec_handler(namespace: str | None, name: str, **kwargs: Any) -> None:
+        runner.resync(kwargs.get(INDEX_ID))
+        await runner.trigger(str(namespace), name)
 
-    # Children go with the object (ownerReferences); only the in-memory lock is left to drop. Optional: no finalizer.
+    # Children go with the object (ownerReferences); only a queued pass is left to drop. Optional: no finalizer.
     @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-    async def _forget(meta: kopf.Meta, **_: Any) -> None:
-        _locks.pop((str(meta.get("namespace")), str(meta.get("name"))), None)
+    async def _forget(namespace: str | None, name: str, **_: Any) -> None:
+        runner.forget(str(namespace), name)
 
-    # The safety net: status converges and drift is corrected even after a missed watch event. A plain task
-    # over an index rather than a kopf.timer: Kopf puts a finalizer on objects with timers, which would keep
-    # an InferenceService (and its namespace) from being deleted while the operator is down.
+    # The safety net: status converges and drift is corrected even after a missed watch event (every object is
+    # due at every resync round).
     @kopf.index(GROUP, VERSION, PLURAL, id=INDEX_ID)
     def _known(namespace: str | None, name: str | None, **kwargs: Any) -> dict[tuple[str, str], bool]:
-        _start_resync(kwargs, settings)
+        runner.resync(kwargs.get(INDEX_ID))
         return {(str(namespace), str(name)): True}
 
     # Rollouts progress with the Deployments' status: react to it instead of polling.
@@ -271,7 +207,7 @@ def register(settings: OperatorSettings) -> None:
         meta = body.get("metadata", {})
         owner = (meta.get("labels") or {}).get(f"loom.dev/{KIND_LABEL}")
         if owner and meta.get("namespace"):
-            await _reconcile_by_name(meta["namespace"], owner, settings)
+            await runner.trigger(meta["namespace"], owner)
 
     # Train-to-serve: a newer checkpoint of a referenced TrainingJob rolls out by itself.
     @kopf.on.event(GROUP, VERSION, "trainingjobs")
@@ -282,10 +218,11 @@ def register(settings: OperatorSettings) -> None:
             return
         status = body.get("status") or {}
         seen = ((status.get("checkpoint") or {}).get("latest"), status.get("phase"))
-        if type != "DELETED" and _seen_checkpoints.get((namespace, job)) == seen:
+        if type == "DELETED":
+            checkpoints.forget((namespace, job))
+        elif not checkpoints.changed((namespace, job), seen):
             return
-        _seen_checkpoints[(namespace, job)] = seen
-        for isvc in await kube.list_objects(API_VERSION, "InferenceService", namespace):
+        for isvc in await kube.list_objects(API_VERSION, KIND, namespace):
             source = ((isvc.get("spec") or {}).get("model") or {}).get("fromTrainingJob") or {}
             if source.get("name") == job:
-                await reconcile(isvc, settings)
+                await runner.trigger(namespace, isvc["metadata"]["name"])

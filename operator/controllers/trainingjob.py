@@ -5,19 +5,18 @@ nodes from Kopf's in-memory indexes (no list calls), create the MLflow run if ne
 progress, run `decide`, write status FIRST, then act (apply children, delete pods) and post events.
 Writing status before acting is what makes a crash at any instant harmless: the next reconcile repeats
 idempotent actions (deterministic names, server-side apply, uid-guarded deletes) and never re-counts a
-restart. Triggers: job create/update/resume, every worker pod event, and a periodic resync (deadlines,
-grace periods, progress). Triggers for a job that is already reconciling coalesce into one more pass.
+restart. Triggers: job create/update/resume, every worker pod event, and the periodic resync (deadlines, grace
+periods, progress) of jobs that are not idle; the shared runner (runner.py) serialises, coalesces and bounds them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import kopf
@@ -27,10 +26,13 @@ from .. import kube
 from ..api import GROUP, VERSION
 from ..api.trainingjob import MlflowRun, TrainingJobSpec, TrainingJobStatus
 from ..render import trainingjob as render
+from ..render.kit import Event, status_patch
 from ..render.trainingjob_config import SpecError, rendezvous_service_name, samples_per_step
 from ..render.trainingjob_observe import NodeView, ProgressReport, WorkerView, observe_node, observe_pod
-from ..render.trainingjob_state import Decision, Observation, Policy, decide, status_patch
+from ..render.trainingjob_state import Decision, Observation, Policy, decide
 from ..settings import OperatorSettings
+from .events import post_events
+from .runner import Runner
 from .trainingjob_mlflow import TrackingError, ensure_run, finish_run
 from .trainingjob_progress import fetch_progress, new_client
 
@@ -39,83 +41,26 @@ log = logging.getLogger("loom.trainingjob")
 API_VERSION = f"{GROUP}/{VERSION}"
 PLURAL = "trainingjobs"
 FINISHED = ("Succeeded", "Failed")
-RECONCILE_TIMEOUT_S = 120.0
 POD_INDEX = "loom_training_pods"
 NODE_INDEX = "loom_training_nodes"
 JOB_INDEX = "loom_training_jobs"
 
 PodIndex = kopf.Index[tuple[str, str], tuple[WorkerView, str | None]]
 NodeIndex = kopf.Index[str, NodeView]
-JobIndex = kopf.Index[tuple[str, str], bool]
-
-
-@dataclass(frozen=True)
-class TrainingSettings:
-    """Knobs of this controller, from the environment (the Helm chart / e2e fixture set them)."""
-
-    poll_interval_s: float = 5.0
-    node_lost_grace_s: float = 60.0
-
-    @classmethod
-    def from_env(cls) -> TrainingSettings:
-        return cls(
-            poll_interval_s=float(os.environ.get("LOOM_TRAINING_POLL_S", cls.poll_interval_s)),
-            node_lost_grace_s=float(os.environ.get("LOOM_NODE_LOST_GRACE_S", cls.node_lost_grace_s)),
-        )
 
 
 @dataclass
 class Controller:
     image: str
-    training: TrainingSettings
-    busy: set[tuple[str, str]] = field(default_factory=set)
-    again: set[tuple[str, str]] = field(default_factory=set)
+    policy: Policy
     pods: PodIndex | None = None
     nodes: NodeIndex | None = None
-    jobs: JobIndex | None = None
-    resync: asyncio.Task[None] | None = None
     http: httpx.AsyncClient | None = None
 
     def remember(self, kwargs: dict[str, Any]) -> None:
         """Kopf hands its indexes to every handler; keep them for reconciles started elsewhere."""
         self.pods = kwargs.get(POD_INDEX, self.pods)
         self.nodes = kwargs.get(NODE_INDEX, self.nodes)
-        self.jobs = kwargs.get(JOB_INDEX, self.jobs)
-        if self.resync is None:
-            self.resync = asyncio.get_running_loop().create_task(self.resync_forever())
-
-    async def resync_forever(self) -> None:
-        """Deadlines, grace periods, TTLs and progress need a clock, not an event: every job that is not
-        idle gets a reconcile each poll interval. A plain task rather than a kopf.timer, because Kopf puts a
-        finalizer on objects with timers, and a finalizer would keep a TrainingJob (and its namespace)
-        from being deleted while the operator is down; nothing here needs cleanup beyond ownerReferences.
-        """
-        while True:
-            await asyncio.sleep(self.training.poll_interval_s)
-            if self.jobs is None:
-                continue
-            due = [key for key, flags in list(self.jobs.items()) if not all(flags)]
-            await asyncio.gather(*(self.trigger(namespace, name) for namespace, name in due))
-
-    async def trigger(self, namespace: str, name: str) -> None:
-        key = (namespace, name)
-        if key in self.busy:
-            self.again.add(key)
-            return
-        self.busy.add(key)
-        try:
-            while True:
-                self.again.discard(key)
-                try:
-                    # Bounded: a hung API call must not keep this job marked busy (unreconciled) forever.
-                    await asyncio.wait_for(self.reconcile(namespace, name), timeout=RECONCILE_TIMEOUT_S)
-                except Exception:
-                    # One broken job never stalls the rest; the timer retries it.
-                    log.exception("reconciling TrainingJob %s/%s failed", namespace, name)
-                if key not in self.again:
-                    break
-        finally:
-            self.busy.discard(key)
 
     def worker_views(self, namespace: str, name: str) -> list[tuple[WorkerView, str | None]]:
         if self.pods is None:
@@ -163,15 +108,12 @@ class Controller:
                 tracking_error=tracking_error,
                 spec_error=spec_error,
             ),
-            Policy(node_lost_grace_seconds=self.training.node_lost_grace_s),
+            self.policy,
         )
         patch = status_patch(old_wire, decision.status.to_wire())
         if patch is not None:
             await kube.patch_status(API_VERSION, "TrainingJob", namespace, name, patch)
-        for event in decision.events:
-            post = kopf.warn if event.type == "Warning" else kopf.info
-            # kopf only reads apiVersion/kind/metadata from it, which the raw object has.
-            post(cast(kopf.Body, job), reason=event.reason, message=event.message)
+        post_events(job, decision.events)
         await self.act(job, spec, decision, views, spec_changed=status.observed_generation != meta.get("generation"))
         if decision.status.phase in FINISHED and status.phase not in FINISHED:
             await self.close_run(spec, decision)
@@ -286,15 +228,23 @@ class Controller:
             await kube.apply(group)
         except kube.NotFound:
             # The gang scheduler's CRD is not installed: say so, and let the pods be scheduled without it.
-            kopf.warn(
-                cast(kopf.Body, job),
-                reason="GangSchedulerMissing",
-                message=f"{group['apiVersion']} PodGroup is not installed",
-            )
+            missing = Event("Warning", "GangSchedulerMissing", f"{group['apiVersion']} PodGroup is not installed")
+            post_events(job, [missing])
 
 
 def register(settings: OperatorSettings) -> None:
-    controller = Controller(image=settings.trainer_image, training=TrainingSettings.from_env())
+    controller = Controller(
+        image=settings.trainer_image, policy=Policy(node_lost_grace_seconds=settings.node_lost_grace_s)
+    )
+    # Deadlines, grace periods, TTLs and progress need a clock, not an event: jobs that are not idle are
+    # reconciled every poll interval.
+    runner = Runner(
+        "TrainingJob", controller.reconcile, interval_s=settings.training_poll_s, timeout_s=settings.reconcile_timeout_s
+    )
+
+    def remember(kwargs: dict[str, Any]) -> None:
+        controller.remember(kwargs)
+        runner.resync(kwargs.get(JOB_INDEX))
 
     # Explicit ids: Kopf passes each index to handlers as a kwarg named by it (nested functions' default
     # ids would carry "register.<locals>.").
@@ -314,18 +264,19 @@ def register(settings: OperatorSettings) -> None:
     @kopf.on.create(GROUP, VERSION, PLURAL)
     @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
     async def trainingjob_changed(body: kopf.Body, **kwargs: Any) -> None:
-        controller.remember(kwargs)
-        await controller.trigger(str(body.metadata.namespace), str(body.metadata.name))
+        remember(kwargs)
+        await runner.trigger(str(body.metadata.namespace), str(body.metadata.name))
 
     @kopf.on.event("pods", labels={render.JOB_LABEL: kopf.PRESENT})
     async def trainingjob_worker_event(body: kopf.Body, **kwargs: Any) -> None:
-        controller.remember(kwargs)
-        await controller.trigger(str(body.metadata.namespace), body.metadata.labels[render.JOB_LABEL])
+        remember(kwargs)
+        await runner.trigger(str(body.metadata.namespace), body.metadata.labels[render.JOB_LABEL])
 
     @kopf.index(GROUP, VERSION, PLURAL, id=JOB_INDEX)
     def loom_training_jobs(body: kopf.Body, **_: Any) -> dict[tuple[str, str], bool]:
-        """Every TrainingJob, flagged True when the periodic resync has nothing left to do for it."""
+        """Every TrainingJob, flagged True while the periodic resync has something to do for it (False once it
+        finished and, with a TTL, its children are deleted)."""
         status, spec = body.get("status") or {}, body.get("spec") or {}
         ttl = (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished")
         idle = status.get("phase") in FINISHED and (ttl is None or bool(status.get("childrenDeleted")))
-        return {(str(body.metadata.namespace), str(body.metadata.name)): idle}
+        return {(str(body.metadata.namespace), str(body.metadata.name)): not idle}

@@ -16,11 +16,10 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from ..api.common import Manifest as Manifest  # re-exported: the kube layer's callers use kube.Manifest
 from ..settings import FIELD_MANAGER
 
 log = logging.getLogger("loom.kube")
-
-Manifest = dict[str, Any]
 
 
 @dataclass(frozen=True)

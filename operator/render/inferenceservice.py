@@ -23,10 +23,9 @@ from loom.workloads.server.config import AuthConfig, BatchingConfig, RateLimitCo
 
 from ..api.inferenceservice import InferenceServiceSpec
 from .inferenceservice_model import MODEL_ANNOTATION, ModelRef
-from .meta import child_metadata, labels, restricted_security_context
+from .kit import Manifest, child_metadata, labels, merge_env, restricted_security_context, s3_env
 
 Track = Literal["stable", "canary"]
-Manifest = dict[str, Any]
 
 KIND_LABEL = "inferenceservice"
 COMPONENT = "server"
@@ -176,31 +175,13 @@ def render_service(owner: Manifest) -> Manifest:
 # ------------------------------------------------------------------------------------------- pods
 
 
-def model_env(ref: ModelRef) -> list[Manifest]:
-    """S3/MLflow settings for the fetch step and the server; credentials by Secret reference, never by value."""
-    env: list[Manifest] = []
-    if ref.secret_ref is not None:
-        for var, key in (
-            ("AWS_ACCESS_KEY_ID", ref.secret_ref.access_key_id_key),
-            ("AWS_SECRET_ACCESS_KEY", ref.secret_ref.secret_access_key_key),
-        ):
-            env.append({"name": var, "valueFrom": {"secretKeyRef": {"name": ref.secret_ref.name, "key": key}}})
-    if ref.endpoint:
-        env.append({"name": "AWS_ENDPOINT_URL_S3", "value": ref.endpoint})
-        env.append({"name": "MLFLOW_S3_ENDPOINT_URL", "value": ref.endpoint})
+def container_env(spec: InferenceServiceSpec, ref: ModelRef) -> list[Manifest]:
+    """S3/MLflow settings for the fetch step and the server (credentials by Secret reference, never by value),
+    then the user's variables, which replace Loom's of the same name."""
+    env = s3_env(ref.secret_ref, ref.endpoint)
     if ref.tracking_uri:
         env.append({"name": "MLFLOW_TRACKING_URI", "value": ref.tracking_uri})
-    return env
-
-
-def container_env(spec: InferenceServiceSpec, ref: ModelRef) -> list[Manifest]:
-    """Loom's variables, then the user's; a user variable of the same name replaces Loom's (one entry per name,
-    as server-side apply requires)."""
-    merged: dict[str, Manifest] = {item["name"]: item for item in model_env(ref)}
-    for var in spec.env or []:
-        merged.pop(var.name, None)
-        merged[var.name] = var.to_wire()
-    return list(merged.values())
+    return merge_env(env, spec.env)
 
 
 def container_resources(spec: InferenceServiceSpec, *, with_gpus: bool) -> Manifest:

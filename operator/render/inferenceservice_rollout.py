@@ -18,12 +18,12 @@ percentage (at least one canary replica, at least one stable replica).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from ..api.inferenceservice import InferenceServiceSpec
 from .inferenceservice_model import MODEL_ANNOTATION, ModelRef
+from .kit import Manifest
 
-Manifest = dict[str, Any]
 CanaryAction = Literal["none", "apply", "keep", "retire"]
 
 

@@ -12,15 +12,12 @@ Conditions:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from ..api.common import Condition, set_condition
 from ..api.inferenceservice import CanaryStatus, InferenceServiceStatus, ServingPhase
 from .inferenceservice import CONFIG_HASH_ANNOTATION, selector_string, service_url
 from .inferenceservice_model import ResolveError
 from .inferenceservice_rollout import RolloutPlan, rolled_out
-
-Manifest = dict[str, Any]
+from .kit import Condition, Event, Manifest, set_condition
 
 
 @dataclass(frozen=True)
@@ -34,13 +31,6 @@ class Observed:
     serving_config_hash: str | None  # pod template hash of the track serving the spec's model
     resolve_error: ResolveError | None = None
     invalid: str | None = None  # an InvalidSpec message
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
 
 
 def _replicas(deployment: Manifest | None, field: str) -> int:

@@ -1,16 +1,15 @@
 """TrainingJob -> its children: headless Service, trainer ConfigMap, one Pod per worker, optional PodGroup (pure).
 
-Names are deterministic (`<job>`, `<job>-trainer`, `<job>-worker-<i>`) so a re-run after an operator crash
-converges on the same objects instead of creating new ones. Every pod carries the gang attempt it belongs to
-(label ATTEMPT_LABEL): after a gang restart the controller knows which pods are stale.
+Names are deterministic (Service `<job>-workers`, ConfigMap `<job>-trainer`, Pods `<job>-worker-<i>`, PodGroup
+`<job>`) so a re-run after an operator crash converges on the same objects instead of creating new ones. Every
+pod carries the gang attempt it belongs to (label ATTEMPT_LABEL): after a gang restart the controller knows
+which pods are stale.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..api.trainingjob import TrainingJob, TrainingJobSpec
-from .meta import child_metadata, labels, restricted_security_context
+from ..api.trainingjob import TrainingJobSpec
+from .kit import Manifest, child_metadata, merge_env, owner_of, restricted_security_context, s3_env
 from .trainingjob_config import (
     CONFIG_DIR,
     CONFIG_FILE,
@@ -23,8 +22,7 @@ from .trainingjob_config import (
     worker_range,
 )
 
-Manifest = dict[str, Any]
-
+KIND = "TrainingJob"
 WORKER = "worker"
 JOB_LABEL = "loom.dev/trainingjob"
 INDEX_LABEL = "loom.dev/worker-index"
@@ -36,16 +34,6 @@ GPU_RESOURCE = "nvidia.com/gpu"
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 GANG_SCHEDULERS = {"volcano": "volcano", "scheduler-plugins": "scheduler-plugins-scheduler"}
-
-
-def owner_of(job: Manifest) -> Manifest:
-    """The owner view child_metadata needs (works on a raw body or a kopf Body turned dict)."""
-    meta = job["metadata"]
-    return {
-        "apiVersion": job.get("apiVersion", "loom.dev/v1alpha1"),
-        "kind": job.get("kind", "TrainingJob"),
-        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"]},
-    }
 
 
 def worker_name(job_name: str, index: int) -> str:
@@ -73,7 +61,7 @@ def worker_selector(job_name: str) -> str:
 
 def headless_service(job: Manifest) -> Manifest:
     """Gives each worker a stable DNS name; not-ready addresses are published so rendezvous works early."""
-    owner = owner_of(job)
+    owner = owner_of(job, KIND)
     name = owner["metadata"]["name"]
     return {
         "apiVersion": "v1",
@@ -93,7 +81,7 @@ def headless_service(job: Manifest) -> Manifest:
 
 def config_map(job: Manifest, spec: TrainingJobSpec) -> Manifest:
     """The rendered TrainerConfig; it never holds credentials (those come from the Secret as env)."""
-    owner = owner_of(job)
+    owner = owner_of(job, KIND)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -107,7 +95,7 @@ def pod_group(job: Manifest, spec: TrainingJobSpec) -> Manifest | None:
     gang = spec.scheduling.gang
     if gang == "none":
         return None
-    owner = owner_of(job)
+    owner = owner_of(job, KIND)
     name = owner["metadata"]["name"]
     low, _ = worker_range(spec)
     meta = child_metadata(owner, name, "podgroup")
@@ -142,34 +130,14 @@ def _env(job: Manifest, spec: TrainingJobSpec, index: int, mlflow_run_id: str | 
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
     ckpt = spec.checkpoint
-    if ckpt is not None and ckpt.secret_ref is not None:
-        ref = ckpt.secret_ref
-        # By reference only: the operator never reads the Secret's data.
-        env.append(
-            {
-                "name": "AWS_ACCESS_KEY_ID",
-                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.access_key_id_key}},
-            }
-        )
-        env.append(
-            {
-                "name": "AWS_SECRET_ACCESS_KEY",
-                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.secret_access_key_key}},
-            }
-        )
-    if ckpt is not None and ckpt.endpoint:
-        env.append({"name": "AWS_ENDPOINT_URL_S3", "value": ckpt.endpoint})
-        # MLflow artifact uploads go to the same object store with the same credentials.
-        env.append({"name": "MLFLOW_S3_ENDPOINT_URL", "value": ckpt.endpoint})
+    if ckpt is not None:
+        env += s3_env(ckpt.secret_ref, ckpt.endpoint)
     if spec.tracking is not None and spec.tracking.mlflow is not None:
         env.append({"name": "MLFLOW_TRACKING_URI", "value": spec.tracking.mlflow.tracking_uri})
         env.append({"name": "MLFLOW_EXPERIMENT_NAME", "value": spec.tracking.mlflow.experiment})
         if mlflow_run_id:
             env.append({"name": "MLFLOW_RUN_ID", "value": mlflow_run_id})
-    # The user's entries win over ours by name; a duplicate name would make server-side apply reject the pod.
-    user = [e.to_wire() for e in spec.env or []]
-    user_names = {e["name"] for e in user}
-    return [e for e in env if e["name"] not in user_names] + user
+    return merge_env(env, spec.env)
 
 
 def _resources(spec: TrainingJobSpec) -> Manifest:
@@ -185,7 +153,7 @@ def worker_pod(
     job: Manifest, spec: TrainingJobSpec, index: int, *, attempt: int, image: str, mlflow_run_id: str | None
 ) -> Manifest:
     """Worker `index` of gang attempt `attempt`. restartPolicy Never: the controller owns every restart."""
-    owner = owner_of(job)
+    owner = owner_of(job, KIND)
     job_name = owner["metadata"]["name"]
     namespace = owner["metadata"]["namespace"]
     extra = {INDEX_LABEL: str(index), ATTEMPT_LABEL: str(attempt), JOB_LABEL: job_name}
@@ -253,12 +221,3 @@ def worker_pod(
         ),
         "spec": pod_spec,
     }
-
-
-def job_labels(job: Manifest) -> dict[str, str]:
-    return labels(owner_of(job), WORKER)
-
-
-def parse(job: Manifest) -> TrainingJob:
-    """The typed view of a raw TrainingJob body (status is parsed separately by the controller)."""
-    return TrainingJob.model_validate({k: v for k, v in job.items() if k in ("apiVersion", "kind", "metadata", "spec")})

@@ -6,29 +6,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from loom.workloads.trainer.config import EXIT_INTERRUPTED
 
+from .kit import Manifest, parse_time
 from .trainingjob import ATTEMPT_LABEL, INDEX_LABEL
-
-Manifest = dict[str, Any]
 
 # Pod status reasons / conditions that mean the platform took the pod away: not the trainer's fault.
 DISRUPTION_REASONS = frozenset(
     {"Evicted", "Preempted", "Preempting", "NodeLost", "NodeShutdown", "Terminated", "Shutdown"}
 )
-
-
-def parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
-
-
-def format_time(value: datetime) -> str:
-    return value.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)

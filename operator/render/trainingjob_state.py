@@ -23,14 +23,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Literal
 
 from loom.workloads.trainer.config import EXIT_PERMANENT
 
-from ..api.common import Condition
+from ..api.common import ConditionStatus
 from ..api.trainingjob import CheckpointStatus, Progress, TrainingJobSpec, TrainingJobStatus, WorkerCounts
+from .kit import Condition, Event, format_time, parse_time, set_condition
 from .trainingjob_config import worker_range
-from .trainingjob_observe import NodeView, ProgressReport, WorkerView, format_time
+from .trainingjob_observe import NodeView, ProgressReport, WorkerView
 
 PERMANENT_EXIT_CODES = frozenset({EXIT_PERMANENT})
 CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed", "Ready")
@@ -64,13 +65,6 @@ class Delete:
     force: bool = False  # grace period 0: only for pods on a node that stopped answering
 
 
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
-
-
 @dataclass
 class Decision:
     status: TrainingJobStatus
@@ -94,7 +88,7 @@ class _Machine:
         self.reason_detail: tuple[str, str] | None = None  # (reason, message) for Ready while not running
 
     # ---- helpers -------------------------------------------------------------------------------------
-    def event(self, type_: str, reason: str, message: str) -> None:
+    def event(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
         self.decision.events.append(Event(type_, reason, message))
 
     def delete(self, pod: WorkerView, *, force: bool = False) -> None:
@@ -158,7 +152,7 @@ class _Machine:
             st.start_time = None
             self.event("Normal", "Resumed", f"resuming as gang attempt {st.attempt} from the latest checkpoint")
         deadline = self.spec.run_policy.active_deadline_seconds
-        started = _time(st.start_time)
+        started = parse_time(st.start_time)
         if deadline and started and obs.now - started >= timedelta(seconds=deadline):
             return self.finish(
                 "Failed", "DeadlineExceeded", f"the job ran longer than activeDeadlineSeconds={deadline}"
@@ -176,7 +170,7 @@ class _Machine:
         st, obs = self.st, self.obs
         self.stop_all(obs.pods)
         ttl = self.spec.run_policy.ttl_seconds_after_finished
-        done = _time(st.completion_time)
+        done = parse_time(st.completion_time)
         if ttl is not None and done and not st.children_deleted and obs.now - done >= timedelta(seconds=ttl):
             self.decision.delete_children = True
             st.children_deleted = True
@@ -350,36 +344,21 @@ class _Machine:
         ready_ok = phase in ("Running", "Succeeded")
         table["Ready"] = (ready_ok, "WorkersRunning" if phase == "Running" else reason, message)
         previous = {c.type: c for c in st.conditions}
-        merged: list[Condition] = []
+        conditions = list(st.conditions)
         for kind in CONDITION_TYPES:
             ok, why, text = table[kind]
-            status = "True" if ok else "False"
+            status: ConditionStatus = "True" if ok else "False"
+            new = Condition(type=kind, status=status, reason=why, message=text, observed_generation=gen)
+            conditions = set_condition(conditions, new, now)
             old = previous.get(kind)
-            since = old.last_transition_time if old is not None and old.status == status else format_time(now)
-            merged.append(
-                Condition(
-                    type=kind,
-                    status=status,
-                    reason=why,
-                    message=text,
-                    last_transition_time=since,
-                    observed_generation=gen,
-                )
-            )
             if kind == "Ready" and why == "Unschedulable" and (old is None or old.reason != "Unschedulable"):
                 self.event("Warning", "Unschedulable", text)
-        st.conditions = merged
+        st.conditions = conditions
 
 
 def _live(pod: WorkerView) -> bool:
     """Not terminated yet (possibly already being deleted)."""
     return pod.phase in ("Pending", "Running", "Unknown")
-
-
-def _time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 def _describe(pod: WorkerView, node_lost: bool) -> str:
@@ -389,15 +368,6 @@ def _describe(pod: WorkerView, node_lost: bool) -> str:
     if pod.disrupted:
         detail += ", disrupted"
     return f"{pod.name} {detail}"
-
-
-def status_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
-    """The merge patch turning status `old` into `new` (None when equal); cleared fields become null."""
-    if old == new:
-        return None
-    patch: dict[str, Any] = {key: None for key in old if key not in new}
-    patch.update(new)
-    return patch
 
 
 def decide(obs: Observation, policy: Policy | None = None) -> Decision:

@@ -122,7 +122,7 @@ def put_isvc(api: FakeApi, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 async def reconcile(api: FakeApi) -> dict[str, Any]:
-    await controller.reconcile(copy.deepcopy(api.isvc()), SETTINGS)
+    await controller.reconcile("ml", "gpt", SETTINGS)
     return dict(api.isvc()["status"])
 
 
@@ -210,7 +210,7 @@ async def test_operator_restart_mid_canary_keeps_the_previous_version(api: FakeA
     api.settle("gpt")
     put_isvc(api, spec("v2", canary=20))
     await reconcile(api)
-    controller._locks.clear()  # a fresh process: nothing in memory
+    # A fresh process: the pass reads everything it needs from the cluster, nothing from memory.
     await reconcile(api)
     assert (api.model("gpt"), api.model("gpt-canary")) == ("v1", "v2")
 

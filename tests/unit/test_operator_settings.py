@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import kopf
+import pytest
 
 from loom.operator.controllers.placeholder import not_implemented_status
-from loom.operator.main import configure
+from loom.operator.main import configure, endpoint
 from loom.operator.settings import FINALIZER, OperatorSettings
 
 
@@ -14,6 +15,41 @@ def test_settings_from_env() -> None:
     assert s.namespaces == ["a", "b"]
     assert s.metrics_port == 9100
     assert OperatorSettings.from_env({}).namespaces == []
+
+
+def test_every_controller_setting_comes_from_its_loom_variable() -> None:
+    s = OperatorSettings.from_env(
+        {
+            "LOOM_TRAINING_POLL_S": "1",
+            "LOOM_NODE_LOST_GRACE_S": "10",
+            "LOOM_RESYNC_INTERVAL_S": "2.5",
+            "LOOM_RECONCILE_TIMEOUT_S": "30",
+            "LOOM_HEALTH_HOST": "0.0.0.0",
+            "LOOM_HEALTH_PORT": "9000",
+            "LOOM_METRICS_HOST": "::",
+            "LOOM_LOG_LEVEL": "DEBUG",
+            "LOOM_SERVER_IMAGE": "registry.example/loom/server:1",
+        }
+    )
+    assert (s.training_poll_s, s.node_lost_grace_s, s.resync_interval_s, s.reconcile_timeout_s) == (1, 10, 2.5, 30)
+    assert (s.health_host, s.health_port, s.metrics_host, s.metrics_port) == ("0.0.0.0", 9000, "::", 8081)
+    assert s.log_level == "DEBUG" and s.server_image == "registry.example/loom/server:1"
+
+
+def test_endpoints_listen_on_loopback_by_default() -> None:
+    """Run on a machine (`loom operator`), the operator takes no port on other addresses: on the local stack the
+    model servers share the host network and listen on 8080 of their own 127.x address."""
+    s = OperatorSettings.from_env({})
+    assert (s.health_host, s.metrics_host) == ("127.0.0.1", "127.0.0.1")
+    assert endpoint(s.health_host, s.health_port, "/healthz") == "http://127.0.0.1:8080/healthz"
+    assert endpoint("::", 8080, "/healthz") == "http://[::]:8080/healthz"
+
+
+def test_a_bad_setting_names_its_variable() -> None:
+    with pytest.raises(ValueError) as error:
+        OperatorSettings.from_env({"LOOM_TRAINING_POLL_S": "soon", "LOOM_HEALTH_PORT": "70000"})
+    assert "LOOM_TRAINING_POLL_S='soon'" in str(error.value)
+    assert "LOOM_HEALTH_PORT='70000'" in str(error.value)
 
 
 def test_kopf_uses_loom_prefix_and_finalizer() -> None:

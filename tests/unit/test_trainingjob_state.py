@@ -6,8 +6,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from loom.operator.api.trainingjob import TrainingJobSpec, TrainingJobStatus
+from loom.operator.render.kit import status_patch
 from loom.operator.render.trainingjob_observe import CheckpointReport, NodeView, ProgressReport, WorkerView
-from loom.operator.render.trainingjob_state import Decision, Delete, Observation, Policy, decide, status_patch
+from loom.operator.render.trainingjob_state import Decision, Delete, Observation, Policy, decide
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 

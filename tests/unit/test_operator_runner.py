@@ -1,0 +1,193 @@
+"""The reconcile runner every controller uses: serialisation, coalescing, bounded passes, resync, forgetting.
+
+The reconcile passed in is a fake that records calls and can be held at a gate, so each test controls exactly
+when a pass is in flight. Nothing here asserts a timing: waits are on events, bounded by pytest-timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from loom.operator.controllers.runner import LastSeen, Runner
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Recorder:
+    """A reconcile that records (namespace, name) and, while `gate` is set up, waits for it to open."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.running = 0
+        self.most_at_once = 0
+        self.gate: asyncio.Event | None = None
+        self.entered = asyncio.Event()
+        self.fail_with: BaseException | None = None
+
+    async def __call__(self, namespace: str, name: str) -> None:
+        self.calls.append((namespace, name))
+        self.running += 1
+        self.most_at_once = max(self.most_at_once, self.running)
+        self.entered.set()
+        try:
+            if self.gate is not None:
+                await self.gate.wait()
+            if self.fail_with is not None:
+                raise self.fail_with
+        finally:
+            self.running -= 1
+
+
+def runner_for(recorder: Recorder, *, timeout_s: float = 30.0, interval_s: float = 3600.0) -> Runner:
+    return Runner("Thing", recorder, interval_s=interval_s, timeout_s=timeout_s)
+
+
+async def held_pass(recorder: Recorder, runner: Runner) -> asyncio.Task[None]:
+    """A pass for ns/a that is running and held at the recorder's gate until the test opens it."""
+    recorder.gate = asyncio.Event()
+    first = asyncio.create_task(runner.trigger("ns", "a"))
+    await recorder.entered.wait()
+    return first
+
+
+async def test_one_pass_per_trigger_when_idle() -> None:
+    recorder = Recorder()
+    runner = runner_for(recorder)
+    await runner.trigger("ns", "a")
+    await runner.trigger("ns", "a")
+    assert recorder.calls == [("ns", "a"), ("ns", "a")]
+    assert runner.tracked == frozenset()
+
+
+async def test_passes_for_one_object_never_overlap_and_triggers_coalesce_into_one_more() -> None:
+    recorder = Recorder()
+    runner = runner_for(recorder)
+    first = await held_pass(recorder, runner)
+    # Three triggers while the first pass runs: each returns at once, together they ask for ONE more pass.
+    for _ in range(3):
+        await runner.trigger("ns", "a")
+    assert recorder.calls == [("ns", "a")]
+    assert runner.tracked == frozenset({("ns", "a")})
+    assert recorder.gate is not None
+    recorder.gate.set()
+    await first
+    assert recorder.calls == [("ns", "a"), ("ns", "a")]
+    assert recorder.most_at_once == 1
+    assert runner.tracked == frozenset()  # nothing per object outlives the passes
+
+
+async def test_different_objects_run_side_by_side() -> None:
+    recorder = Recorder()
+    recorder.gate = asyncio.Event()
+    runner = runner_for(recorder)
+    tasks = [asyncio.create_task(runner.trigger("ns", name)) for name in ("a", "b")]
+    while recorder.running < 2:
+        await asyncio.sleep(0)
+    recorder.gate.set()
+    await asyncio.gather(*tasks)
+    assert sorted(recorder.calls) == [("ns", "a"), ("ns", "b")]
+    assert recorder.most_at_once == 2
+
+
+async def test_a_hung_pass_is_abandoned_and_the_object_reconciled_again(caplog: pytest.LogCaptureFixture) -> None:
+    recorder = Recorder()
+    recorder.gate = asyncio.Event()  # never opened: the pass hangs like a stuck API call
+    runner = runner_for(recorder, timeout_s=0.05)
+    with caplog.at_level(logging.ERROR, logger="loom.operator.runner"):
+        await runner.trigger("ns", "a")
+    assert "Thing ns/a took over" in caplog.text
+    assert runner.tracked == frozenset()
+    assert recorder.running == 0  # the hung pass was cancelled, not left behind
+    recorder.gate.set()
+    await runner.trigger("ns", "a")
+    assert recorder.calls == [("ns", "a"), ("ns", "a")]
+
+
+async def test_a_failing_pass_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    recorder = Recorder()
+    recorder.fail_with = RuntimeError("API server said no")
+    runner = runner_for(recorder)
+    with caplog.at_level(logging.ERROR, logger="loom.operator.runner"):
+        await runner.trigger("ns", "a")
+    assert "reconciling Thing ns/a failed" in caplog.text and "API server said no" in caplog.text
+    assert runner.tracked == frozenset()
+
+
+async def test_forget_drops_the_pass_queued_behind_the_running_one() -> None:
+    recorder = Recorder()
+    runner = runner_for(recorder)
+    first = await held_pass(recorder, runner)
+    await runner.trigger("ns", "a")  # queued
+    runner.forget("ns", "a")  # ... then the object is deleted
+    assert recorder.gate is not None
+    recorder.gate.set()
+    await first
+    assert recorder.calls == [("ns", "a")]
+    assert runner.tracked == frozenset()
+
+
+async def test_resync_visits_due_objects_of_the_index_and_skips_idle_ones() -> None:
+    recorder = Recorder()
+    runner = runner_for(recorder, interval_s=0.01)
+    index: dict[tuple[str, str], list[bool]] = {("ns", "due"): [True], ("ns", "idle"): [False]}
+    runner.resync(index)
+    runner.resync({("ns", "other"): [True]})  # a second start is a no-op: one resync task per runner
+    try:
+        while recorder.calls.count(("ns", "due")) < 3:
+            await asyncio.sleep(0.01)
+        index[("ns", "late")] = [True]  # the index is read afresh every round (Kopf keeps it current)
+        while ("ns", "late") not in recorder.calls:
+            await asyncio.sleep(0.01)
+    finally:
+        await runner.stop()
+    assert set(recorder.calls) == {("ns", "due"), ("ns", "late")}
+
+
+async def test_resync_starts_only_once_an_index_is_known() -> None:
+    recorder = Recorder()
+    runner = runner_for(recorder, interval_s=0.01)
+    runner.resync(None)  # a handler called before Kopf handed over the index
+    runner.resync({("ns", "a"): [True]})
+    try:
+        while not recorder.calls:
+            await asyncio.sleep(0.01)
+    finally:
+        await runner.stop()
+    assert recorder.calls[0] == ("ns", "a")
+
+
+def test_last_seen_reports_changes_and_forgets_deleted_objects() -> None:
+    seen: LastSeen[tuple[str | None, str | None]] = LastSeen()
+    assert seen.changed(("ns", "job"), ("s3://c/step-10", "Running"))
+    assert not seen.changed(("ns", "job"), ("s3://c/step-10", "Running"))
+    assert seen.changed(("ns", "job"), ("s3://c/step-20", "Running"))
+    assert seen.changed(("ns", "other"), (None, "Pending"))
+    assert len(seen) == 2
+    seen.forget(("ns", "job"))
+    seen.forget(("ns", "never-seen"))
+    assert len(seen) == 1
+    assert seen.changed(("ns", "job"), ("s3://c/step-20", "Running"))  # a re-created namesake starts afresh
+
+
+def test_no_controller_puts_a_finalizer_on_its_objects() -> None:
+    """Resync through the runner, no kopf.timer/daemon, delete handlers optional: deleting an object (or its
+    namespace) never waits for the operator, even while it is down."""
+    import kopf
+
+    from loom.operator import controllers
+    from loom.operator.settings import OperatorSettings
+
+    previous = kopf.get_default_registry()
+    registry = kopf.OperatorRegistry()
+    kopf.set_default_registry(registry)
+    try:
+        controllers.register(OperatorSettings())
+    finally:
+        kopf.set_default_registry(previous)
+    changing = registry._changing.get_all_handlers()
+    assert changing, "the controllers registered no handlers"
+    assert [h.id for h in changing if h.requires_finalizer] == []
+    assert list(registry._spawning.get_all_handlers()) == []
