@@ -70,3 +70,36 @@ def test_set_condition_moves_transition_time_only_on_change() -> None:
     assert flipped[0].last_transition_time != "t0"
     other = set_condition(flipped, Condition(type="Running", status="True", reason="Up"))
     assert [c.type for c in other] == ["Ready", "Running"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "accepted"),
+    [
+        ({"fsdp": {"sharding": "none"}}, True),
+        ({"fsdp": {"sharding": "no"}}, False),  # the trainer's old word; the API's "none" is the one value now
+        ({"checkpoint": {"uri": "s3://ckpt/run1", "everyMinutes": 15}}, True),
+        ({"checkpoint": {"uri": "s3://ckpt/run1", "everyMinutes": 0.5}}, True),
+        ({"checkpoint": {"uri": "s3://ckpt/run1", "everyMinutes": 0}}, False),
+        ({"entrypoint": {"module": "pkg.mod:task"}}, True),
+        ({"entrypoint": {"module": "pkg.mod"}}, False),  # the trainer needs module:attribute
+    ],
+)
+def test_training_job_admits_what_the_trainer_accepts(spec: dict[str, object], accepted: bool) -> None:
+    if accepted:
+        TrainingJob.model_validate(training_job(**spec))
+    else:
+        with pytest.raises(ValidationError):
+            TrainingJob.model_validate(training_job(**spec))
+
+
+def test_defaults_are_the_workloads_defaults() -> None:
+    job = TrainingJob.model_validate(training_job(tracking={"mlflow": {"trackingUri": "http://mlflow:5000"}}))
+    assert job.spec.tracking is not None and job.spec.tracking.mlflow is not None
+    assert job.spec.tracking.mlflow.experiment == "Default"
+    isvc = InferenceService.model_validate(
+        {"spec": {"model": {"uri": "s3://models/gpt"}, "batching": {"maxBatchSize": 4096}}}
+    )
+    assert (isvc.spec.batching.max_batch_size, isvc.spec.batching.max_latency_ms) == (4096, 10)
+    too_big = {"spec": {"model": {"uri": "s3://models/gpt"}, "batching": {"maxBatchSize": 4097}}}
+    with pytest.raises(ValidationError):
+        InferenceService.model_validate(too_big)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from loom.workloads.server.config import ServerConfig, parse_mlflow_uri
+from loom.workloads.server.config import RateLimitConfig, ServerConfig, parse_mlflow_uri
 
 
 def test_camel_case_round_trip(tmp_path: Path) -> None:
@@ -85,3 +85,9 @@ def test_config_imports_without_torch_or_starlette() -> None:
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert result.stdout.strip() == ""
+
+
+def test_defaults_match_what_an_inference_service_renders() -> None:
+    config = ServerConfig(model_name="m")
+    assert (config.batching.max_batch_size, config.batching.max_latency_ms, config.batching.max_queue) == (8, 10, 256)
+    assert RateLimitConfig(requests_per_second=1).burst == 10
