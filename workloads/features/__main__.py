@@ -62,6 +62,7 @@ def parser() -> argparse.ArgumentParser:
     historical.add_argument("--entities", required=True, help="entity dataframe parquet (path or s3://)")
     historical.add_argument("--output", required=True, help="training set parquet to write (path or s3://)")
     historical.add_argument("--full-feature-names", action="store_true", help="columns named view__feature")
+    historical.add_argument("--s3-endpoint", help="S3 endpoint for s3:// entities/output (default: the source's)")
     commands.add_parser("serve", parents=[common], help="run Feast's feature server")
     return root
 
@@ -96,7 +97,9 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     elif args.command == "materialize":
         result = commands.materialize(store, config, args.view, args.start, args.end)
     elif args.command == "historical":
-        result = commands.historical(store, config, args.entities, args.output, args.view, args.full_feature_names)
+        result = commands.historical(
+            store, config, args.entities, args.output, args.view, args.full_feature_names, args.s3_endpoint
+        )
     else:
         commands.serve(store, config)
     return result

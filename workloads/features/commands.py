@@ -12,7 +12,7 @@ import io
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +209,12 @@ class _WriteCounter:
         self.available = True
 
 
+def ttl_bound(start: datetime, end: datetime, ttl_seconds: int) -> datetime:
+    """An explicit window never reaches further back than the view's ttl before its end: Feast's online
+    reads do not check ttl, so a value older than that must never reach the online store."""
+    return max(start, end - timedelta(seconds=ttl_seconds)) if ttl_seconds > 0 else start
+
+
 def materialize(
     store: FeatureStore,
     config: FeaturesConfig,
@@ -232,12 +238,14 @@ def materialize(
         check_source(store, view, registered)
     counter = _WriteCounter(store)
     view_names = [v.name for v in views]
-    if view_names:
-        with feast_output_to_stderr():
-            if start is None:
+    with feast_output_to_stderr():
+        if start is None:
+            if view_names:
                 store.materialize_incremental(end_date=end, feature_views=view_names)
-            else:
-                store.materialize(start_date=start, end_date=end, feature_views=view_names)
+        else:
+            for view in views:
+                store.materialize(start_date=ttl_bound(start, end, view.ttl_seconds), end_date=end,
+                                  feature_views=[view.name])
     results = []
     for name in view_names:
         intervals = store.get_feature_view(name).materialization_intervals
@@ -255,27 +263,28 @@ def materialize(
         "mode": "incremental" if start is None else "window",
         "project": config.project,
         "window": {"start": min(starts) if starts else _iso(start), "end": _iso(end)},
+        "requestedStart": _iso(start),
         "rowsWritten": sum(r["rowsWritten"] or 0 for r in results) if counter.available else None,
         "featureViews": results,
     }
 
 
-def _filesystem(path: str) -> tuple[Any, str]:
+def _filesystem(path: str, endpoint: str | None) -> tuple[Any, str]:
     if path.startswith("s3://"):
-        return arrow_s3(), path.removeprefix("s3://")
+        return arrow_s3(endpoint), path.removeprefix("s3://")
     return None, path
 
 
-def read_parquet(path: str) -> pd.DataFrame:
-    filesystem, location = _filesystem(path)
+def read_parquet(path: str, endpoint: str | None = None) -> pd.DataFrame:
+    filesystem, location = _filesystem(path, endpoint)
     try:
         return pq.read_table(location, filesystem=filesystem).to_pandas()
     except Exception as error:
         raise InvalidSource(f"cannot read entity dataframe {path}: {type(error).__name__}: {error}") from error
 
 
-def write_parquet(frame: pd.DataFrame, path: str) -> None:
-    filesystem, location = _filesystem(path)
+def write_parquet(frame: pd.DataFrame, path: str, endpoint: str | None = None) -> None:
+    filesystem, location = _filesystem(path, endpoint)
     if filesystem is None:
         Path(location).parent.mkdir(parents=True, exist_ok=True)
         partial = f"{location}.partial"
@@ -295,21 +304,26 @@ def historical(
     output: str,
     names: Sequence[str] | None = None,
     full_feature_names: bool = False,
+    endpoint: str | None = None,
 ) -> dict[str, Any]:
     """A point-in-time correct training set: for each entity row, each feature's newest value at or before
-    the row's timestamp and within the view's ttl (Feast's historical retrieval), written as parquet."""
+    the row's timestamp and within the view's ttl (Feast's historical retrieval), written as parquet.
+
+    s3:// entity and output paths use ``endpoint``, else the first S3 source's endpoint, else the
+    AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL variables."""
     views = select_views(config, names)
+    endpoint = endpoint or next((v.source.endpoint for v in views if v.source.endpoint), None)
     for view in views:
         if _registered_view(store, view.name) is None:
             raise NotFound(f"feature view {view.name!r} is not registered in project {config.project!r}: apply it")
         check_source(store, view, to_feast_objects(view)[1])
-    entity_df = read_parquet(entities)
+    entity_df = read_parquet(entities, endpoint)
     references = [f"{view.name}:{feature.name}" for view in views for feature in view.features]
     with feast_output_to_stderr():
         frame = store.get_historical_features(
             entity_df=entity_df, features=references, full_feature_names=full_feature_names
         ).to_df()
-    write_parquet(frame, output)
+    write_parquet(frame, output, endpoint)
     return {
         "command": "historical",
         "outcome": "Succeeded",
