@@ -26,11 +26,13 @@ def bucket(s3: S3Endpoint) -> str:
 def run_trainer(s3: S3Endpoint, tmp_path: Path) -> Callable[..., TrainerRun]:
     counter = iter(range(1000))
 
-    def run(config: dict[str, Any], nproc: int = 2, timeout: float = 600) -> TrainerRun:
+    def run(config: dict[str, Any], nproc: int = 2, timeout: float = 600,
+            env: dict[str, str] | None = None) -> TrainerRun:
         path = tmp_path / f"config-{next(counter)}.json"
         path.write_text(json.dumps(config))
         completed = subprocess.run(
-            torchrun_argv(path, nproc), env=trainer_env(s3), capture_output=True, text=True, timeout=timeout,
+            torchrun_argv(path, nproc), env={**trainer_env(s3), **(env or {})}, capture_output=True, text=True,
+            timeout=timeout,
         )
         result = TrainerRun(completed.returncode, completed.stdout + completed.stderr)
         assert result.returncode == 0, result.output[-6000:]

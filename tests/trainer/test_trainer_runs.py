@@ -266,3 +266,27 @@ def test_deepspeed_zero3_offload_bf16_resume_continues_the_exact_loss_curve(
     assert sorted(resumed) == [5, 6, 7, 8]
     for step in resumed:
         assert resumed[step] == pytest.approx(straight[step], abs=2e-3), (step, resumed, straight)
+
+
+def test_a_gang_that_resumes_at_its_final_step_names_that_checkpoint_on_exit(
+    run_trainer: Callable[..., TrainerRun], s3: S3Endpoint, bucket: str, tmp_path: Path
+) -> None:
+    """A gang restarted after the final checkpoint committed (a worker lost while the gang wound down) has
+    nothing left to train or save; its exit message must still name the final checkpoint (issue 17)."""
+    config = make_config(tmp_path, f"s3://{bucket}/again", training={"maxSteps": 4}, checkpoint={"everySteps": 2})
+    run_trainer(config, nproc=1)
+    assert complete(s3, bucket, "again") == [2, 4]
+
+    # The replacement gang runs in new pods: an empty /tmp, so no progress file from the first gang.
+    config["progress"] = {"file": str(tmp_path / "second" / "progress.json")}
+    termination_log = tmp_path / "termination-log"
+    second = run_trainer(config, nproc=1, env={"LOOM_TERMINATION_LOG": str(termination_log)})
+    assert second.of("resume")[0]["step"] == 4
+    assert not second.of("step") and not second.of("committed")
+    final = {"uri": f"s3://{bucket}/again/step-000000004", "step": 4}
+    message = json.loads(termination_log.read_text())
+    assert message["exitCode"] == 0
+    assert {k: message["checkpoint"][k] for k in ("uri", "step")} == final
+    progress = json.loads((tmp_path / "second" / "progress.json").read_text())
+    assert progress["phase"] == "Succeeded"
+    assert {k: progress["latestCheckpoint"][k] for k in ("uri", "step")} == final

@@ -155,6 +155,8 @@ def run(config: TrainerConfig) -> int:
              resumedFrom=restored.uri if restored else None)
         if restored:
             emit("resume", step=restored.step, uri=restored.uri, worldSize=world)
+            if progress:
+                progress.checkpoint_restored(restored.uri, restored.step, restored.committed_at)
 
     def trainer_state(step: int) -> dict[str, Any]:
         return {

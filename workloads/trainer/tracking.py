@@ -89,13 +89,21 @@ class Progress:
         self.g_rate.set(samples_per_second)
 
     def checkpoint_committed(self, uri: str, step: int) -> None:
+        self._latest_checkpoint(uri, step, time.time())
+        self.c_ckpt.inc()
+
+    def checkpoint_restored(self, uri: str, step: int, committed_at: float) -> None:
+        """The checkpoint this run resumed from is the newest committed one until the next commit. A run
+        that resumes from its final step commits nothing new, and still has to name it on exit."""
+        self._latest_checkpoint(uri, step, committed_at)
+
+    def _latest_checkpoint(self, uri: str, step: int, committed_at: float) -> None:
         with self.lock:
             self.state["latestCheckpoint"] = {
-                "uri": uri, "step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "uri": uri, "step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(committed_at)),
             }
             self._flush()
         self.g_ckpt.set(step)
-        self.c_ckpt.inc()
 
     def stalled(self, seconds: float) -> None:
         self.h_stall.observe(seconds)

@@ -78,6 +78,7 @@ class Restored:
     step: int
     uri: str
     trainer_state: dict[str, Any]
+    committed_at: float  # when the checkpoint's manifest was written (epoch seconds)
 
 
 class CheckpointManager:
@@ -225,7 +226,8 @@ class CheckpointManager:
             torch.manual_seed(seed)
         shutil.rmtree(local_dir, ignore_errors=True)
         self.last_saved_step = step
-        return Restored(step=step, uri=store.location(step).uri, trainer_state=trainer_state)
+        return Restored(step=step, uri=store.location(step).uri, trainer_state=trainer_state,
+                        committed_at=manifest.created_at)
 
 
 def new_session_id() -> str:
