@@ -8,6 +8,7 @@ a condition raise :class:`WorkloadError` subclasses carrying an exit code and Fe
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import sys
@@ -22,6 +23,7 @@ from feast import Entity, FeatureStore, FeatureView
 from feast.diff.property_diff import TransitionType
 from feast.diff.registry_diff import diff_registry_objects
 from feast.errors import EntityNotFoundException, FeatureViewNotFoundException
+from feast.infra.offline_stores.offline_utils import infer_event_timestamp_from_entity_df
 from feast.infra.registry.registry import FeastObjectType
 
 from loom.workloads.features.config import (
@@ -107,7 +109,12 @@ def _changes(current: Any, desired: Any, kind: FeastObjectType) -> list[str]:
     diff = diff_registry_objects(current, desired, kind)
     if diff.transition_type == TransitionType.UNCHANGED:
         return []
-    return sorted({d.property_name for d in diff.feast_object_property_diffs}) or ["updated"]
+    names = {d.property_name for d in diff.feast_object_property_diffs}
+    # The source's proto embeds its own created/updated times, so the proto diff flags it whenever anything
+    # else changed; DataSource equality ignores those times.
+    if "batch_source" in names and getattr(current, "batch_source", None) == getattr(desired, "batch_source", None):
+        names.discard("batch_source")
+    return sorted(names) or ["updated"]
 
 
 def _registered_entity(store: FeatureStore, name: str) -> Entity | None:
@@ -297,6 +304,22 @@ def write_parquet(frame: pd.DataFrame, path: str, endpoint: str | None = None) -
             stream.write(buffer.getvalue())
 
 
+def keep_every_entity_row(entity_df: pd.DataFrame, joined: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """The training set with one row per entity row, in the entity dataframe's order.
+
+    Feast's file (Dask) offline store drops entity rows that found no feature value within the ttl and
+    collapses rows sharing keys and timestamp; a training set must keep both (a label without features is
+    still a sample, two labels at one instant are two samples). Feast's per-key values are joined back
+    onto the caller's rows, so a missing value is an explicit null, never a lost row.
+    """
+    features = [c for c in joined.columns if c not in entity_df.columns]
+    left, right = entity_df.copy(), joined[keys + features].drop_duplicates(keys)
+    # Feast hands timestamps back at its own resolution; align both sides before joining on them.
+    for frame in (left, right):
+        frame[keys[-1]] = pd.to_datetime(frame[keys[-1]], utc=True).astype("datetime64[ns, UTC]")
+    return left.merge(right, on=keys, how="left", validate="many_to_one")
+
+
 def historical(
     store: FeatureStore,
     config: FeaturesConfig,
@@ -320,9 +343,13 @@ def historical(
     entity_df = read_parquet(entities, endpoint)
     references = [f"{view.name}:{feature.name}" for view in views for feature in view.features]
     with feast_output_to_stderr():
-        frame = store.get_historical_features(
+        joined = store.get_historical_features(
             entity_df=entity_df, features=references, full_feature_names=full_feature_names
         ).to_df()
+        timestamp = infer_event_timestamp_from_entity_df(dict(entity_df.dtypes))
+    keys = [*sorted({entity.join_key for view in views for entity in view.entities}), timestamp]
+    frame = keep_every_entity_row(entity_df, joined, keys)
+    feature_columns = [c for c in frame.columns if c not in entity_df.columns]
     write_parquet(frame, output, endpoint)
     return {
         "command": "historical",
@@ -330,6 +357,7 @@ def historical(
         "project": config.project,
         "output": output,
         "rows": len(frame),
+        "rowsWithoutFeatures": int(frame[feature_columns].isna().all(axis=1).sum()) if feature_columns else 0,
         "columns": list(frame.columns),
         "features": references,
     }
@@ -337,8 +365,16 @@ def historical(
 
 def serve(store: FeatureStore, config: FeaturesConfig) -> None:
     """Feast's own feature server (what `feast serve` runs): /get-online-features, /health, /push, ...;
-    Prometheus metrics from Feast's exporter when enabled."""
+    Prometheus metrics from Feast's exporter on ``serve.metricsPort`` when enabled."""
     settings = config.serve
+    if settings.metrics:
+        # Feast starts its exporter on a fixed port 8000; two servers on one address (the local stack's
+        # node agent, a pod with sidecars) would collide, so the configured port is passed in.
+        import feast.metrics as feast_metrics
+
+        feast_metrics.start_metrics_server = functools.partial(
+            feast_metrics.start_metrics_server, port=settings.metrics_port
+        )
     store.serve(
         host=settings.host,
         port=settings.port,

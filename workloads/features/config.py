@@ -255,7 +255,7 @@ class ServeSettings(_Camel):
     host: str = "0.0.0.0"
     port: int = Field(6566, ge=1, le=65535, description="Feast's feature server HTTP port.")
     metrics: bool = Field(True, description="Prometheus metrics on metricsPort (Feast's own exporter).")
-    metrics_port: int = Field(8000, ge=1, le=65535, description="Fixed by Feast's exporter; informational.")
+    metrics_port: int = Field(8000, ge=1, le=65535, description="Port of Feast's Prometheus exporter.")
     workers: int = Field(1, ge=1, le=64)
     registry_ttl_seconds: int = Field(5, ge=1, description="How often the server re-reads the registry.")
 
