@@ -243,3 +243,18 @@ def test_materializing_a_view_that_was_never_applied_says_so(tmp_path: Path, sta
     config = local_config(tmp_path / "store", [driver_view(source)])
     with pytest.raises(NotFound, match="'driver_stats' is not registered in project 'demo'"):
         commands.materialize(commands.open_store(config), config)
+
+
+def test_sql_registry_from_an_environment_variable(
+    tmp_path: Path, stats: pd.DataFrame, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Feast's SQL registry (PostgreSQL/MySQL in production) through SQLAlchemy; sqlite stands in here.
+    monkeypatch.setenv("FEAST_REGISTRY_URL", f"sqlite:///{tmp_path / 'registry.sqlite'}")
+    source = write_stats(tmp_path / "driver_stats.parquet", stats)
+    config = local_config(tmp_path / "store", [driver_view(source)],
+                          registry={"type": "sql", "urlEnv": "FEAST_REGISTRY_URL"})
+    assert config.registry.location == "sql (${FEAST_REGISTRY_URL})"
+    assert commands.apply(commands.open_store(config), config)["outcome"] == "Applied"
+    other_pod = commands.open_store(config)
+    assert commands.apply(other_pod, config)["outcome"] == "Unchanged"
+    assert other_pod.get_feature_view("driver_stats").ttl == timedelta(hours=2)
