@@ -50,6 +50,8 @@ class GoModule:
     link_flags: tuple[str, ...] = ()
     # go names a binary after its package path minus a major-version suffix: etcd's is "server".
     renames: tuple[tuple[str, str], ...] = ()
+    # Go build tags (Prometheus compiles in only Kubernetes discovery with them).
+    tags: tuple[str, ...] = ()
 
     @property
     def source_dir(self) -> Path:
@@ -65,6 +67,8 @@ class GoModule:
         for part in ("go.mod", "go.sum"):
             h.update((self.source_dir / part).read_bytes())
         h.update(self.ldflags.encode())
+        if self.tags:  # only when set, so the digests (and caches) of the other modules stay as they are
+            h.update(",".join(self.tags).encode())
         h.update(f"{platform.system()}-{platform.machine()}".encode())
         return h.hexdigest()[:16]
 
@@ -129,7 +133,8 @@ def _build_module(module: GoModule, progress: Progress) -> None:
     final.parent.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{module.name}-", dir=final.parent.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be shared.
-    cmd = [go, "build", "-v", "-trimpath", f"-ldflags={module.ldflags}", "-o", f"{staging}/", "tool"]
+    tags = [f"-tags={','.join(module.tags)}"] if module.tags else []
+    cmd = [go, "build", "-v", "-trimpath", *tags, f"-ldflags={module.ldflags}", "-o", f"{staging}/", "tool"]
     progress(f"{module.name}: go build {', '.join(module.binaries)} (cold builds take a while)")
     started = time.monotonic()
     last_report = started

@@ -1,0 +1,147 @@
+"""The local stack's real Prometheus finds pods through the API server and scrapes them; the autoscaler's
+queries for every metric kind run on it unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from loom.devstack.cluster import Cluster
+from loom.devstack.cluster.pki import AGENT_NODE_NAME
+from loom.devstack.prometheus import PrometheusEndpoint, ensure_built, prometheus_server
+from loom.operator.autoscale.decision import MetricUnavailable, MetricValue
+from loom.operator.autoscale.prometheus import PrometheusClient
+from loom.operator.autoscale.promql import MetricKind, PodSelector, build_query
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+
+# Publishes the model server's gauges for itself, and dcgm-exporter-style GPU series for another pod
+# ("chat-a", labelled pod/namespace as dcgm-exporter does): Prometheus renames those labels to
+# exported_pod/exported_namespace because the target has its own pod/namespace.
+EXPORTER = """
+import http.server, os
+ns = os.environ["NS"]
+gpu = f'gpu="0",UUID="GPU-1",pod="chat-a",namespace="{ns}"'
+body = f'''loom_server_inflight_requests{{model="m"}} 3
+loom_server_queue_depth{{model="m"}} 0
+DCGM_FI_DEV_GPU_UTIL{{{gpu}}} 85
+DCGM_FI_DEV_FB_USED{{{gpu}}} 3000
+DCGM_FI_DEV_FB_FREE{{{gpu}}} 1000
+'''.encode()
+class Metrics(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path != "/custom-metrics":
+            self.send_response(404); self.end_headers(); return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("", 9400), Metrics).serve_forever()
+"""
+
+
+def _exporter_pod(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "exporter",
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": "9400",
+                "prometheus.io/path": "/custom-metrics",
+            },
+        },
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": AGENT_NODE_NAME},
+            "terminationGracePeriodSeconds": 2,
+            "containers": [
+                {
+                    "name": "exporter",
+                    "image": "python:3.11-slim",
+                    "command": ["python", "-c", EXPORTER],
+                    "env": [{"name": "NS", "value": namespace}],
+                    # A declared port other than the annotated one: the annotation wins.
+                    "ports": [{"name": "http", "containerPort": 8080}],
+                }
+            ],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def prometheus(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusEndpoint]:
+    ensure_built()
+    with prometheus_server(
+        tmp_path_factory.mktemp("prometheus"), kubeconfig=cluster.kubeconfig, scrape_interval_s=1.0
+    ) as endpoint:
+        yield endpoint
+
+
+async def _eventually(
+    client: PrometheusClient, kind: MetricKind, pods: PodSelector, *, want: type, promql: str | None = None
+) -> MetricValue | MetricUnavailable:
+    query = build_query(kind, pods, promql=promql)
+    deadline = time.monotonic() + 90
+    while True:
+        seen = await client.observe(query, now=time.time(), max_age_seconds=30)
+        if isinstance(seen, want) or time.monotonic() > deadline:
+            return seen
+        await asyncio.sleep(0.5)
+
+
+async def test_prometheus_discovers_and_scrapes_annotated_pods(
+    cluster: Cluster, namespace: str, prometheus: PrometheusEndpoint
+) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(_exporter_pod(namespace)))
+    exporter = PodSelector.for_pods(namespace, ["exporter"])
+    chat = PodSelector.for_pods(namespace, ["chat-a"])
+    async with PrometheusClient(prometheus.url) as client:
+        inflight = await _eventually(client, "concurrency", exporter, want=MetricValue)
+        assert isinstance(inflight, MetricValue), f"{inflight}; log: {prometheus.log_file}"
+        assert (inflight.value, inflight.pods) == (3.0, 1)
+        assert time.time() - inflight.timestamp < 30  # the sample's own scrape time, not the query's
+
+        # The target carries the pod's identity from discovery, and the annotated port and path.
+        up = await client.query(f'up{{namespace="{namespace}"}}')
+        assert [(s.labels["pod"], s.labels["instance"].split(":")[1], s.value) for s in up] == [
+            ("exporter", "9400", 1.0)
+        ]
+        assert up[0].labels["instance"].startswith("127.")
+        assert up[0].labels["node"] == AGENT_NODE_NAME
+
+        queue = await client.observe(build_query("queue-depth", exporter), now=time.time(), max_age_seconds=30)
+        assert isinstance(queue, MetricValue) and queue.value == 0.0
+        # No request counter yet: a scraped pod without it has served nothing (0), it is not "missing".
+        rps = await client.observe(build_query("requests-per-second", exporter), now=time.time(), max_age_seconds=30)
+        assert isinstance(rps, MetricValue) and rps.value == 0.0
+
+        # dcgm-exporter attribution through exported_pod / exported_namespace.
+        util = await client.observe(build_query("gpu-utilization", chat), now=time.time(), max_age_seconds=30)
+        assert isinstance(util, MetricValue) and (util.value, util.pods) == (85.0, 1)
+        memory = await client.observe(build_query("gpu-memory", chat), now=time.time(), max_age_seconds=30)
+        assert isinstance(memory, MetricValue) and memory.value == 75.0
+
+        users = build_query("prometheus", chat, promql=f'loom_server_inflight_requests{{namespace="{namespace}"}}')
+        total = await client.observe(users, now=time.time(), max_age_seconds=30)
+        assert total == MetricValue(value=3.0, timestamp=total.timestamp, scope="workload")
+
+        nobody = await client.observe(
+            build_query("gpu-utilization", PodSelector.for_pods(namespace, ["nobody"])),
+            now=time.time(),
+            max_age_seconds=30,
+        )
+        assert isinstance(nobody, MetricUnavailable) and nobody.reason == "MetricMissing"
+
+        # The pod goes away: its series end (staleness markers), so the metric is missing, not frozen.
+        cluster.kubectl("delete", "pod", "-n", namespace, "exporter", "--wait=true")
+        gone = await _eventually(client, "concurrency", exporter, want=MetricUnavailable)
+        assert isinstance(gone, MetricUnavailable) and gone.reason == "MetricMissing"
+
