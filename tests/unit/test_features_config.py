@@ -168,3 +168,16 @@ def test_durations(text: str, seconds: int) -> None:
 def test_bad_duration_is_refused() -> None:
     with pytest.raises(ValueError, match="not a duration"):
         parse_duration("1 day")
+
+
+def test_the_contract_imports_without_feast() -> None:
+    """The operator imports config.py; pulling Feast (and pandas, dask) into it would bloat its image."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, loom.workloads.features.config; "
+             "print(sorted({'feast', 'pandas', 'pyarrow'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONSAFEPATH": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
