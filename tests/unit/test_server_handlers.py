@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ from loom.workloads.server.handlers import (
     TorchScriptModel,
     load_handler_class,
 )
-from loom.workloads.server.model import InferRequest, InferResponse, Model, ModelError, Tensor
+from loom.workloads.server.model import InferRequest, InferResponse, Model, ModelError, Tensor, TensorSpec
+from loom.workloads.server.signature import SETTINGS_FILE, torch_datatype
 from loom.workloads.trainer.examples import chargpt
 
 
@@ -143,6 +145,88 @@ def test_torch_export_handler_with_a_dynamic_batch_dimension(tmp_path: Path) -> 
     model = TorchExportModel("mlp", None, {"device": "cpu", "outputs": ["out", "out_sum"]})
     model.load(tmp_path)
     _check_tensor_model(model, reference)
+
+
+class Pair(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"diff": a - b.to(torch.float32), "count": (a > 0).sum(dim=1)}
+
+
+def test_torch_export_metadata_comes_from_the_program_signature(tmp_path: Path) -> None:
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    mlp = torch.export.export(Mlp().eval(), (torch.zeros(2, 3),), dynamic_shapes={"x": {0: batch}})
+    torch.export.save(mlp, str(tmp_path / "model.pt2"))
+    named = TorchExportModel("mlp", None, {"device": "cpu", "outputs": ["out", "out_sum"]})
+    named.load(tmp_path)
+    assert named.inputs() == [TensorSpec("x", "FP32", [-1, 3])]
+    assert named.outputs() == [TensorSpec("out", "FP32", [-1, 2]), TensorSpec("out_sum", "FP32", [-1])]
+    unnamed = TorchExportModel("mlp", None, {"device": "cpu"})
+    unnamed.load(tmp_path)
+    assert [o.name for o in unnamed.outputs()] == ["output__0", "output__1"]
+    assert [t.name for t in ok(unnamed.predict([float_request([[1.0, 2.0, 3.0]])])[0]).outputs] == [
+        "output__0", "output__1",
+    ]
+
+    # A static shape stays static; a dict result names the outputs by its keys.
+    pair = torch.export.export(Pair(), (torch.zeros(4, 2), torch.zeros(4, 2, dtype=torch.int32)))
+    (tmp_path / "pair").mkdir()
+    torch.export.save(pair, str(tmp_path / "pair" / "model.pt2"))
+    model = TorchExportModel("pair", None, {"device": "cpu"})
+    model.load(tmp_path / "pair")
+    assert model.inputs() == [TensorSpec("a", "FP32", [4, 2]), TensorSpec("b", "INT32", [4, 2])]
+    assert model.outputs() == [TensorSpec("diff", "FP32", [4, 2]), TensorSpec("count", "INT64", [4])]
+
+    # Inputs named as advertised are matched by name, whatever their order in the request.
+    a = np.arange(8, dtype=np.float32).reshape(4, 2)
+    b = np.ones((4, 2), dtype=np.int32)
+    request = InferRequest(inputs={"b": Tensor("b", "INT32", b), "a": Tensor("a", "FP32", a)})
+    outputs = {t.name: t.data for t in ok(model.predict([request])[0]).outputs}
+    np.testing.assert_array_equal(outputs["diff"], a - 1)
+    np.testing.assert_array_equal(outputs["count"], [1, 2, 2, 2])
+
+
+def test_torchscript_metadata_comes_from_model_settings_beside_the_weights(tmp_path: Path) -> None:
+    weights = tmp_path / "nested"
+    weights.mkdir()
+    torch.jit.script(Mlp().eval()).save(str(weights / "model.pt"))
+    bare = TorchScriptModel("mlp", None, {"device": "cpu"})
+    bare.load(tmp_path)
+    assert (bare.inputs(), bare.outputs()) == ([], [])  # nothing to say without the settings file
+
+    settings = {
+        "name": "mlp", "parameters": {"version": "1"},  # MLServer keys that do not concern us
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],
+        "outputs": [{"name": "out", "datatype": "FP32", "shape": [-1, 2]},
+                    {"name": "out_sum", "datatype": "FP32", "shape": [-1]}],
+    }
+    (weights / SETTINGS_FILE).write_text(json.dumps(settings))
+    model = TorchScriptModel("mlp", None, {"device": "cpu"})
+    model.load(tmp_path)
+    assert model.inputs() == [TensorSpec("x", "FP32", [-1, 3])]
+    assert model.outputs() == [TensorSpec("out", "FP32", [-1, 2]), TensorSpec("out_sum", "FP32", [-1])]
+    _check_tensor_model(model, Mlp().eval())  # the settings' output names name the returned tuple
+
+    with pytest.raises(ValueError, match=r"handlerOptions.outputs \['a', 'b'\] disagrees"):
+        TorchScriptModel("mlp", None, {"device": "cpu", "outputs": ["a", "b"]}).load(tmp_path)
+    for broken, message in [
+        ({"inputs": [{"name": "x", "datatype": "FLOAT", "shape": [3]}]}, "datatype"),
+        ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [-2]}]}, "shape dimensions"),
+        ({"outputs": [{"name": "y", "datatype": "FP32", "shape": [1]}] * 2}, "unique"),
+    ]:
+        (weights / SETTINGS_FILE).write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match=message):
+            TorchScriptModel("mlp", None, {"device": "cpu"}).load(tmp_path)
+    (weights / SETTINGS_FILE).write_text("{not json")
+    with pytest.raises(ValueError, match="not a valid model settings file"):
+        TorchScriptModel("mlp", None, {"device": "cpu"}).load(tmp_path)
+
+
+def test_torch_dtypes_map_to_protocol_datatypes() -> None:
+    assert [torch_datatype(d) for d in (torch.float32, torch.int64, torch.bool, torch.float16, torch.bfloat16)] == [
+        "FP32", "INT64", "BOOL", "FP16", "BF16",
+    ]
+    with pytest.raises(ValueError, match="no Open Inference Protocol datatype"):
+        torch_datatype(torch.complex64)
 
 
 def test_mlflow_pyfunc_handler(tmp_path: Path) -> None:

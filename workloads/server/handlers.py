@@ -22,9 +22,11 @@ from loom.workloads.server.model import (
     Model,
     ModelError,
     Tensor,
+    TensorSpec,
     select_outputs,
 )
 from loom.workloads.server.protocol import NUMPY_TYPES, datatype_of
+from loom.workloads.server.signature import Signature, export_signature, read_settings
 
 # Built-in handler names and their classes are listed once, in the config (the operator validates against it).
 BUILTINS: dict[str, str] = BUILTIN_HANDLER_CLASSES
@@ -133,9 +135,15 @@ def _find_file(folder: Path, options: dict[str, Any], suffixes: tuple[str, ...])
 
 
 class _TorchModel(RowBatchedModel):
-    """Shared by TorchScript and torch.export: positional inputs, named outputs."""
+    """Shared by TorchScript and torch.export: positional inputs, named outputs.
+
+    The signature (metadata, input order, output names) comes from a ``model-settings.json`` beside
+    the weights when there is one, else from the model itself (only torch.export programs carry one);
+    ``handlerOptions.inputs``/``outputs`` name the tensors when neither does.
+    """
 
     module: Any
+    signature: Signature = Signature()
 
     def _device(self) -> str:
         import torch
@@ -145,10 +153,35 @@ class _TorchModel(RowBatchedModel):
             return "cuda" if torch.cuda.is_available() else "cpu"
         return device
 
+    def _settings(self, folder: Path, weights: Path) -> Signature | None:
+        settings = read_settings(weights.parent, folder)
+        if settings is not None:
+            for key, names in (("inputs", settings.input_names), ("outputs", settings.output_names)):
+                given = self.options.get(key)
+                if given is not None and list(given) != names:
+                    raise ValueError(f"handlerOptions.{key} {list(given)} disagrees with model-settings.json {names}")
+        return settings
+
+    def inputs(self) -> list[TensorSpec]:
+        return list(self.signature.inputs)
+
+    def outputs(self) -> list[TensorSpec]:
+        return list(self.signature.outputs)
+
+    def _input_order(self, inputs: Arrays) -> list[str]:
+        if self.options.get("inputs"):
+            return [str(name) for name in self.options["inputs"]]
+        declared = self.signature.input_names
+        # Clients that use the advertised names are matched by name; others (written before the
+        # metadata listed inputs) keep the positional meaning of their request's order.
+        if declared and set(declared) == set(inputs):
+            return declared
+        return list(inputs)
+
     def forward(self, inputs: Arrays) -> Arrays:
         import torch
 
-        order = list(self.options.get("inputs") or inputs)
+        order = self._input_order(inputs)
         missing = [n for n in order if n not in inputs]
         if missing:
             raise ModelError(f"missing input(s): {', '.join(missing)}")
@@ -160,7 +193,8 @@ class _TorchModel(RowBatchedModel):
         if isinstance(result, dict):
             items = list(result.items())
         else:
-            names = list(self.options.get("outputs") or [f"output__{i}" for i in range(len(result))])
+            default = [f"output__{i}" for i in range(len(result))]
+            names = list(self.options.get("outputs") or self.signature.output_names or default)
             items = list(zip(names, result, strict=True))
         return {name: value.detach().cpu().numpy() for name, value in items}
 
@@ -173,6 +207,9 @@ class TorchScriptModel(_TorchModel):
 
         self.device = self._device()
         path = _find_file(folder, self.options, (".pt", ".pth", ".torchscript"))
+        # A TorchScript signature has argument names but no dtypes or shapes: only the settings file
+        # can describe the tensors.
+        self.signature = self._settings(folder, path) or Signature()
         self.module = torch.jit.load(str(path), map_location=self.device).eval()  # type: ignore[no-untyped-call]
         self.ready = True
 
@@ -185,7 +222,12 @@ class TorchExportModel(_TorchModel):
 
         self.device = self._device()
         path = _find_file(folder, self.options, (".pt2",))
-        self.module = torch.export.load(str(path)).module().to(self.device)
+        program = torch.export.load(str(path))
+        names = self.options.get("outputs")
+        self.signature = self._settings(folder, path) or export_signature(
+            program, [str(n) for n in names] if names else None
+        )
+        self.module = program.module().to(self.device)
         self.ready = True
 
 
