@@ -367,3 +367,44 @@ def test_bad_configuration_is_rejected_with_a_clear_message() -> None:
         MetricValue(value=float("nan"), timestamp=T0, pods=1)
     with pytest.raises(ValidationError, match="reporting pod"):
         MetricValue(value=1.0, timestamp=T0, scope="per-pod", pods=0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_load_respects_windows_rate_limits_and_bounds(seed: int) -> None:
+    """Over noisy random loads: no scale-down below a replica count recommended within the down window,
+    no more than the policies allow per period, never outside [min, max]."""
+    import random
+
+    rng = random.Random(seed)
+    cfg = config(
+        min_replicas=2,
+        max_replicas=12,
+        scale_up=ScalingRules(
+            stabilization_window_seconds=30, policies=(ScalingPolicy(type="pods", value=3, period_seconds=60),)
+        ),
+        scale_down=ScalingRules(
+            stabilization_window_seconds=120, policies=(ScalingPolicy(type="percent", value=50, period_seconds=60),)
+        ),
+    )
+    level = rng.uniform(100, 1000)
+
+    def load(t: float) -> float | None:
+        nonlocal level
+        level = min(1300.0, max(50.0, level + rng.gauss(0, 150)))
+        return None if rng.random() < 0.05 else level  # now and then the metric is missing
+
+    sim = Cluster(cfg, replicas=2, load_s=rng.choice([0, 20, 45]))
+    sim.run(3600, load)
+    replicas = [n for _, n in sim.history]
+    assert all(2 <= n <= 12 for n in replicas)
+    before, downs = 2, 0
+    for (t, n), d in zip(sim.history, sim.decisions, strict=True):
+        recent = [r.replicas for r in d.state.recommendations if t + T0 - r.at < 120]
+        if n < before:
+            # A scale-down never goes below what any recommendation in the down window asked for.
+            assert n >= max(recent)
+            downs += 1
+        added = sum(n2 - n1 for (t1, n1), (t2, n2) in itertools.pairwise(sim.history) if n2 > n1 and t - 60 < t2 <= t)
+        assert added <= 3
+        before = n
+    assert downs > 0 and max(replicas) > 2  # the series did move both ways
