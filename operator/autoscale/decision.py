@@ -285,7 +285,7 @@ def _raw_recommendation(config: ScalingConfig, current: int, ready: int, metric:
     count = reporting + missing + (pending if ratio > 1 else 0)
     new_ratio = total / (target * count)
     if within(new_ratio) or (ratio < 1 < new_ratio) or (ratio > 1 > new_ratio):
-        return current, f"{seen}: {missing} silent and {pending} starting replica(s) would absorb it"
+        return current, f"{seen}: holding, counting {missing} silent and {pending} starting replica(s)"
     desired = _ceil(new_ratio * count)
     if (new_ratio < 1 and desired > current) or (new_ratio > 1 and desired < current):
         return current, f"{seen}: holding while {missing} replica(s) report nothing"
