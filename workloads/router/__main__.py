@@ -35,9 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger().setLevel(config.log_level.upper())
     app = build_app(config, conditions=conditions)
     server = uvicorn.Server(
-        uvicorn.Config(
-            app, host=config.host, port=config.port, log_level=config.log_level, access_log=False, http="h11"
-        )
+        uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False)
     )
     server.run()
     return 0

@@ -122,9 +122,8 @@ def infer_request(*values: float, **extra: Any) -> Payload:
 
 @contextlib.contextmanager
 def serving(app: ASGIApp, timeout_s: float = 30.0) -> Iterator[str]:
-    """Serve ``app`` with uvicorn (HTTP/1.1, h11) on a free 127.0.0.1 port; yields its base URL."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False, http="h11",
-                            lifespan="on")
+    """Serve ``app`` with uvicorn (as the pod does) on a free 127.0.0.1 port; yields its base URL."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False, lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

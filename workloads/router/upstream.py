@@ -114,7 +114,14 @@ def _is_error_event(chunk: bytes) -> bool:
 
 
 class Upstreams:
-    """One pooled HTTP/1.1 client per service; implements :class:`Caller`."""
+    """One pooled HTTP/1.1 connection pool per service; implements :class:`Caller`.
+
+    Requests go straight to an ``httpx.AsyncHTTPTransport`` with URLs built once at start-up: the
+    ``AsyncClient`` layer (base-URL merging, cookies, redirects, auth) is skipped because the router
+    needs none of it and it costs more than the rest of the hop.
+    """
+
+    ENDPOINTS = ("infer", "generate", "generate_stream")
 
     def __init__(
         self,
@@ -123,45 +130,50 @@ class Upstreams:
         max_connections: int = 100,
         transport: httpx.AsyncBaseTransport | None = None,
     ):
-        self._models = {name: cfg.model_name for name, cfg in services.items()}
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        # The engine bounds each call with its own step timeout and the graph deadline; httpx's
-        # timeout (the longest step timeout) only bounds reads between the chunks of a stream.
-        timeout = httpx.Timeout(timeout_s)
-        self._clients = {
-            name: httpx.AsyncClient(
-                base_url=cfg.url, http1=True, http2=False, limits=limits, timeout=timeout, transport=transport,
-            )
-            for name, cfg in services.items()
+        self._transports: dict[str, httpx.AsyncBaseTransport] = {
+            name: transport or httpx.AsyncHTTPTransport(http1=True, http2=False, limits=limits) for name in services
         }
+        self._urls = {
+            (name, endpoint): httpx.URL(f"{cfg.url}/v2/models/{cfg.model_name}/{endpoint}")
+            for name, cfg in services.items()
+            for endpoint in self.ENDPOINTS
+        }
+        # The engine bounds each call with its step timeout and the graph deadline; this one (the
+        # longest step timeout) bounds connecting and the reads between the chunks of a stream.
+        self._timeout = {"connect": timeout_s, "read": timeout_s, "write": timeout_s, "pool": timeout_s}
 
-    def _request(
+    async def _send(
         self, service: str, endpoint: str, payload: Payload, headers: Mapping[str, str]
-    ) -> httpx.Request:
-        client = self._clients[service]
+    ) -> httpx.Response:
         merged = {**headers, **payload.http_headers()}
         merged["traceparent"] = child_traceparent(headers.get("traceparent"))
-        return client.build_request(
-            "POST", f"/v2/models/{self._models[service]}/{endpoint}", content=payload.body, headers=merged
+        request = httpx.Request(
+            "POST", self._urls[(service, endpoint)], content=payload.body, headers=merged,
+            extensions={"timeout": self._timeout},
         )
+        response = await self._transports[service].handle_async_request(request)
+        response.request = request
+        return response
 
     async def call(self, service: str, endpoint: str, payload: Payload, headers: Mapping[str, str]) -> Payload:
-        request = self._request(service, endpoint, payload, headers)
         try:
-            response = await self._clients[service].send(request)
+            response = await self._send(service, endpoint, payload, headers)
+            try:
+                body = await response.aread()
+            finally:
+                await response.aclose()
         except httpx.TimeoutException as exc:
             raise TimeoutError(f"{service}: {type(exc).__name__}") from exc
         except httpx.HTTPError as exc:
             raise UpstreamFailure(None, f"cannot reach {service}: {type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
-            raise UpstreamFailure(response.status_code, _message(response.content), _retry(response))
-        return Payload.from_http(response.content, response.headers, "response")
+            raise UpstreamFailure(response.status_code, _message(body), _retry(response))
+        return Payload.from_http(body, response.headers, "response")
 
     async def stream(self, service: str, endpoint: str, payload: Payload, headers: Mapping[str, str]) -> Stream:
-        request = self._request(service, endpoint, payload, headers)
-        client = self._clients[service]
         try:
-            response = await client.send(request, stream=True)
+            response = await self._send(service, endpoint, payload, headers)
         except httpx.TimeoutException as exc:
             raise TimeoutError(f"{service}: {type(exc).__name__}") from exc
         except httpx.HTTPError as exc:
@@ -179,14 +191,20 @@ class Upstreams:
             if _is_error_event(first):
                 line = first.lstrip()[len(b"data: ") :].split(b"\n", 1)[0]
                 raise UpstreamFailure(200, _message(line))
+        except httpx.TimeoutException as exc:
+            await response.aclose()
+            raise TimeoutError(f"{service}: {type(exc).__name__}") from exc
+        except httpx.HTTPError as exc:
+            await response.aclose()
+            raise UpstreamFailure(None, f"{service} broke off: {type(exc).__name__}: {exc}") from exc
         except BaseException:
             await response.aclose()
             raise
         return Stream(first, chunks, response)
 
     async def aclose(self) -> None:
-        for client in self._clients.values():
-            await client.aclose()
+        for transport in set(self._transports.values()):
+            await transport.aclose()
 
 
 def _retry(response: httpx.Response) -> dict[str, str]:
