@@ -129,9 +129,13 @@ async def test_prometheus_discovers_and_scrapes_annotated_pods(
         memory = await client.observe(build_query("gpu-memory", chat), now=time.time(), max_age_seconds=30)
         assert isinstance(memory, MetricValue) and memory.value == 75.0
 
-        users = build_query("prometheus", chat, promql=f'loom_server_inflight_requests{{namespace="{namespace}"}}')
+        # A user's query: a vector (its series summed) or a scalar.
+        users = build_query("prometheus", chat, promql=f'loom_server_inflight_requests{{namespace="{namespace}"}} * 2')
         total = await client.observe(users, now=time.time(), max_age_seconds=30)
-        assert total == MetricValue(value=3.0, timestamp=total.timestamp, scope="workload")
+        assert isinstance(total, MetricValue) and (total.value, total.scope) == (6.0, "workload")
+        scalar = build_query("prometheus", chat, promql=f'scalar(sum(up{{namespace="{namespace}"}})) + 1')
+        two = await client.observe(scalar, now=time.time(), max_age_seconds=30)
+        assert isinstance(two, MetricValue) and two.value == 2.0
 
         nobody = await client.observe(
             build_query("gpu-utilization", PodSelector.for_pods(namespace, ["nobody"])),

@@ -114,9 +114,10 @@ def build_query(
     if kind == "prometheus":
         if promql is None or not promql.strip():
             raise ValueError("metric 'prometheus' needs a PromQL query")
-        # The user's query is one number for the workload (summed if it returns several series); its
-        # sample age cannot be derived from an arbitrary expression.
-        return MetricQuery(kind=kind, scope="workload", value=f"sum({promql.strip()})")
+        # The user's query is one number for the workload: a scalar, or a vector whose series are summed
+        # when read (not wrapped in sum(), which a scalar would fail). Its sample age cannot be derived
+        # from an arbitrary expression.
+        return MetricQuery(kind=kind, scope="workload", value=promql.strip())
     if promql is not None:
         raise ValueError(f"a PromQL query is only accepted for metric 'prometheus', not {kind!r}")
     if rate_window_seconds < 1:

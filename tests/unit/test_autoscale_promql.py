@@ -100,7 +100,7 @@ def test_rate_window_is_configurable() -> None:
 def test_user_promql_is_one_number_for_the_workload() -> None:
     q = build_query("prometheus", PODS, promql='  vllm:num_requests_waiting{model_name="chat"}\n')
     assert (q.scope, q.freshness) == ("workload", None)
-    assert q.value == 'sum(vllm:num_requests_waiting{model_name="chat"})'
+    assert q.value == 'vllm:num_requests_waiting{model_name="chat"}'
     with pytest.raises(ValueError, match="needs a PromQL query"):
         build_query("prometheus", PODS)
     with pytest.raises(ValueError, match="only accepted for metric 'prometheus'"):
