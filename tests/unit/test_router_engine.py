@@ -314,7 +314,9 @@ async def test_the_overall_deadline_stops_the_graph_even_for_soft_steps() -> Non
         {"serviceName": "b"}]}}
     config = graph(nodes, ["a", "slow", "b"], deadlineMs=30, stepTimeoutMs=60_000)
     caller = FakeCaller({"a": scale(2), "slow": hangs(), "b": scale(1)})
-    error = await failure(GraphEngine(config, caller))
+    # A frozen clock: however slow this machine, `a` starts with the whole 30 ms left, and `slow`
+    # hangs until the deadline's 30 ms of real time have passed.
+    error = await failure(GraphEngine(config, caller, clock=lambda: 0.0))
     assert (error.code, error.status, error.step) == ("deadline_exceeded", 504, "slow")
     assert caller.services() == ["a", "slow"]
 
