@@ -102,22 +102,6 @@ def test_bad_config_exits_with_the_permanent_code_and_a_clear_message(tmp_path: 
     assert message["exitCode"] == EXIT_PERMANENT and "deepspeed.zeroStage" in message["message"]
 
 
-def test_success_message_names_the_newest_committed_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from loom.workloads.trainer.__main__ import _latest_committed, write_termination_message
-
-    progress = tmp_path / "progress.json"
-    progress.write_text(json.dumps({"step": 120, "latestCheckpoint": {"uri": "s3://b/j/step-120", "step": 120}}))
-    monkeypatch.setenv("LOOM_TERMINATION_LOG", str(tmp_path / "termination"))
-    write_termination_message(0, "training finished", _latest_committed(str(progress)))
-    doc = json.loads((tmp_path / "termination").read_text())
-    assert doc == {
-        "exitCode": 0,
-        "message": "training finished",
-        "checkpoint": {"uri": "s3://b/j/step-120", "step": 120},
-    }
-    assert _latest_committed(str(tmp_path / "missing.json")) is None
-
-
 def test_manifest_merges_every_rank_and_refuses_gaps() -> None:
     reports = [
         RankReport(

@@ -9,57 +9,30 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
 
-from loom.workloads.trainer.config import (
+from .config import (
     DEFAULT_PROGRESS_FILE,
     EXIT_INTERRUPTED,
-    EXIT_OK,
     EXIT_PERMANENT,
     EXIT_RETRYABLE,
     ConfigError,
     load_config,
 )
-
-
-def write_termination_message(exit_code: int, message: str, checkpoint: dict[str, Any] | None = None) -> None:
-    """Kubernetes puts this file into the pod status. torchrun exits 1 whatever its workers returned, so the
-    JSON {"exitCode", "message"} is how the operator learns that an error is permanent; on success it also
-    names the newest committed checkpoint, which the last progress poll may have missed."""
-    termination_log = os.environ.get("LOOM_TERMINATION_LOG", "/dev/termination-log")
-    doc: dict[str, Any] = {"exitCode": exit_code, "message": message[-3000:]}
-    if checkpoint:
-        doc["checkpoint"] = checkpoint
-    with contextlib.suppress(OSError):
-        Path(termination_log).write_text(json.dumps(doc))
-
-
-def _latest_committed(progress_file: str) -> dict[str, Any] | None:
-    """Rank 0's progress document holds the newest committed checkpoint ({uri, step, time})."""
-    try:
-        latest = json.loads(Path(progress_file).read_text()).get("latestCheckpoint")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return latest if isinstance(latest, dict) and latest.get("uri") else None
+from .tracking import write_json_atomically, write_termination_message
 
 
 def _report_failure(message: str, permanent: bool, progress_file: str) -> None:
     print(f"loom-trainer: {'permanent' if permanent else 'retryable'} failure: {message}", file=sys.stderr)
     write_termination_message(EXIT_PERMANENT if permanent else EXIT_RETRYABLE, message)
     if os.environ.get("RANK", "0") == "0":
-        try:
-            from loom.workloads.trainer.tracking import write_json_atomically
-
+        with contextlib.suppress(OSError):
             write_json_atomically(Path(progress_file), {"phase": "Failed", "message": message[-4000:],
                                                         "permanentFailure": permanent})
-        except OSError:
-            pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,11 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config)
         progress_file = config.progress.file
-        from loom.workloads.trainer.loop import run
+        from .loop import run
 
+        # Rank 0 writes the exit-0 message itself (it names the final checkpoint); a stop on SIGTERM is
+        # reported by every process, so each pod tells the operator it was interrupted, not broken.
         code = run(config)
-        if code == EXIT_OK and os.environ.get("RANK", "0") == "0":
-            write_termination_message(code, "training finished", _latest_committed(progress_file))
         if code == EXIT_INTERRUPTED:
             write_termination_message(code, "stopped by SIGTERM after a final checkpoint")
         return code

@@ -17,10 +17,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from loom.workloads.trainer.task import StepOutput, TrainTask
+from .task import StepOutput, TrainTask
 
 if TYPE_CHECKING:
-    from loom.workloads.trainer.config import TrainerConfig
+    from .config import TrainerConfig
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}
 
@@ -111,7 +111,7 @@ class FSDPEngine(Engine):
     def step(self, batch: Any) -> StepOutput:
         self.model.train()
         output = self.task.train_step(self.model, batch)
-        output.loss.backward()
+        output.loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         if self.grad_clip:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         self.optimizer.step()
@@ -138,9 +138,13 @@ class FSDPEngine(Engine):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False)
-        state = get_model_state_dict(self.model, options=options)
-        # Activation checkpointing wrappers add a path component; exported names match the plain model.
-        return {k.replace("_checkpoint_wrapped_module.", ""): v.float() for k, v in state.items()}
+        full: dict[str, torch.Tensor] = {}
+        for name, value in get_model_state_dict(self.model, options=options).items():
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"model state entry {name} is a {type(value).__name__}, not a tensor")
+            # Activation checkpointing wrappers add a path component; exported names match the plain model.
+            full[name.replace("_checkpoint_wrapped_module.", "")] = value.float()
+        return full
 
 
 class DeepSpeedEngine(Engine):

@@ -1,29 +1,33 @@
-"""The training run inside one torchrun worker: set up, resume, train, checkpoint, export, stop cleanly."""
+"""The training run inside one torchrun worker: set up, resume, train, checkpoint, export, stop cleanly.
+
+What rank 0 tells the outside world (events, progress, MLflow, the published model, the exit message) is
+`duties.Rank0Duties`; every other rank holds a `Duties` that does nothing, so this module never branches on
+the rank for reporting.
+"""
 
 from __future__ import annotations
 
 import importlib
-import json
 import logging
+import math
 import os
 import random
 import signal
-import tempfile
-import time
+from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import PrefixStore
 
-from loom.workloads.common.s3 import S3Location, make_client, upload_file
-from loom.workloads.trainer.checkpoint.manager import CheckpointManager, Restored, new_session_id
-from loom.workloads.trainer.config import EXIT_INTERRUPTED, EXIT_OK, ConfigError, TrainerConfig
-from loom.workloads.trainer.engines import build_engine
-from loom.workloads.trainer.task import TaskContext, TrainTask
-from loom.workloads.trainer.tracking import MLflowTracker, Progress, flatten
+from .checkpoint.manager import CheckpointManager, Restored, new_session_id
+from .config import EXIT_INTERRUPTED, EXIT_OK, ConfigError, TrainerConfig
+from .duties import Duties, duties_for
+from .engines import Engine, build_engine
+from .task import DataSource, TaskContext, TrainTask
 
 log = logging.getLogger("loom.trainer")
 
@@ -45,11 +49,6 @@ def load_task(entrypoint: str) -> TrainTask:
     return target
 
 
-def emit(event: str, **fields: Any) -> None:
-    """One JSON line per event on stdout (rank 0): structured logs that tests and humans can read."""
-    print(json.dumps({"event": event, **fields}), flush=True)
-
-
 class StopFlag:
     """Set by SIGTERM; ranks agree on stopping through the per-step all-reduce."""
 
@@ -57,7 +56,7 @@ class StopFlag:
         self.requested = False
         signal.signal(signal.SIGTERM, self._handle)
 
-    def _handle(self, signum: int, frame: Any) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True
 
 
@@ -87,192 +86,169 @@ def _init_process_group(backend: str, rank: int, world: int, restart: int) -> No
         dist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timeout)
         return
     agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(address, int(port), world, is_master=(not agent_hosts_store and rank == 0),
-                          timeout=timeout, multi_tenant=True)
-    dist.init_process_group(backend=backend, store=dist.PrefixStore(f"loom/attempt-{restart}", store),
+    # torch.distributed re-exports TCPStore from its C extension without declaring it public to type checkers.
+    store = dist.TCPStore(address, int(port), world,  # type: ignore[attr-defined]
+                          is_master=(not agent_hosts_store and rank == 0), timeout=timeout, multi_tenant=True)
+    dist.init_process_group(backend=backend, store=PrefixStore(f"loom/attempt-{restart}", store),
                             rank=rank, world_size=world, timeout=timeout)
 
 
-def run(config: TrainerConfig) -> int:
-    stop = StopFlag()
-    rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    task = load_task(config.entrypoint)
-    device = _device(config, local_rank)
-    if device.type == "cpu":
-        # DeepSpeed otherwise probes for accelerators and may try to build CUDA ops.
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
-    if not dist.is_initialized():
-        _init_process_group(backend, rank, world, restart)
-    training = config.training
-    ctx = TaskContext(rank, world, local_rank, str(device), training.seed, training.batch_size, training.task_args)
+@dataclass(frozen=True)
+class Ranks:
+    """Where this process sits in the job, as torchrun tells it."""
 
-    # Same seed on every rank: identical initial weights before sharding.
-    _seed_everything(training.seed)
-    model = task.build_model(ctx)
-    flops_per_token = task.flops_per_token(model)
-    engine = build_engine(config, task, model, device)
-    data = task.build_data(ctx)
-    _seed_everything(training.seed + rank)  # per-rank streams (dropout) from here on
+    rank: int
+    world: int
+    local: int
+    restart: int  # how often torchrun restarted the workers of this gang
 
-    session = [new_session_id() if rank == 0 else ""]
-    dist.broadcast_object_list(session, src=0)
-    progress = Progress(config.progress, training.max_steps) if rank == 0 else None
-    manager: CheckpointManager | None = None
-    if config.checkpoint:
-        manager = CheckpointManager(
-            config.checkpoint, rank, world, config.engine.value, session[0],
-            on_commit=(lambda m, uri: _committed(progress, tracker, m.step, uri)) if rank == 0 else None,
+    @classmethod
+    def from_env(cls) -> Ranks:
+        env = os.environ
+        return cls(int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0")),
+                   int(env.get("TORCHELASTIC_RESTART_COUNT", "0")))
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float  # mean over all ranks
+    stopping: bool  # some rank got SIGTERM
+    checkpoint_due: bool  # by steps, or by some rank's clock
+
+
+class Training:
+    """One rank's run, set up: the process group, the task's model and data, the engine, the checkpoint
+    manager and the rank's duties."""
+
+    def __init__(self, config: TrainerConfig, ranks: Ranks, stop: StopFlag) -> None:
+        self.config, self.ranks, self.stop = config, ranks, stop
+        self.task = load_task(config.entrypoint)
+        self.device = _device(config, ranks.local)
+        if self.device.type == "cpu":
+            # DeepSpeed otherwise probes for accelerators and may try to build CUDA ops.
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        if not dist.is_initialized():
+            backend = "cpu:gloo,cuda:nccl" if self.device.type == "cuda" else "gloo"
+            _init_process_group(backend, ranks.rank, ranks.world, ranks.restart)
+        training = config.training
+        ctx = TaskContext(ranks.rank, ranks.world, ranks.local, str(self.device), training.seed,
+                          training.batch_size, training.task_args)
+        # Same seed on every rank: identical initial weights before sharding.
+        _seed_everything(training.seed)
+        model = self.task.build_model(ctx)
+        flops_per_token = self.task.flops_per_token(model)
+        self.engine: Engine = build_engine(config, self.task, model, self.device)
+        self.data: DataSource = self.task.build_data(ctx)
+        _seed_everything(training.seed + ranks.rank)  # per-rank streams (dropout) from here on
+
+        tokens_per_sample = int(getattr(self.data, "block_size", 0)) or None
+        self.duties: Duties = duties_for(ranks.rank, config, ranks.world, ranks.restart,
+                                         tokens_per_sample if flops_per_token else None)
+        session = [new_session_id() if ranks.rank == 0 else ""]
+        dist.broadcast_object_list(session, src=0)
+        self.manager = (
+            CheckpointManager(config.checkpoint, ranks.rank, ranks.world, config.engine.value, session[0],
+                              on_commit=lambda manifest, uri: self.duties.checkpoint_committed(manifest.step, uri))
+            if config.checkpoint else None
         )
 
-    restored: Restored | None = None
-    if manager:
-        target = manager.resolve_resume()
-        if target:
-            engine.prime(task.move_batch(data.batch(0, rank, world, training.batch_size), str(device)))
-            restored = manager.load(*target, engine.load_checkpoint_state)
-            engine.scheduler.load_state_dict(restored.trainer_state["scheduler"])
-            # load_state_dict restores the schedule's position but not the optimizer's current lr, which
-            # the DeepSpeed state (weights and moments only) does not carry: set it from the schedule.
-            for group, lr in zip(engine.scheduler.optimizer.param_groups, engine.scheduler.get_last_lr(), strict=True):
-                group["lr"] = lr
-            if hasattr(data, "load_state_dict") and restored.trainer_state.get("data") is not None:
-                data.load_state_dict(restored.trainer_state["data"])
-    start_step = restored.step if restored else 0
+    def batch(self, step: int) -> Any:
+        training, ranks = self.config.training, self.ranks
+        return self.task.move_batch(self.data.batch(step, ranks.rank, ranks.world, training.batch_size),
+                                    str(self.device))
 
-    tracker: MLflowTracker | None = None
-    if rank == 0 and config.tracking.mlflow:
-        previous_run = restored.trainer_state.get("mlflowRunId") if restored else None
-        tracker = MLflowTracker(config.tracking.mlflow, run_id=previous_run)
-        tracker.log_params({**flatten("", config.model_dump(mode="json", by_alias=True)), "worldSize": world})
-        if restored:
-            tracker.set_tag(f"loom.resume.{restart}", f"{restored.uri}@{restored.step}")
-    if rank == 0:
-        emit("start", rank=rank, worldSize=world, restart=restart, engine=config.engine.value, startStep=start_step,
-             resumedFrom=restored.uri if restored else None)
-        if restored:
-            emit("resume", step=restored.step, uri=restored.uri, worldSize=world)
-            if progress:
-                progress.checkpoint_restored(restored.uri, restored.step, restored.committed_at)
+    def resume(self) -> int:
+        """Load the checkpoint to resume from, if any; returns the last step it covers (0 when fresh)."""
+        restored = self._restore() if self.manager else None
+        start_step = restored.step if restored else 0
+        self.duties.begin(start_step, restored)
+        return start_step
 
-    def trainer_state(step: int) -> dict[str, Any]:
-        return {
-            "step": step,
-            "samplesSeen": step * training.batch_size * world,
-            "scheduler": engine.scheduler.state_dict(),
-            "data": data.state_dict() if hasattr(data, "state_dict") else None,
-            "seed": training.seed,
-            "worldSize": world,
-            "mlflowRunId": tracker.run_id if tracker else None,
-        }
+    def _restore(self) -> Restored | None:
+        assert self.manager is not None
+        target = self.manager.resolve_resume()
+        if target is None:
+            return None
+        engine = self.engine
+        engine.prime(self.batch(0))
+        restored = self.manager.load(*target, engine.load_checkpoint_state)
+        engine.scheduler.load_state_dict(restored.trainer_state["scheduler"])
+        # load_state_dict restores the schedule's position but not the optimizer's current lr, which
+        # the DeepSpeed state (weights and moments only) does not carry: set it from the schedule.
+        for group, lr in zip(engine.scheduler.optimizer.param_groups, engine.scheduler.get_last_lr(), strict=True):
+            group["lr"] = lr
+        data_state = restored.trainer_state.get("data")
+        if hasattr(self.data, "load_state_dict") and data_state is not None:
+            self.data.load_state_dict(data_state)
+        return restored
 
-    def checkpoint(step: int, final: bool) -> None:
-        assert manager is not None
-        stall = manager.save(step, engine.checkpoint_state(), trainer_state(step), block=final)
-        if progress:
-            progress.stalled(stall)
-        if rank == 0:
-            emit("checkpoint", step=step, stallSeconds=round(stall, 4), final=final)
-
-    tokens_per_sample = _tokens_per_sample(data, ctx)
-    window_start, window_steps = time.perf_counter(), 0
-    step = start_step
-    loss_value = float("nan")
-    interrupted = False
-    for step in range(start_step + 1, training.max_steps + 1):
-        batch = task.move_batch(data.batch(step, rank, world, training.batch_size), str(device))
-        output = engine.step(batch)
+    def step(self, step: int) -> StepResult:
+        output = self.engine.step(self.batch(step))
+        manager, world = self.manager, self.ranks.world
         # One all-reduce per step: mean loss for logging, the stop vote and the time-based checkpoint vote.
         time_due = bool(manager and manager.due_by_time())
-        vote = torch.tensor([float(output.loss), float(stop.requested), float(time_due)], device=device)
+        vote = torch.tensor([float(output.loss), float(self.stop.requested), float(time_due)], device=self.device)
         dist.all_reduce(vote)
-        loss_value = float(vote[0]) / world
-        stopping = bool(vote[1] > 0)
-        checkpoint_due = bool(manager and (manager.due_by_steps(step) or vote[2] > 0))
-        window_steps += 1
-        elapsed = time.perf_counter() - window_start
-        if rank == 0 and (step % training.log_every_steps == 0 or stopping or step == training.max_steps):
-            samples_per_second = window_steps * training.batch_size * world / max(elapsed, 1e-9)
-            eta = (training.max_steps - step) * training.batch_size * world / max(samples_per_second, 1e-9)
-            metrics = {"loss": loss_value, "samples_per_second": samples_per_second,
-                       "lr": engine.scheduler.get_last_lr()[0], **output.metrics}
-            if tokens_per_sample and flops_per_token:
-                metrics["tokens_per_second"] = samples_per_second * tokens_per_sample
-            emit("step", step=step, loss=round(loss_value, 6), samplesPerSecond=round(samples_per_second, 2))
-            if progress:
-                progress.update(step, loss_value, samples_per_second, eta, "Running")
-            if tracker:
-                tracker.log_metrics(metrics, step)
-            window_start, window_steps = time.perf_counter(), 0
-        if stopping:
-            interrupted = True
-            break
-        if checkpoint_due and step != training.max_steps:
-            checkpoint(step, final=False)
+        loss = float(vote[0]) / world
+        self.duties.stepped(step, loss, float(self.engine.scheduler.get_last_lr()[0]), output.metrics,
+                            stopping=bool(vote[1] > 0))
+        return StepResult(loss=loss, stopping=bool(vote[1] > 0),
+                          checkpoint_due=bool(manager and (manager.due_by_steps(step) or vote[2] > 0)))
 
-    if manager:
-        if config.checkpoint and config.checkpoint.save_final and manager.last_saved_step != step and step > 0:
-            checkpoint(step, final=True)
-        manager.close()
-    if interrupted:
-        if rank == 0:
-            emit("interrupted", step=step)
-            if progress:
-                progress.finish("Interrupted")
-            if tracker:
-                tracker.flush()
+    def trainer_state(self, step: int) -> dict[str, Any]:
+        training, data = self.config.training, self.data
+        return {
+            "step": step,
+            "samplesSeen": step * training.batch_size * self.ranks.world,
+            "scheduler": self.engine.scheduler.state_dict(),
+            "data": data.state_dict() if hasattr(data, "state_dict") else None,
+            "seed": training.seed,
+            "worldSize": self.ranks.world,
+            "mlflowRunId": self.duties.mlflow_run_id,
+        }
+
+    def checkpoint(self, step: int, final: bool = False) -> None:
+        assert self.manager is not None
+        stall = self.manager.save(step, self.engine.checkpoint_state(), self.trainer_state(step), block=final)
+        self.duties.checkpoint_saved(step, stall, final)
+
+    def finish(self, step: int, loss: float, interrupted: bool) -> int:
+        """The final checkpoint (unless the last one already covers `step`), then export and stop."""
+        manager, spec = self.manager, self.config.checkpoint
+        if manager:
+            if spec and spec.save_final and manager.last_saved_step != step and step > 0:
+                self.checkpoint(step, final=True)
+            manager.close()
+        if interrupted:
+            self.duties.interrupted(step)
+            dist.destroy_process_group()
+            return EXIT_INTERRUPTED
+        self._export_model()
+        self.duties.finished(step, loss)
+        dist.barrier()
         dist.destroy_process_group()
-        return EXIT_INTERRUPTED
+        return EXIT_OK
 
-    _export_final_model(config, task, engine, rank, tracker)
-    if rank == 0:
-        emit("done", step=step, loss=round(loss_value, 6))
-        if progress:
-            progress.finish("Succeeded")
-        if tracker:
-            tracker.end("FINISHED")
-    dist.barrier()
-    dist.destroy_process_group()
-    return EXIT_OK
+    def _export_model(self) -> None:
+        config = self.config
+        mlflow = config.tracking.mlflow
+        # Decided from the config alone: gathering the weights is a collective every rank must enter.
+        if not config.output_uri() and not (mlflow and mlflow.log_model):
+            return
+        state = self.engine.full_model_state()
+        self.duties.export_model(state, lambda: self.task.export_config(self.engine.model))
 
 
-def _committed(progress: Progress | None, tracker: MLflowTracker | None, step: int, uri: str) -> None:
-    if progress:
-        progress.checkpoint_committed(uri, step)
-    if tracker:
-        tracker.set_tag("loom.checkpoint.latest", uri)
-        tracker.log_metrics({"checkpoint_step": float(step)}, step)
-    emit("committed", step=step, uri=uri)
-
-
-def _tokens_per_sample(data: Any, ctx: TaskContext) -> int | None:
-    return int(getattr(data, "block_size", 0)) or None
-
-
-def _export_final_model(config: TrainerConfig, task: TrainTask, engine: Any, rank: int,
-                        tracker: MLflowTracker | None) -> None:
-    """Full weights + config.json: to <output uri> in S3 and as the MLflow run's `model` artifact."""
-    destination = config.output_uri()
-    want_mlflow = tracker is not None and config.tracking.mlflow is not None and config.tracking.mlflow.log_model
-    if not destination and not want_mlflow:
-        return
-    state = engine.full_model_state()  # collective
-    if rank != 0:
-        return
-    with tempfile.TemporaryDirectory(prefix="loom-export-") as folder_name:
-        folder = Path(folder_name)
-        torch.save(state, folder / "model.pt")
-        (folder / "config.json").write_text(json.dumps(task.export_config(engine.model), indent=1))
-        if destination:
-            client = make_client(config.checkpoint.endpoint if config.checkpoint else None)
-            root = S3Location.parse(destination)
-            for path in folder.iterdir():
-                upload_file(client, path, root.child(path.name))
-            emit("exported", uri=destination)
-        if want_mlflow and tracker is not None:
-            tracker.log_artifacts(folder, "model")
-            if destination:
-                tracker.set_tag("loom.model.uri", destination)
+def run(config: TrainerConfig) -> int:
+    training = Training(config, Ranks.from_env(), StopFlag())
+    start = step = training.resume()
+    loss = math.nan
+    for step in range(start + 1, config.training.max_steps + 1):
+        result = training.step(step)
+        loss = result.loss
+        if result.stopping:
+            return training.finish(step, loss, interrupted=True)
+        # The last step's checkpoint is the final one, written (blocking) by finish.
+        if result.checkpoint_due and step != config.training.max_steps:
+            training.checkpoint(step)
+    return training.finish(step, loss, interrupted=False)

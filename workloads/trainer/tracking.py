@@ -1,8 +1,9 @@
-"""What the trainer tells the outside world (rank 0 only): a progress file for the operator, Prometheus
-metrics, and MLflow (params, metrics, checkpoint locations, final model)."""
+"""What the trainer tells the outside world: a progress file for the operator, Prometheus metrics, MLflow
+(params, metrics, checkpoint locations, final model) and the container's termination message."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from loom.workloads.trainer.config import MLflowSpec, ProgressSpec
+from .config import MLflowSpec, ProgressSpec
 
 log = logging.getLogger("loom.trainer")
 
@@ -27,6 +28,18 @@ def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
     with os.fdopen(fd, "w") as handle:
         json.dump(payload, handle)
     os.replace(temporary, path)
+
+
+def write_termination_message(exit_code: int, message: str, checkpoint: dict[str, Any] | None = None) -> None:
+    """Kubernetes puts this file into the pod status. torchrun exits 1 whatever its workers returned, so the
+    JSON {"exitCode", "message"} is how the operator learns that an error is permanent; on success it also
+    names the newest committed checkpoint, which the last progress poll may have missed."""
+    termination_log = os.environ.get("LOOM_TERMINATION_LOG", "/dev/termination-log")
+    doc: dict[str, Any] = {"exitCode": exit_code, "message": message[-3000:]}
+    if checkpoint:
+        doc["checkpoint"] = checkpoint
+    with contextlib.suppress(OSError):
+        Path(termination_log).write_text(json.dumps(doc))
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -105,6 +118,12 @@ class Progress:
             self._flush()
         self.g_ckpt.set(step)
 
+    def latest_checkpoint(self) -> dict[str, Any] | None:
+        """The newest committed checkpoint ({uri, step, time}), or None before the first one."""
+        with self.lock:
+            latest = self.state.get("latestCheckpoint")
+            return dict(latest) if latest else None
+
     def stalled(self, seconds: float) -> None:
         self.h_stall.observe(seconds)
 
@@ -125,11 +144,12 @@ class MLflowTracker:
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=spec.tracking_uri)
-        self.run_id = run_id or os.environ.get("MLFLOW_RUN_ID") or spec.run_id
-        if not self.run_id:
+        run_id = run_id or os.environ.get("MLFLOW_RUN_ID") or spec.run_id
+        if not run_id:
             experiment = self.client.get_experiment_by_name(spec.experiment)
             experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(spec.experiment)
-            self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
+            run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
+        self.run_id: str = run_id
         self.pending: list[Any] = []
         self.last_flush = time.monotonic()
 

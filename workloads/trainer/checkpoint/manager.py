@@ -28,14 +28,16 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from loom.workloads.common.s3 import S3Location, make_client
-from loom.workloads.trainer.checkpoint.manifest import Manifest
-from loom.workloads.trainer.checkpoint.staging import ReusableCPUStager
-from loom.workloads.trainer.checkpoint.store import CheckpointStore, S3CheckpointReader
-from loom.workloads.trainer.config import CheckpointSpec
+from ...common.s3 import S3Location, make_client
+from ..config import CheckpointSpec
+from .manifest import Manifest, step_of
+from .staging import ReusableCPUStager
+from .store import CheckpointStore, S3CheckpointReader
 
 log = logging.getLogger("loom.trainer.checkpoint")
 
@@ -101,7 +103,9 @@ class CheckpointManager:
         self.store = CheckpointStore(client or make_client(spec.endpoint), S3Location.parse(spec.uri))
         self.local_root = Path(spec.staging_dir) / session / f"rank-{rank:05d}"
         # A separate gloo group: DCP's planning/metadata collectives run in the background thread.
-        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        # Every rank joins, so new_group never answers "not a member" (its non-group sentinel) here.
+        self.group = group if isinstance(group, dist.ProcessGroup) else None
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loom-ckpt")
         self.in_flight: SaveRecord | None = None
         self.stager = ReusableCPUStager()
@@ -132,11 +136,13 @@ class CheckpointManager:
             torch.save(trainer_state, local_dir / TRAINER_STATE, pickle_protocol=pickle.HIGHEST_PROTOCOL)
         writer = FileSystemWriter(str(local_dir), single_file_per_rank=True, sync_files=False)
         if self.spec.async_ and not block:
-            written: Future[Any] = dcp.async_save(
-                state, storage_writer=writer, process_group=self.group, async_stager=self.stager
-            )
+            response = dcp_async_save(state, storage_writer=writer, process_group=self.group,
+                                      async_stager=self.stager)
+            # torch answers with staging + upload futures only for stagers that stage in the background;
+            # ours stages before async_save returns, so the upload future is all there is to wait for.
+            written: Future[Any] = response if isinstance(response, Future) else response.upload_completion
         else:
-            dcp.save(state, storage_writer=writer, process_group=self.group)
+            dcp_save(state, storage_writer=writer, process_group=self.group)
             written = Future()
             written.set_result(None)
         stall = time.perf_counter() - started
@@ -196,8 +202,6 @@ class CheckpointManager:
         location = S3Location.parse(resume)
         parent, _, name = location.key.rpartition("/")
         store = CheckpointStore(self.store.client, S3Location(location.bucket, parent))
-        from loom.workloads.trainer.checkpoint.manifest import step_of
-
         step = step_of(name)
         if step is None or step not in store.complete_steps():
             raise FileNotFoundError(f"resume checkpoint {resume} does not exist or is incomplete (no manifest)")
@@ -212,7 +216,7 @@ class CheckpointManager:
         reader = S3CheckpointReader(store, step, manifest, local_dir)
 
         def load_into(state: dict[str, Any]) -> None:
-            dcp.load(state, storage_reader=reader, process_group=self.group)
+            dcp_load(state, storage_reader=reader, process_group=self.group)
 
         load_engine_state(load_into)
         trainer_state = torch.load(store.fetch(step, manifest, TRAINER_STATE, local_dir), weights_only=False)

@@ -36,10 +36,12 @@ class ReusableCPUStager(AsyncStager):
     def _copy(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         from torch.distributed._state_dict_utils import _copy_state_dict
 
+        if self._buffers is None:
+            raise RuntimeError("no staging buffers allocated")
         staged = _copy_state_dict(state_dict, self._buffers, non_blocking=torch.cuda.is_available())
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        return staged  # type: ignore[no-any-return]
+        return staged
 
     def synchronize_staging(self) -> None:
         pass

@@ -17,11 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 
-from loom.workloads.common.s3 import S3Location, download_file, list_keys, sha256_file, upload_file
-from loom.workloads.trainer.checkpoint.manifest import (
+from ...common.s3 import S3Location, download_file, list_keys, sha256_file, upload_file
+from .manifest import (
     MANIFEST_NAME,
     FileEntry,
     Manifest,

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from loom.workloads.trainer.task import TaskContext, TrainTask
+from ..task import TaskContext, TrainTask
 
 # A fixed vocabulary (newline + printable ASCII) so encode/decode never depend on the training text.
 VOCAB: str = "\n" + "".join(chr(code) for code in range(32, 127))
@@ -66,7 +66,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
         dropout = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
-        return self.proj(y.transpose(1, 2).reshape(batch, time, channels))
+        out: torch.Tensor = self.proj(y.transpose(1, 2).reshape(batch, time, channels))
+        return out
 
 
 class Block(nn.Module):
@@ -84,7 +85,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        out: torch.Tensor = x + self.mlp(self.ln_2(x))
+        return out
 
 
 class GPT(nn.Module):
@@ -111,7 +113,8 @@ class GPT(nn.Module):
         x = self.tok_emb(idx) + self.pos_emb(positions)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x))
+        logits: torch.Tensor = self.head(self.ln_f(x))
+        return logits
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -201,17 +204,24 @@ class CharGPTTask(TrainTask):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
 
     def blocks(self, model: nn.Module) -> list[nn.Module]:
-        return list(model.blocks)  # type: ignore[arg-type]
+        return list(_gpt(model).blocks)
 
     def export_config(self, model: nn.Module) -> dict[str, Any]:
-        return {"architecture": "chargpt", "model": asdict(model.config)}  # type: ignore[arg-type]
+        return {"architecture": "chargpt", "model": asdict(_gpt(model).config)}
 
     def flops_per_token(self, model: nn.Module) -> float:
-        config: GPTConfig = model.config  # type: ignore[assignment]
+        config = _gpt(model).config
         # Embedding lookups are not matmuls: count every other weight (the head included).
         params = sum(p.numel() for name, p in model.named_parameters() if "_emb." not in name)
         # 6N for the matmuls with weights plus attention's QK^T and AV (PaLM appendix B).
         return 6.0 * params + 12.0 * config.n_layer * config.n_embd * config.block_size
+
+
+def _gpt(model: nn.Module) -> GPT:
+    """The task's hooks receive the model build_model made (FSDP2 keeps it a GPT subclass)."""
+    if not isinstance(model, GPT):
+        raise TypeError(f"the chargpt task expects its own GPT model, got {type(model).__name__}")
+    return model
 
 
 def _to_snake(name: str) -> str:
