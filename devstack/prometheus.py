@@ -69,6 +69,9 @@ def scrape_config(
         "scrape_configs": [
             {
                 "job_name": "kubernetes-pods",
+                # Prometheus 3 refuses a scrape whose Content-Type is missing or unknown; plain text is
+                # what a hand-written exporter serves.
+                "fallback_scrape_protocol": "PrometheusText0.0.4",
                 "kubernetes_sd_configs": [discovery],
                 "relabel_configs": [
                     {"source_labels": [f"{annotation}scrape"], "regex": "true", "action": "keep"},

@@ -37,8 +37,7 @@ class Metrics(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path != "/custom-metrics":
             self.send_response(404); self.end_headers(); return
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_response(200)  # no Content-Type, as hand-written exporters often do
         self.end_headers()
         self.wfile.write(body)
     def log_message(self, *args):
