@@ -31,18 +31,11 @@ from typing import Any
 
 import yaml
 
-from loom.devstack.cluster.build import GoModule, Progress, _build_lock, _build_module, stack_bin_dir
+from loom.devstack.cluster.build import MODULES, Progress, _build_lock, _build_module, stack_bin_dir
 from loom.devstack.servers import ServiceStartError, free_port
 
-# The Go module that builds it; build tags keep the ~30 other discovery mechanisms (and their cloud
-# SDKs, one of which the module proxy no longer serves) out of the binary.
-PROMETHEUS_VERSION = "3.16.0"  # module version v0.316.0
-PROMETHEUS_MODULE = GoModule(
-    "prometheus",
-    ("prometheus",),
-    (f"-X github.com/prometheus/common/version.Version={PROMETHEUS_VERSION}",),
-    tags=("remove_all_sd", "enable_kubernetes_sd"),
-)
+# Built with the rest of the stack (`loom dev build`); see MODULES in devstack/cluster/build.py.
+PROMETHEUS_MODULE = next(m for m in MODULES if m.name == "prometheus")
 DEFAULT_SCRAPE_INTERVAL_S = 2.0
 _DEFAULT_START_TIMEOUT_S = 60.0
 

@@ -25,6 +25,7 @@ from loom.devstack.cluster.paths import GO_MODULES_DIR, cache_root
 
 KUBERNETES_VERSION = "v1.37.2"
 HELM_VERSION = "v4.3.1"
+PROMETHEUS_VERSION = "3.16.0"  # Go module github.com/prometheus/prometheus v0.316.0
 
 Progress = Callable[[str], None]
 
@@ -88,6 +89,14 @@ MODULES: tuple[GoModule, ...] = (
     ),
     GoModule("etcd", ("etcd",), renames=(("server", "etcd"),)),
     GoModule("tools", ("kwok", "helm"), (f"-X helm.sh/helm/v4/internal/version.version={HELM_VERSION}",)),
+    # Build tags keep the ~30 other service-discovery mechanisms (and their cloud SDKs, one of which the
+    # module proxy no longer serves) out of the binary: the local stack only needs Kubernetes discovery.
+    GoModule(
+        "prometheus",
+        ("prometheus",),
+        (f"-X github.com/prometheus/common/version.Version={PROMETHEUS_VERSION}",),
+        tags=("remove_all_sd", "enable_kubernetes_sd"),
+    ),
 )
 
 
