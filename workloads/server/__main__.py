@@ -15,10 +15,11 @@ import sys
 import uvicorn
 from prometheus_client import start_http_server
 
-from loom.workloads.server.app import build_app
-from loom.workloads.server.config import ServerConfig
-from loom.workloads.server.fetch import fetch, model_folder
-from loom.workloads.server.handlers import load_handler_class
+from .app import build_app
+from .config import ServerConfig
+from .dataplane import DataPlane
+from .fetch import fetch, model_folder
+from .handlers import load_handler_class
 
 log = logging.getLogger("loom.workloads.server")
 
@@ -41,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     options = {"device": config.device, **config.handler_options}
     model = load_handler_class(config.handler)(config.model_name, version, options)
     app = build_app(config, model, folder)
-    state = app.state.server
+    plane: DataPlane = app.state.plane
     if config.metrics_port is not None:
-        start_http_server(config.metrics_port, addr=config.host, registry=state.metrics.registry)
+        start_http_server(config.metrics_port, addr=config.host, registry=plane.metrics.registry)
     server = uvicorn.Server(
         uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False)
     )
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         failed.append(reason)
         server.should_exit = True
 
-    state.on_load_failed = stop
+    plane.on_load_failed = stop
     server.run()
     if failed:
         log.error("exiting: model could not be loaded: %s", failed[0])

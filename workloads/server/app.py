@@ -1,285 +1,209 @@
-"""The HTTP side: Open Inference Protocol v2 REST, the generate extension (with SSE streaming),
-health, metadata and /metrics, over Starlette. Model code never sees any of this."""
+"""The HTTP side, over Starlette: Open Inference Protocol v2 REST, the generate extension (with SSE
+streaming), health and /metrics.
+
+Routes only parse HTTP, call the data plane (dataplane.py) and turn its answers into responses and
+its typed errors (errors.py) into status codes. API keys and rate limits are middleware (guard.py).
+Model code never sees any of this.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
-from starlette.concurrency import iterate_in_threadpool
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from loom.workloads.server.batching import AdaptiveBatcher, QueueFullError, ShuttingDownError
-from loom.workloads.server.config import ServerConfig
-from loom.workloads.server.flow import ApiKeys, RateLimiter
-from loom.workloads.server.guard import GuardMiddleware
-from loom.workloads.server.metrics import NvmlCollector, ServerMetrics
-from loom.workloads.server.model import InferRequest, Model, ModelError, Tensor, TensorSpec
-from loom.workloads.server.protocol import ProtocolError, decode_infer_request, encode_infer_response
+from .config import ServerConfig
+from .dataplane import DataPlane
+from .errors import (
+    InferenceError,
+    InvalidInputError,
+    ModelNotFoundError,
+    ModelNotReadyError,
+    OverloadedError,
+    ServerError,
+    UnavailableError,
+)
+from .flow import ApiKeys, RateLimiter
+from .guard import GuardMiddleware
+from .metrics import NvmlCollector, ServerMetrics
+from .model import Model
+from .protocol import (
+    HEADER_LENGTH,
+    ProtocolError,
+    decode_generate_request,
+    decode_infer_request,
+    encode_infer_response,
+)
 
 log = logging.getLogger(__name__)
 
-SERVER_NAME = "loom-model-server"
-SERVER_VERSION = "0.1.0"
-EXTENSIONS = ["binary_tensor_data", "generate", "generate_stream"]
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+# Most specific first: OverloadedError is an UnavailableError that also asks the client to retry.
+STATUS_CODES: tuple[tuple[type[ServerError], int], ...] = (
+    (ModelNotFoundError, 404),
+    (ModelNotReadyError, 503),
+    (OverloadedError, 503),
+    (UnavailableError, 503),
+    (InvalidInputError, 400),
+    (InferenceError, 500),
+)
 
 
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status = status
-        self.headers = headers or {}
+def status_of(error: ServerError) -> int:
+    return next((code for kind, code in STATUS_CODES if isinstance(error, kind)), 500)
 
 
-class ServerState:
-    """What the endpoints share: the model, its batcher, metrics, and whether it is loaded."""
-
-    def __init__(self, config: ServerConfig, model: Model, metrics: ServerMetrics):
-        self.config = config
-        self.model = model
-        self.metrics = metrics
-        self.batcher = AdaptiveBatcher(model.predict, config.batching, metrics)
-        self.load_error: str | None = None
-        self.streams = 0
-        self.on_load_failed: Callable[[str], None] | None = None
-
-    @property
-    def ready(self) -> bool:
-        return self.model.ready and self.load_error is None
-
-    def load(self, folder: Path) -> None:
-        try:
-            self.model.load(folder)
-            self.model.ready = True
-            self.metrics.ready.labels(self.model.name).set(1)
-            log.info("model %s version %s loaded from %s", self.model.name, self.model.version, folder)
-        except Exception as exc:
-            self.load_error = f"{type(exc).__name__}: {exc}"
-            log.exception("loading model %s failed", self.model.name)
-            if self.on_load_failed is not None:
-                self.on_load_failed(self.load_error)
-
-
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-def build_app(config: ServerConfig, model: Model, model_folder: Path | None = None) -> Starlette:
-    """The ASGI app for one model. The model is loaded in the background after startup, so liveness
-    answers at once and readiness turns true only once the model is loaded."""
-    metrics = ServerMetrics(model.name, gpu=NvmlCollector.create())
-    state = ServerState(config, model, metrics)
-    folder = model_folder or Path(config.model_dir)
+def _version(request: Request) -> str | None:
+    version = request.path_params.get("version")
+    return str(version) if version is not None else None
 
-    def resolve(request: Request) -> Model:
-        name = request.path_params["name"]
-        version = request.path_params.get("version")
-        if name != model.name:
-            raise HTTPError(404, f"model {name!r} not found")
-        if version is not None and model.version is not None and version != model.version:
-            raise HTTPError(404, f"model {name!r} has no version {version!r} (serving {model.version})")
-        return model
 
-    def require_ready() -> None:
-        if not state.ready:
-            reason = f": {state.load_error}" if state.load_error else ""
-            raise HTTPError(503, f"model {model.name} is not ready{reason}")
+class Routes:
+    """The endpoints of one app; each is a few lines around one data-plane call."""
 
-    def measured(endpoint: str, handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+    def __init__(self, plane: DataPlane):
+        self.plane = plane
+
+    def measured(self, endpoint: str, handler: Endpoint) -> Endpoint:
+        """Map errors to JSON responses and count every answer under ``endpoint``."""
+        metrics = self.plane.metrics
+
         async def wrapped(request: Request) -> Response:
             started = time.perf_counter()
             try:
-                response: Response = await handler(request)
-            except HTTPError as exc:
-                response = _error(exc.status, str(exc), exc.headers)
+                response = await handler(request)
+            except ServerError as exc:
+                retry = {"retry-after": str(exc.retry_after_s)} if isinstance(exc, OverloadedError) else None
+                response = error_response(status_of(exc), str(exc), retry)
             except ProtocolError as exc:
-                response = _error(exc.status, str(exc))
+                response = error_response(exc.status, str(exc))
             except Exception as exc:  # a server bug: still a JSON error, and still counted
                 log.exception("%s failed", endpoint)
-                response = _error(500, f"internal error: {type(exc).__name__}")
+                response = error_response(500, f"internal error: {type(exc).__name__}")
             metrics.answered(endpoint, response.status_code, time.perf_counter() - started)
             return response
 
         return wrapped
 
-    async def live(request: Request) -> Response:
+    async def live(self, request: Request) -> Response:
         return JSONResponse({"live": True})
 
-    async def ready(request: Request) -> Response:
-        return JSONResponse({"ready": state.ready}, status_code=200 if state.ready else 503)
+    async def ready(self, request: Request) -> Response:
+        ready = self.plane.ready
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
-    async def server_metadata(request: Request) -> Response:
-        return JSONResponse({"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS})
+    async def server_metadata(self, request: Request) -> Response:
+        return JSONResponse(self.plane.server_metadata().to_dict())
 
-    async def model_ready(request: Request) -> Response:
-        found = resolve(request)
-        return JSONResponse({"name": found.name, "ready": state.ready}, status_code=200 if state.ready else 503)
+    async def model_ready(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        ready = self.plane.model_ready(name, _version(request))
+        return JSONResponse({"name": name, "ready": ready}, status_code=200 if ready else 503)
 
-    async def model_metadata(request: Request) -> Response:
-        found = resolve(request)
+    async def model_metadata(self, request: Request) -> Response:
+        return JSONResponse(self.plane.model_metadata(request.path_params["name"], _version(request)).to_dict())
 
-        def spec(tensor: TensorSpec) -> dict[str, Any]:
-            return {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
-
-        return JSONResponse({
-            "name": found.name,
-            "versions": [found.version] if found.version else [],
-            "platform": found.platform,
-            "inputs": [spec(t) for t in found.inputs()],
-            "outputs": [spec(t) for t in found.outputs()],
-        })
-
-    async def run(infer_request: InferRequest) -> Any:
-        metrics.inflight.labels(model.name).inc()
-        try:
-            return await state.batcher.submit(infer_request)
-        except QueueFullError as exc:
-            raise HTTPError(503, str(exc), {"retry-after": "1"}) from exc
-        except ShuttingDownError as exc:
-            raise HTTPError(503, str(exc)) from exc
-        except (ModelError, ProtocolError) as exc:
-            raise HTTPError(400, str(exc)) from exc
-        except Exception as exc:
-            raise HTTPError(500, f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            metrics.inflight.labels(model.name).dec()
-
-    async def infer(request: Request) -> Response:
-        found = resolve(request)
-        require_ready()
-        decoded = decode_infer_request(await request.body(), request.headers.get("inference-header-content-length"))
-        result = await run(decoded.request)
-        body, headers = encode_infer_response(found.name, found.version, decoded, result)
+    async def infer(self, request: Request) -> Response:
+        name, version = request.path_params["name"], _version(request)
+        model = self.plane.ready_model(name, version)  # 404/503 before the body is read
+        decoded = decode_infer_request(await request.body(), request.headers.get(HEADER_LENGTH))
+        result = await self.plane.infer(name, version, decoded.request)
+        body, headers = encode_infer_response(model.name, model.version, decoded, result)
         return Response(body, headers=headers)
 
-    async def generate_request(request: Request) -> tuple[dict[str, Any], str, dict[str, Any]]:
-        try:
-            doc = json.loads(await request.body())
-        except json.JSONDecodeError as exc:
-            raise HTTPError(400, f"request body is not valid JSON: {exc}") from exc
-        if not isinstance(doc, dict) or not isinstance(doc.get("text_input"), str):
-            raise HTTPError(400, "generate needs a JSON object with a string 'text_input'")
-        parameters = doc.get("parameters") or {}
-        if not isinstance(parameters, dict):
-            raise HTTPError(400, "'parameters' must be an object")
-        return doc, doc["text_input"], parameters
+    async def generate(self, request: Request) -> Response:
+        name, version = request.path_params["name"], _version(request)
+        self.plane.ready_model(name, version)
+        answer = await self.plane.generate(name, version, decode_generate_request(await request.body()))
+        return JSONResponse(answer.to_dict())
 
-    def envelope(found: Model, doc: dict[str, Any], text: str) -> dict[str, Any]:
-        out: dict[str, Any] = {"model_name": found.name, "model_version": found.version, "text_output": text}
-        if isinstance(doc.get("id"), str):
-            out["id"] = doc["id"]
-        return out
-
-    async def generate(request: Request) -> Response:
-        """Non-streaming generate goes through the batcher: concurrent prompts share a forward pass."""
-        found = resolve(request)
-        require_ready()
-        doc, text, parameters = await generate_request(request)
-        prompt = np.array([text], dtype=object)
-        infer_request = InferRequest(
-            inputs={"text_input": Tensor("text_input", "BYTES", prompt)},
-            parameters=parameters,
-            requested_outputs=None,
-            id=doc.get("id") if isinstance(doc.get("id"), str) else None,
-        )
-        result = await run(infer_request)
-        texts = [t for t in result.outputs if t.name == "text_output"] or [
-            t for t in result.outputs if t.datatype == "BYTES"
-        ]
-        if not texts:
-            raise HTTPError(500, "model produced no text output")
-        value = np.asarray(texts[0].data).reshape(-1)[0]
-        output = value.decode() if isinstance(value, bytes) else str(value)
-        return JSONResponse(envelope(found, doc, output))
-
-    async def generate_stream(request: Request) -> Response:
-        found = resolve(request)
-        require_ready()
-        if not found.supports_generate:
-            raise HTTPError(400, f"model {found.name} does not support streaming generate")
-        doc, text, parameters = await generate_request(request)
-        if state.streams >= config.batching.max_queue:
-            raise HTTPError(503, "too many concurrent streams", {"retry-after": "1"})
-        state.streams += 1
-        metrics.inflight.labels(model.name).inc()
+    async def generate_stream(self, request: Request) -> Response:
+        name, version = request.path_params["name"], _version(request)
+        self.plane.ready_model(name, version)
+        pieces = self.plane.generate_stream(name, version, decode_generate_request(await request.body()))
 
         async def events() -> AsyncIterator[str]:
-            try:
-                async for piece in iterate_in_threadpool(found.generate(text, parameters)):
-                    metrics.tokens.labels(model.name).inc()
-                    yield f"data: {json.dumps(envelope(found, doc, piece))}\n\n"
-            except Exception as exc:  # the stream has started: the error travels as an event
-                log.warning("generate_stream failed: %s", exc)
-                yield f"data: {json.dumps({'error': f'{type(exc).__name__}: {exc}'})}\n\n"
-            finally:
-                state.streams -= 1
-                metrics.inflight.labels(model.name).dec()
+            async with contextlib.aclosing(pieces):
+                try:
+                    async for piece in pieces:
+                        yield f"data: {json.dumps(piece.to_dict())}\n\n"
+                except ServerError as exc:  # the stream has started: the error travels as an event
+                    yield f"data: {json.dumps({'error': str(exc)})}\n\n"
 
-        return StreamingResponse(
-            events(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
-        )
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
-    async def prometheus(request: Request) -> Response:
-        metrics.queue_depth(state.batcher.depth)
+    async def prometheus(self, request: Request) -> Response:
+        metrics = self.plane.metrics
+        metrics.queue_depth(self.plane.queue_depth)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    model_routes: list[tuple[str, Callable[[Request], Any], str, str]] = [
-        ("", model_metadata, "GET", "metadata"),
-        ("/ready", model_ready, "GET", "model_ready"),
-        ("/infer", infer, "POST", "infer"),
-        ("/generate", generate, "POST", "generate"),
-        ("/generate_stream", generate_stream, "POST", "generate_stream"),
-    ]
-    routes = [
-        Route("/v2/health/live", live, methods=["GET"]),
-        Route("/v2/health/ready", ready, methods=["GET"]),
-        Route("/v2", measured("server_metadata", server_metadata), methods=["GET"]),
-    ]
-    for suffix, handler, method, endpoint in model_routes:
-        wrapped = measured(endpoint, handler)
-        routes.append(Route(f"/v2/models/{{name}}{suffix}", wrapped, methods=[method]))
-        routes.append(Route(f"/v2/models/{{name}}/versions/{{version}}{suffix}", wrapped, methods=[method]))
-    if config.metrics_port is None:
-        routes.append(Route("/metrics", prometheus, methods=["GET"]))
+    def table(self, with_metrics: bool) -> list[Route]:
+        model_routes: list[tuple[str, Endpoint, str, str]] = [
+            ("", self.model_metadata, "GET", "metadata"),
+            ("/ready", self.model_ready, "GET", "model_ready"),
+            ("/infer", self.infer, "POST", "infer"),
+            ("/generate", self.generate, "POST", "generate"),
+            ("/generate_stream", self.generate_stream, "POST", "generate_stream"),
+        ]
+        routes = [
+            Route("/v2/health/live", self.live, methods=["GET"]),
+            Route("/v2/health/ready", self.ready, methods=["GET"]),
+            Route("/v2", self.measured("server_metadata", self.server_metadata), methods=["GET"]),
+        ]
+        for suffix, handler, method, endpoint in model_routes:
+            wrapped = self.measured(endpoint, handler)
+            routes.append(Route(f"/v2/models/{{name}}{suffix}", wrapped, methods=[method]))
+            routes.append(Route(f"/v2/models/{{name}}/versions/{{version}}{suffix}", wrapped, methods=[method]))
+        if with_metrics:
+            routes.append(Route("/metrics", self.prometheus, methods=["GET"]))
+        return routes
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return error_response(404, f"no route for {request.method} {request.url.path}")
+
+
+async def _not_allowed(request: Request, exc: Exception) -> Response:
+    return error_response(405, f"method {request.method} not allowed on {request.url.path}")
+
+
+def build_app(config: ServerConfig, model: Model, model_folder: Path | None = None) -> Starlette:
+    """The ASGI app for one model. The model is loaded in the background after startup, so liveness
+    answers at once and readiness turns true only once the model is loaded. The data plane is
+    ``app.state.plane``."""
+    plane = DataPlane(model, config.batching, ServerMetrics(model.name, gpu=NvmlCollector.create()))
+    folder = model_folder or Path(config.model_dir)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state.batcher.start()
-        loader = asyncio.get_running_loop().run_in_executor(None, state.load, folder)
+        await plane.start(folder)
         try:
             yield
         finally:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(loader), timeout=0.1)
-            await state.batcher.stop()
+            await plane.stop()
 
-    keys = ApiKeys(config.auth)
     limiter = RateLimiter(config.auth.rate_limit) if config.auth.rate_limit else None
+    guard = Middleware(GuardMiddleware, keys=ApiKeys(config.auth), limiter=limiter, metrics=plane.metrics)
     app = Starlette(
-        routes=routes,
+        routes=Routes(plane).table(with_metrics=config.metrics_port is None),
         lifespan=lifespan,
-        middleware=[Middleware(GuardMiddleware, keys=keys, limiter=limiter, metrics=metrics)],
+        middleware=[guard],
+        exception_handlers={404: _not_found, 405: _not_allowed},
     )
-
-    async def not_found(request: Request, exc: Exception) -> Response:
-        return _error(404, f"no route for {request.method} {request.url.path}")
-
-    async def not_allowed(request: Request, exc: Exception) -> Response:
-        return _error(405, f"method {request.method} not allowed on {request.url.path}")
-
-    app.add_exception_handler(404, not_found)
-    app.add_exception_handler(405, not_allowed)
-    app.state.server = state
+    app.state.plane = plane
     return app

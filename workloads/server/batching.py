@@ -18,19 +18,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from loom.workloads.server.config import BatchingConfig
-from loom.workloads.server.model import InferRequest, InferResponse
+from .config import BatchingConfig
+from .errors import OverloadedError, UnavailableError
+from .model import InferRequest, InferResponse
 
 log = logging.getLogger(__name__)
 
 PredictFn = Callable[[list[InferRequest]], list[InferResponse | Exception]]
 
 
-class QueueFullError(Exception):
+class QueueFullError(OverloadedError):
     """The bounded queue is full; the request was not accepted."""
 
 
-class ShuttingDownError(Exception):
+class ShuttingDownError(UnavailableError):
     """The batcher stopped before the request ran."""
 
 

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from loom.workloads.server.model import (
+from ..trainer.examples import chargpt
+from .model import (
     InferRequest,
     InferResponse,
     Model,
@@ -29,7 +30,6 @@ from loom.workloads.server.model import (
     TensorSpec,
     select_outputs,
 )
-from loom.workloads.trainer.examples import chargpt
 
 DEFAULT_MAX_TOKENS = 32
 MAX_TOKENS_LIMIT = 4096

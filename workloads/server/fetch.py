@@ -36,14 +36,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from loom.workloads.common.s3 import S3Location, download_file, make_client, sha256_file
-from loom.workloads.server.config import ServerConfig, parse_mlflow_uri
-from loom.workloads.trainer.checkpoint.manifest import (
+from ..common.s3 import S3Location, download_file, make_client, sha256_file
+from ..trainer.checkpoint.manifest import (
     MANIFEST_NAME,
     Manifest,
     checkpoint_dir_name,
     complete_steps,
 )
+from .config import ServerConfig, parse_mlflow_uri
 
 log = logging.getLogger("loom.workloads.server.fetch")
 

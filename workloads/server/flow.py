@@ -20,7 +20,7 @@ from limits import RateLimitItemPerSecond
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
 
-from loom.workloads.server.config import AuthConfig, RateLimitConfig
+from .config import AuthConfig, RateLimitConfig
 
 ANONYMOUS = "anonymous"
 

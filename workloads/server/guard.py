@@ -11,8 +11,8 @@ import logging
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from loom.workloads.server.flow import ANONYMOUS, ApiKeys, RateLimiter, presented_key, retry_after_header
-from loom.workloads.server.metrics import ServerMetrics
+from .flow import ANONYMOUS, ApiKeys, RateLimiter, presented_key, retry_after_header
+from .metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from loom.workloads.server.config import BUILTIN_HANDLER_CLASSES
-from loom.workloads.server.model import (
+from .config import BUILTIN_HANDLER_CLASSES
+from .model import (
     InferRequest,
     InferResponse,
     Model,
@@ -25,8 +25,8 @@ from loom.workloads.server.model import (
     TensorSpec,
     select_outputs,
 )
-from loom.workloads.server.protocol import NUMPY_TYPES, datatype_of
-from loom.workloads.server.signature import Signature, export_signature, read_settings
+from .protocol import NUMPY_TYPES, datatype_of
+from .signature import Signature, export_signature, read_settings
 
 # Built-in handler names and their classes are listed once, in the config (the operator validates against it).
 BUILTINS: dict[str, str] = BUILTIN_HANDLER_CLASSES
@@ -143,6 +143,7 @@ class _TorchModel(RowBatchedModel):
     """
 
     module: Any
+    device: str = "cpu"
     signature: Signature = Signature()
 
     def _device(self) -> str:

@@ -1,4 +1,7 @@
-"""Open Inference Protocol v2 (KServe / Triton) request and response codecs.
+"""Open Inference Protocol v2 (KServe / Triton) messages and codecs, free of any transport.
+
+Infer requests and responses, server and model metadata, and the generate extension's request and
+response; the HTTP routes (app.py) only move these bytes and documents.
 
 JSON tensors (``data`` flat or nested, row-major) and the binary tensor extension that standard
 clients (tritonclient, KServe's InferenceRESTClient) use by default: the JSON header's length in the
@@ -15,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from loom.workloads.server.model import InferRequest, InferResponse, Tensor
+from .model import InferRequest, InferResponse, Tensor, TensorSpec
 
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -266,3 +269,85 @@ def tensor(name: str, data: Any, datatype: str | None = None) -> Tensor:
     """Build an output tensor from anything numpy accepts; datatype inferred when not given."""
     array = np.asarray(data, dtype=object) if datatype == "BYTES" else np.asarray(data)
     return Tensor(name=name, datatype=datatype or datatype_of(array), data=array)
+
+
+# --- metadata and the generate extension ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServerMetadata:
+    """``GET /v2``."""
+
+    name: str
+    version: str
+    extensions: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "extensions": list(self.extensions)}
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """``GET /v2/models/{name}[/versions/{version}]``."""
+
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+    def to_dict(self) -> dict[str, Any]:
+        def spec(tensor: TensorSpec) -> dict[str, Any]:
+            return {"name": tensor.name, "datatype": tensor.datatype, "shape": tensor.shape}
+
+        return {
+            "name": self.name,
+            "versions": list(self.versions),
+            "platform": self.platform,
+            "inputs": [spec(t) for t in self.inputs],
+            "outputs": [spec(t) for t in self.outputs],
+        }
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """The generate extension's request: ``{"text_input", "parameters", "id"}``."""
+
+    text_input: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class GenerateResponse:
+    """One generate answer (or one streamed piece)."""
+
+    model_name: str
+    model_version: str | None
+    text_output: str
+    id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "model_name": self.model_name, "model_version": self.model_version, "text_output": self.text_output,
+        }
+        if self.id is not None:
+            doc["id"] = self.id
+        return doc
+
+
+def decode_generate_request(body: bytes) -> GenerateRequest:
+    """Parse a generate (or generate_stream) request body."""
+    try:
+        doc = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("text_input"), str):
+        raise ProtocolError("generate needs a JSON object with a string 'text_input'")
+    parameters = doc.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise ProtocolError("'parameters' must be an object")
+    request_id = doc.get("id")
+    return GenerateRequest(
+        text_input=doc["text_input"], parameters=parameters, id=request_id if isinstance(request_id, str) else None
+    )
