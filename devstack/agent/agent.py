@@ -59,11 +59,7 @@ class Agent:
         self.dirty = asyncio.Event()
         self.logs = LogServer(self.locate_log, cfg.kubelet_port, cfg.tls_cert, cfg.tls_key)
         host, port = self.api.server
-        self.extra_env = {
-            "KUBERNETES_SERVICE_HOST": host,
-            "KUBERNETES_SERVICE_PORT": str(port),
-            "KUBERNETES_SERVICE_PORT_HTTPS": str(port),
-        }
+        self.extra_env = plan.api_server_environment(host, port)
 
     # ---- main loop -----------------------------------------------------------------------------
 

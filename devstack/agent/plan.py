@@ -229,6 +229,24 @@ def base_environment(bin_dir: str, pod_ip: str, shim: str | None) -> dict[str, s
     return env
 
 
+def api_server_environment(host: str, port: int) -> dict[str, str]:
+    """The variables a kubelet gives every container for the `kubernetes` Service, which in-cluster clients
+    (client-go, the Python client, Kopf) read to find the API server. They name the API server's real address:
+    nothing routes the Service's ClusterIP here (no kube-proxy)."""
+    url_host = f"[{host}]" if ":" in host else host
+    link = f"KUBERNETES_PORT_{port}_TCP"
+    return {
+        "KUBERNETES_SERVICE_HOST": host,
+        "KUBERNETES_SERVICE_PORT": str(port),
+        "KUBERNETES_SERVICE_PORT_HTTPS": str(port),
+        "KUBERNETES_PORT": f"tcp://{url_host}:{port}",
+        link: f"tcp://{url_host}:{port}",
+        f"{link}_PROTO": "tcp",
+        f"{link}_PORT": str(port),
+        f"{link}_ADDR": host,
+    }
+
+
 def shutil_which(program: str, path: str) -> str | None:
     """Where `program` is found on the container's PATH (absolute paths are checked as they are)."""
     import shutil
