@@ -1,0 +1,258 @@
+"""The operator installed with `helm install charts/loom` and running in the cluster (a pod on the node agent),
+acting under the chart's ServiceAccount and RBAC instead of the admin kubeconfig.
+
+The module installs one release watching one namespace (a RoleBinding there: the least-privilege path) and
+runs, in order: the install itself, a TrainingJob on kwok nodes, an InferenceService served on the node agent,
+the RBAC proof (a rule removed by hand makes the matching scenario fail with a clear log line; `helm upgrade`
+repairs it and the job proceeds), and last the uninstall, which must leave nothing the operator created.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from loom.devstack.cluster import Cluster
+from loom.devstack.cluster.handle import wait_until
+from loom.devstack.cluster.nodes import KWOK_TOLERATION
+from loom.devstack.cluster.pki import AGENT_NODE_NAME
+from loom.devstack.servers import S3Endpoint
+from loom.e2e.helm_operator import CHART, InClusterOperator, helm
+from loom.e2e.helm_operator import loom_operator_in_cluster as loom_operator_in_cluster  # the fixture
+from loom.e2e.pytest_services import apply_s3_secret
+from loom.e2e.tests.test_inferenceservice import manifest, upload_placeholder_model, wait_rolled_out
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def kubectl_json(cluster: Cluster, *args: str) -> Any:
+    return json.loads(cluster.kubectl(*args, "-o", "json").stdout)
+
+
+def exists(cluster: Cluster, *args: str) -> bool:
+    return cluster.kubectl("get", *args, check=False).returncode == 0
+
+
+def training_job(name: str) -> dict[str, Any]:
+    """Two workers on kwok's simulated GPU nodes: reconciled for real, never run (the cheapest job)."""
+    return {
+        "apiVersion": "loom.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "engine": "fsdp",
+            "entrypoint": {"module": "loom.workloads.trainer.examples.chargpt:task"},
+            "maxSteps": 100,
+            "workers": {
+                "replicas": 2,
+                "gpusPerWorker": 1,
+                "nodeSelector": {"type": "kwok"},
+                "tolerations": [KWOK_TOLERATION],
+            },
+        },
+    }
+
+
+def job_phase(cluster: Cluster, namespace: str, name: str) -> str | None:
+    result = cluster.kubectl("get", "trainingjob", name, "-n", namespace, "-o", "json", check=False)
+    return ((json.loads(result.stdout).get("status") or {}).get("phase")) if result.returncode == 0 else None
+
+
+def wait_running(cluster: Cluster, op: InClusterOperator, namespace: str, name: str) -> None:
+    try:
+        wait_until(lambda: job_phase(cluster, namespace, name) == "Running", timeout=90, what=f"{name} Running")
+    except TimeoutError as error:
+        raise AssertionError(f"{error}; phase {job_phase(cluster, namespace, name)}\n{op.log_tail()}") from None
+
+
+def worker_pods(cluster: Cluster, namespace: str, job: str) -> list[dict[str, Any]]:
+    return list(kubectl_json(cluster, "get", "pods", "-n", namespace, "-l", f"loom.dev/trainingjob={job}")["items"])
+
+
+def can_i(cluster: Cluster, op: InClusterOperator, *args: str) -> bool:
+    result = cluster.kubectl("auth", "can-i", *args, f"--as={op.user}", check=False)
+    return result.stdout.strip() == "yes"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_chart_lints_and_renders_what_the_api_server_accepts(cluster: Cluster, tmp_path: Path) -> None:
+    lint = helm(cluster, "lint", "--strict", str(CHART))
+    assert "0 chart(s) failed" in lint.stdout
+    # values.schema.json refuses what the operator would refuse at start-up.
+    bad = helm(cluster, "template", "x", str(CHART), "--set", "logLevel=LOUD", check=False)
+    assert bad.returncode != 0 and "logLevel" in bad.stderr
+    # The default values and a maximal values file render objects the real API server accepts.
+    maximal = {
+        "watchNamespaces": ["default", "kube-public"],
+        "logLevel": "DEBUG",
+        "settings": {"resync_interval_s": 60, "training_poll_s": 2},
+        "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
+        "image": {"repository": "registry.example/loom/operator", "tag": "1.2.3", "pullPolicy": "Always"},
+        "workloadImages": {
+            "trainer": {"repository": "registry.example/loom/trainer", "tag": "1.2.3"},
+            "server": {"repository": "registry.example/loom/server", "tag": "1.2.3"},
+            "router": {"repository": "registry.example/loom/server", "tag": "1.2.3"},
+        },
+        "podAnnotations": {"team": "ml"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+    }
+    (tmp_path / "max.yaml").write_text(yaml.safe_dump(maximal))
+    for extra in ([], ["-f", str(tmp_path / "max.yaml")]):
+        rendered = helm(cluster, "template", "dry", str(CHART), "-n", "default", "--include-crds", *extra).stdout
+        cluster.kubectl("apply", "--dry-run=server", "--server-side", "-f", "-", stdin=rendered)
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    env = {e["name"]: e.get("value") for e in next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"][
+        "spec"]["containers"][0]["env"]}  # fmt: skip
+    assert env["LOOM_NAMESPACES"] == "default,kube-public" and env["LOOM_RESYNC_INTERVAL_S"] == "60"
+    assert env["LOOM_SERVER_IMAGE"] == "registry.example/loom/server:1.2.3" and env["HTTPS_PROXY"]
+    # Exact namespaces: a RoleBinding in each, no cluster-wide grant of the namespaced rules.
+    bindings = {(d["kind"], d["metadata"].get("namespace"), d["roleRef"]["name"]) for d in docs if "roleRef" in d}
+    assert bindings == {
+        ("ClusterRoleBinding", None, "dry-operator-cluster"),
+        ("RoleBinding", "default", "dry-operator"),
+        ("RoleBinding", "kube-public", "dry-operator"),
+    }
+
+
+def test_operator_runs_in_cluster_under_the_charts_service_account(
+    cluster: Cluster, loom_operator_in_cluster: InClusterOperator
+) -> None:
+    op = loom_operator_in_cluster
+    watched = op.watch[0]
+    pod = op.pod()
+    assert pod is not None
+    assert pod["spec"]["nodeName"] == AGENT_NODE_NAME and pod["spec"]["serviceAccountName"] == op.name
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == ["loom", "operator"]
+    # Recorded, not enforced, by the node agent (it has no cgroups and runs every process as root).
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    # The CRDs came with the chart (or were there already, identical: tests/unit/test_chart.py).
+    for path in sorted((CHART / "crds").glob("*.yaml")):
+        name = yaml.safe_load(path.read_text())["metadata"]["name"]
+        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=30s")
+    # In-cluster login, and Kopf has every permission it asks for (it warns when a list/watch is refused).
+    logs = op.logs()
+    assert "Activity 'login_via_client' succeeded" in logs and "loom operator started" in logs, logs
+    assert "Not enough permissions" not in logs and "Forbidden" not in logs, logs
+    # Least privilege, as the API server decides it for the operator's identity.
+    assert can_i(cluster, op, "patch", "pods", "-n", watched)
+    assert can_i(cluster, op, "watch", "nodes")
+    assert not can_i(cluster, op, "create", "pods", "-n", "default")  # only the watched namespace
+    for verb in ("get", "list", "watch"):
+        assert not can_i(cluster, op, verb, "secrets", "-n", watched)
+    assert not can_i(cluster, op, "update", "trainingjobs.loom.dev", "-n", watched)  # patch only
+    assert not can_i(cluster, op, "create", "nodes")
+
+
+def test_trainingjob_reconciles_under_the_chart_service_account(
+    cluster: Cluster, loom_operator_in_cluster: InClusterOperator
+) -> None:
+    op, ns = loom_operator_in_cluster, loom_operator_in_cluster.watch[0]
+    cluster.kubectl("apply", "--server-side", "-n", ns, "-f", "-", stdin=yaml.safe_dump(training_job("gpt")))
+    wait_running(cluster, op, ns, "gpt")
+    job = kubectl_json(cluster, "get", "trainingjob", "gpt", "-n", ns)
+    assert job["status"]["workers"] == {"desired": 2, "ready": 2}
+    for kind, name in (("service", "gpt-workers"), ("configmap", "gpt-trainer")):
+        child = kubectl_json(cluster, "get", kind, name, "-n", ns)
+        assert child["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
+    pods = worker_pods(cluster, ns, "gpt")
+    assert sorted(p["metadata"]["name"] for p in pods) == ["gpt-worker-0", "gpt-worker-1"]
+    assert all(p["spec"]["nodeName"].startswith("kwok-node-") for p in pods)
+
+
+def test_inferenceservice_reconciles_under_the_chart_service_account(
+    cluster: Cluster, loom_operator_in_cluster: InClusterOperator, s3: S3Endpoint, bucket: str
+) -> None:
+    op, ns = loom_operator_in_cluster, loom_operator_in_cluster.watch[0]
+    apply_s3_secret(cluster, ns, s3)
+    body = manifest("echo", upload_placeholder_model(s3, bucket, "echo/v1"), s3, handler="noop", replicas=1)
+    cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(body))
+    isvc = wait_rolled_out(cluster, op, ns, "echo")  # type: ignore[arg-type]  # duck-typed: log_tail()
+    assert isvc["status"]["phase"] == "Ready" and isvc["status"]["readyReplicas"] == 1
+    deployment = kubectl_json(cluster, "get", "deployment", "echo", "-n", ns)
+    assert deployment["metadata"]["ownerReferences"][0]["uid"] == isvc["metadata"]["uid"]
+    # The operator passed the S3 credentials by reference; its identity cannot read them.
+    assert s3.secret_key not in json.dumps(deployment)
+
+
+def test_a_removed_rule_fails_clearly_and_helm_upgrade_repairs_it(
+    cluster: Cluster, loom_operator_in_cluster: InClusterOperator
+) -> None:
+    op, ns = loom_operator_in_cluster, loom_operator_in_cluster.watch[0]
+    role = kubectl_json(cluster, "get", "clusterrole", op.name)
+    for key in ("resourceVersion", "uid", "creationTimestamp", "managedFields"):
+        role["metadata"].pop(key, None)
+    kept = [rule for rule in role["rules"] if rule["resources"] != ["services"]]
+    assert len(kept) == len(role["rules"]) - 1
+    # A hand edit (or an older chart) drops the rule TrainingJob needs for its rendezvous Service.
+    cluster.kubectl("replace", "-f", "-", stdin=json.dumps({**role, "rules": kept}))
+    assert not can_i(cluster, op, "patch", "services", "-n", ns)
+
+    cluster.kubectl("apply", "--server-side", "-n", ns, "-f", "-", stdin=yaml.safe_dump(training_job("norbac")))
+    # The log says what was refused, to whom, where; the pass is retried, never hangs the operator.
+    refused = re.compile(
+        r'services \\?"norbac-workers\\?" is forbidden: User \\?"' + re.escape(op.user)
+        + r'\\?" cannot patch resource \\?"services\\?" in API group \\?"\\?" in the namespace \\?"' + ns
+    )  # fmt: skip
+    try:
+        wait_until(lambda: refused.search(op.logs()), timeout=60, what="the refusal in the operator's log")
+    except TimeoutError as error:
+        raise AssertionError(f"{error}\n{op.log_tail()}") from None
+    assert worker_pods(cluster, ns, "norbac") == [] and job_phase(cluster, ns, "norbac") != "Running"
+
+    # `helm upgrade` puts the chart's rules back (forcing the field ownership the hand edit took).
+    op.upgrade("--force-conflicts")
+    assert can_i(cluster, op, "patch", "services", "-n", ns)
+    wait_running(cluster, op, ns, "norbac")
+
+
+def test_uninstall_leaves_nothing_the_operator_created(
+    cluster: Cluster, loom_operator_in_cluster: InClusterOperator
+) -> None:
+    """Last in this module: it uninstalls the module's release."""
+    op, ns = loom_operator_in_cluster, loom_operator_in_cluster.watch[0]
+    cluster.kubectl("apply", "--server-side", "-n", ns, "-f", "-", stdin=yaml.safe_dump(training_job("left")))
+    wait_running(cluster, op, ns, "left")
+    op.uninstall()
+
+    # Everything the chart installed is gone (the CRDs stay: Helm never deletes a chart's crds/).
+    assert not exists(cluster, "deployment", op.name, "-n", op.namespace)
+    assert not exists(cluster, "serviceaccount", op.name, "-n", op.namespace)
+    assert not exists(cluster, "service", f"{op.name}-metrics", "-n", op.namespace)
+    assert not exists(cluster, "rolebinding", op.name, "-n", ns)
+    for kind in ("clusterrole", "clusterrolebinding"):
+        assert not exists(cluster, kind, op.name) and not exists(cluster, kind, f"{op.name}-cluster")
+    assert wait_until(lambda: op.pod() is None, timeout=60, what="operator pod gone") is True
+    assert exists(cluster, "crd", "trainingjobs.loom.dev")
+
+    # The user's objects outlive the operator, carry no finalizer of it, and take every child with them.
+    jobs = kubectl_json(cluster, "get", "trainingjobs", "-n", ns)["items"]
+    assert jobs and all(not j["metadata"].get("finalizers") for j in jobs)
+    cluster.kubectl("delete", "loom", "--all", "-n", ns, "--timeout=30s")
+
+    def leftovers() -> list[str]:
+        out = kubectl_json(cluster, "get", "pods,services,configmaps,deployments", "-n", ns)["items"]
+        return [
+            f"{o['kind']}/{o['metadata']['name']}"
+            for o in out
+            if o["metadata"].get("ownerReferences") or o["metadata"]["name"] in ("gpt-workers", "echo")
+        ]
+
+    try:
+        wait_until(lambda: not leftovers(), timeout=60, what="children garbage-collected")
+    except TimeoutError:
+        raise AssertionError(f"left behind: {leftovers()}") from None
+    # Only what the user made (the S3 Secret) or Kubernetes made (kube-root-ca.crt) is left.
+    names = {o["metadata"]["name"] for o in kubectl_json(cluster, "get", "configmaps,secrets", "-n", ns)["items"]}
+    assert names <= {"kube-root-ca.crt", "s3-credentials"}, names
