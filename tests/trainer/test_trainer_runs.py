@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -268,13 +269,25 @@ def test_deepspeed_zero3_offload_bf16_resume_continues_the_exact_loss_curve(
         assert resumed[step] == pytest.approx(straight[step], abs=2e-3), (step, resumed, straight)
 
 
-def test_a_gang_that_resumes_at_its_final_step_names_that_checkpoint_on_exit(
+def test_a_gang_restarted_after_its_final_checkpoint_names_that_checkpoint_on_exit(
     run_trainer: Callable[..., TrainerRun], s3: S3Endpoint, bucket: str, tmp_path: Path
 ) -> None:
-    """A gang restarted after the final checkpoint committed (a worker lost while the gang wound down) has
-    nothing left to train or save; its exit message must still name the final checkpoint (issue 17)."""
+    """Issue 17: a gang lost after its final checkpoint committed (here SIGKILLed on that commit) is restarted
+    from that checkpoint; the new gang has nothing left to train or save, and its exit-0 message must still
+    name the final checkpoint, or the job reports the last one its progress showed."""
     config = make_config(tmp_path, f"s3://{bucket}/again", training={"maxSteps": 4}, checkpoint={"everySteps": 2})
-    run_trainer(config, nproc=1)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    first = subprocess.Popen(torchrun_argv(path, nproc=1), env=trainer_env(s3), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    assert first.stdout is not None
+    for line in first.stdout:
+        if '"event": "committed"' in line and json.loads(line)["step"] == 4:
+            for process in [*psutil.Process(first.pid).children(recursive=True), psutil.Process(first.pid)]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
+            break
+    first.wait(timeout=60)
     assert complete(s3, bucket, "again") == [2, 4]
 
     # The replacement gang runs in new pods: an empty /tmp, so no progress file from the first gang.
