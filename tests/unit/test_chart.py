@@ -1,0 +1,119 @@
+"""charts/loom without a cluster or helm: CRDs in step with crds/, values valid against the schema, the
+operator settings the Deployment sets, and the RBAC invariants (no wildcard, no Secrets, a reason per rule).
+Rendering with helm and the server-side dry run are in e2e/tests/test_helm_install.py (helm comes with the stack).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from loom.operator.settings import OperatorSettings
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "loom"
+TEMPLATES = CHART / "templates"
+
+
+def schema_validator() -> jsonschema.Draft7Validator:
+    return jsonschema.Draft7Validator(json.loads((CHART / "values.schema.json").read_text()))
+
+
+def defaults() -> dict[str, Any]:
+    return dict(yaml.safe_load((CHART / "values.yaml").read_text()))
+
+
+def strip_template(text: str) -> str:
+    """The template as plain YAML: directive-only lines dropped, every other action replaced by a word."""
+    lines = [line for line in text.splitlines() if not re.fullmatch(r"\s*\{\{-?.*-?\}\}\s*", line)]
+    return re.sub(r"\{\{-?.*?-?\}\}", "X", "\n".join(lines))
+
+
+def rbac_documents() -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(strip_template((TEMPLATES / "rbac.yaml").read_text())) if d]
+
+
+def rules() -> list[dict[str, Any]]:
+    return [rule for doc in rbac_documents() if doc["kind"] == "ClusterRole" for rule in doc["rules"]]
+
+
+def test_chart_crds_are_the_generated_ones() -> None:
+    chart = {p.name: p.read_text() for p in (CHART / "crds").glob("*.yaml")}
+    generated = {p.name: p.read_text() for p in (REPO / "crds").glob("*.yaml")}
+    assert chart == generated and len(chart) == 4
+
+
+def test_default_values_are_valid_and_bad_ones_are_refused() -> None:
+    validator = schema_validator()
+    assert list(validator.iter_errors(defaults())) == []
+    for bad in (
+        {"logLevel": "LOUD"},
+        {"settings": {"health_host": "0.0.0.0"}},  # the chart sets it; a value would be a second source
+        {"settings": {"Bad-Key": 1}},
+        {"image": {"repository": "", "tag": "1"}},
+        {"metrics": {"port": 70000}},
+        {"watchNamespaces": ["a", "a"]},
+        {"unknown": True},
+    ):
+        assert list(validator.iter_errors({**defaults(), **bad})), bad
+
+
+def test_every_loom_variable_the_deployment_sets_is_an_operator_setting() -> None:
+    template = (TEMPLATES / "deployment.yaml").read_text()
+    names = set(re.findall(r"name: (LOOM_[A-Z_]+)", template))
+    fields = {f"LOOM_{name.upper()}" for name in OperatorSettings.model_fields}
+    assert names and names <= fields, names - fields
+    # `settings` may set any other field, but none the template sets itself.
+    reserved = json.loads((CHART / "values.schema.json").read_text())["properties"]["settings"]["propertyNames"]
+    assert {f"LOOM_{n.upper()}" for n in reserved["not"]["enum"]} == names
+    # In a pod the endpoints listen on the pod's address, so the kubelet's probes reach them.
+    assert "{name: LOOM_HEALTH_HOST, value: \"0.0.0.0\"}" in template
+    assert template.count("path: /healthz, port: health") == 3  # startup, readiness, liveness
+
+
+def test_rbac_has_no_wildcard_and_never_names_secrets() -> None:
+    found = rules()
+    assert found
+    for rule in found:
+        for key in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[key], rule
+        assert not any(r.split("/")[0] == "secrets" for r in rule["resources"]), rule
+        assert not set(rule["verbs"]) & {"escalate", "bind", "impersonate", "deletecollection"}, rule
+
+
+def test_every_rule_says_why_it_is_there() -> None:
+    lines = (TEMPLATES / "rbac.yaml").read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.strip().startswith("- apiGroups:"):
+            assert lines[i - 1].strip().startswith("#"), f"rule at line {i + 1} has no comment above it"
+
+
+@pytest.mark.parametrize(
+    ("group", "resource", "verbs"),
+    [
+        # What the current controllers and Kopf do (operator/kube/client.py callers, Kopf watches and patches).
+        ("loom.dev", "trainingjobs", {"get", "list", "watch", "patch"}),
+        ("loom.dev", "inferenceservices/status", {"patch"}),
+        ("", "pods", {"list", "watch", "create", "patch", "delete"}),
+        ("", "services", {"create", "patch", "delete"}),
+        ("", "configmaps", {"create", "patch", "delete"}),
+        ("", "events", {"create"}),
+        ("apps", "deployments", {"get", "list", "watch", "create", "patch", "delete"}),
+        ("", "nodes", {"list", "watch"}),
+        ("apiextensions.k8s.io", "customresourcedefinitions", {"list", "watch"}),
+    ],
+)
+def test_the_operator_gets_what_it_uses(group: str, resource: str, verbs: set[str]) -> None:
+    granted = {
+        verb
+        for rule in rules()
+        if group in rule["apiGroups"] and resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert verbs <= granted, verbs - granted
