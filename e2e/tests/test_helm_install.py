@@ -185,6 +185,16 @@ def test_inferenceservice_reconciles_under_the_chart_service_account(
     # The operator passed the S3 credentials by reference; its identity cannot read them.
     assert s3.secret_key not in json.dumps(deployment)
 
+    # Its Events were posted under the chart's identity too.
+    def reasons() -> set[str] | None:
+        events = kubectl_json(
+            cluster, "get", "events", "-n", ns, "--field-selector", "involvedObject.kind=InferenceService"
+        )["items"]
+        found = {e["reason"] for e in events}
+        return found if "RolledOut" in found else None
+
+    wait_until(reasons, timeout=30, what="the operator's events on the InferenceService")
+
 
 def test_a_removed_rule_fails_clearly_and_helm_upgrade_repairs_it(
     cluster: Cluster, loom_operator_in_cluster: InClusterOperator
@@ -224,6 +234,9 @@ def test_uninstall_leaves_nothing_the_operator_created(
     op, ns = loom_operator_in_cluster, loom_operator_in_cluster.watch[0]
     cluster.kubectl("apply", "--server-side", "-n", ns, "-f", "-", stdin=yaml.safe_dump(training_job("left")))
     wait_running(cluster, op, ns, "left")
+    # Across every scenario of this module, the only refusal was the one the RBAC proof caused.
+    refusals = [line for line in op.logs(tail=-1).splitlines() if "is forbidden:" in line]
+    assert refusals and all("norbac-workers" in line for line in refusals), refusals
     op.uninstall()
 
     # Everything the chart installed is gone (the CRDs stay: Helm never deletes a chart's crds/).
