@@ -2,6 +2,12 @@
 
 `register` wires every kind's controller. A kind without its controller yet gets the placeholder, which says so
 honestly in its Ready condition instead of pretending.
+
+A controller is `<kind>.py` with `register(settings)`: its Kopf handlers trigger one idempotent
+`reconcile(namespace, name)` through the shared `runner.Runner` (serialised, coalesced, bounded, resynced without
+a finalizer; its docstring shows a new controller's skeleton), render with `render/<kind>.py` on the render kit
+(`render/kit.py`), write through `kube`, and post the state machine's events with `events.post_events`.
+Settings come from `settings.OperatorSettings`, never from os.environ here.
 """
 
 from __future__ import annotations
