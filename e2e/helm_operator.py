@@ -65,6 +65,14 @@ class InClusterOperator:
         return f"{self.release}-operator"
 
     @property
+    def namespace_prefix(self) -> str:
+        """For a release watching one pattern `<prefix>-*` (as the host-process fixture does): the prefix, so a
+        test written for `OperatorProcess` finds the namespaces this operator watches."""
+        if len(self.watch) != 1 or not self.watch[0].endswith("-*"):
+            raise ValueError(f"release {self.release} watches {list(self.watch)}, not one <prefix>-* pattern")
+        return self.watch[0].removesuffix("-*")
+
+    @property
     def user(self) -> str:
         """The identity the operator acts as."""
         return f"system:serviceaccount:{self.namespace}:{self.name}"

@@ -5,12 +5,14 @@ The module installs one release watching one namespace (a RoleBinding there: the
 runs, in order: the install itself, a TrainingJob on kwok nodes, an InferenceService served on the node agent,
 the RBAC proof (a rule removed by hand makes the matching scenario fail with a clear log line; `helm upgrade`
 repairs it and the job proceeds), and last the uninstall, which must leave nothing the operator created.
+A second, short-lived release checks the namespace-pattern mode (cluster-wide binding).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.nodes import KWOK_TOLERATION
 from loom.devstack.cluster.pki import AGENT_NODE_NAME
 from loom.devstack.servers import S3Endpoint
-from loom.e2e.helm_operator import CHART, InClusterOperator, helm
+from loom.e2e.helm_operator import CHART, InClusterOperator, helm, operator_in_cluster, wait_default_service_account
 from loom.e2e.helm_operator import loom_operator_in_cluster as loom_operator_in_cluster  # the fixture
 from loom.e2e.pytest_services import apply_s3_secret
 from loom.e2e.tests.test_inferenceservice import manifest, upload_placeholder_model, wait_rolled_out
@@ -225,6 +227,26 @@ def test_a_removed_rule_fails_clearly_and_helm_upgrade_repairs_it(
     op.upgrade("--force-conflicts")
     assert can_i(cluster, op, "patch", "services", "-n", ns)
     wait_running(cluster, op, ns, "norbac")
+
+
+def test_a_namespace_pattern_is_watched_cluster_wide_including_namespaces_created_later(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A Kopf pattern cannot be followed by RoleBindings: the namespaced rules are bound cluster-wide, and
+    Kopf's namespace watch (granted by the cluster role) picks up a namespace created after the start."""
+    prefix = f"lg{uuid.uuid4().hex[:6]}"
+    with operator_in_cluster(cluster, [f"{prefix}-*"], workdir=tmp_path) as op:
+        assert exists(cluster, "clusterrolebinding", op.name)
+        ns = f"{op.namespace_prefix}-late"
+        cluster.kubectl("create", "namespace", ns)
+        try:
+            wait_default_service_account(cluster, ns)
+            cluster.kubectl("apply", "--server-side", "-n", ns, "-f", "-", stdin=yaml.safe_dump(training_job("g")))
+            wait_running(cluster, op, ns, "g")
+            cluster.kubectl("delete", "loom", "--all", "-n", ns, "--timeout=60s")
+        finally:
+            cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    assert not exists(cluster, "clusterrolebinding", op.name)
 
 
 def test_uninstall_leaves_nothing_the_operator_created(
