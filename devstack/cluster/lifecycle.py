@@ -258,7 +258,13 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
         )
         if agent is not None and procs.running(agent.name) is None:
             progress(f"WARNING: the node agent exited; see {procs.log_path(agent.name)}")
-        return cluster
+    # What examples/ reference (S3, MLflow, the credentials Secret) as pods on the node agent; for a person's
+    # `loom dev up` only: test sessions that need them call backing.ensure themselves (it is idempotent).
+    if started_by == "cli" and agent is not None:
+        from loom.devstack import backing
+
+        backing.ensure(cluster, progress)
+    return cluster
 
 
 def join_session() -> None:

@@ -1,0 +1,247 @@
+"""What the files in examples/ expect a cluster to have, on the local stack: S3, MLflow and the credentials Secret.
+
+The examples are written for a real cluster, where an S3 store (MinIO) and an MLflow tracking server run as
+Services. `loom dev up` gives the local stack the same, under the same names, as ordinary pods on the node
+agent (which resolves Service names in each pod's /etc/hosts and proxies ClusterIP Services):
+
+  minio.storage.svc:9000   an S3-compatible server (moto's) with the buckets the examples use
+  mlflow.mlops.svc:5000    `mlflow server`, sqlite in an emptyDir, artifacts in s3://mlflow
+  Secret s3-credentials    AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, in `default` (where a user applies the
+                           examples) and in `mlops` (the MLflow server's artifact uploads)
+
+Both keep their data in memory / in the pod: `loom dev down` stops them with every other pod, and the next
+`loom dev up` starts them empty (buckets re-created). The host reaches them through
+`loom.devstack.agent.service_address(name, namespace)`; only pods (and an operator installed in the cluster)
+resolve the names.
+
+`python -m loom.devstack.backing s3 --port 9000 --bucket B ...` is the S3 pod's command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import yaml
+
+Manifest = dict[str, Any]
+Progress = Callable[[str], None]
+
+S3_NAMESPACE, S3_SERVICE, S3_PORT = "storage", "minio", 9000
+MLFLOW_NAMESPACE, MLFLOW_SERVICE, MLFLOW_PORT = "mlops", "mlflow", 5000
+S3_URL = f"http://{S3_SERVICE}.{S3_NAMESPACE}.svc:{S3_PORT}"
+MLFLOW_URL = f"http://{MLFLOW_SERVICE}.{MLFLOW_NAMESPACE}.svc:{MLFLOW_PORT}"
+SECRET_NAME = "s3-credentials"
+# Moto accepts any keys; these are what clients send, so the Secret plumbing is exercised as on MinIO.
+ACCESS_KEY, SECRET_KEY = "loom-local", "loom-local-secret"
+# loom-checkpoints: the TrainingJob examples; models: the InferenceService examples; mlflow: MLflow's artifacts.
+BUCKETS = ("loom-checkpoints", "models", "mlflow")
+SECRET_NAMESPACES = ("default", MLFLOW_NAMESPACE)
+LABEL = {"app.kubernetes.io/part-of": "loom-devstack"}
+# The node agent runs commands from the project's virtualenv; the image is recorded, never pulled.
+IMAGE = "loom.local/devstack"
+READY_TIMEOUT_S = 180.0
+
+
+def credentials_secret(namespace: str) -> Manifest:
+    """The Secret the examples name; create it in any other namespace you apply them to (same keys)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": SECRET_NAME, "namespace": namespace, "labels": LABEL},
+        "stringData": {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY},
+    }
+
+
+def _deployment(namespace: str, name: str, port: int, container: Manifest, probe_path: str) -> Manifest:
+    labels = {"app.kubernetes.io/name": name, **LABEL}
+    probe = {"httpGet": {"path": probe_path, "port": port}, "periodSeconds": 2, "failureThreshold": 3}
+    container = {
+        "name": name,
+        "image": IMAGE,
+        "ports": [{"name": "http", "containerPort": port}],
+        "readinessProbe": probe,
+        # No CPU request: the agent's node has only the machine's cores to offer the examples' workers.
+        "resources": {"requests": {"memory": "256Mi"}},
+        **container,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            # One writer (sqlite, in-memory S3): never two at once.
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [container], "terminationGracePeriodSeconds": 5, **_volumes(container)},
+            },
+        },
+    }
+
+
+def _volumes(container: Manifest) -> Manifest:
+    mounts = container.get("volumeMounts") or []
+    return {"volumes": [{"name": m["name"], "emptyDir": {}} for m in mounts]} if mounts else {}
+
+
+def _service(namespace: str, name: str, port: int) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace, "labels": LABEL},
+        "spec": {
+            "selector": {"app.kubernetes.io/name": name},
+            "ports": [{"name": "http", "port": port, "targetPort": "http"}],
+        },
+    }
+
+
+def manifests() -> list[Manifest]:
+    """Everything `ensure` applies, in order (namespaces first)."""
+    s3 = {
+        "command": ["python", "-m", "loom.devstack.backing", "s3", "--port", str(S3_PORT)],
+        "args": [arg for bucket in BUCKETS for arg in ("--bucket", bucket)],
+    }
+    hosts = [f"{MLFLOW_SERVICE}{suffix}" for suffix in ("", f".{MLFLOW_NAMESPACE}", f".{MLFLOW_NAMESPACE}.svc")]
+    hosts += [f"{MLFLOW_SERVICE}.{MLFLOW_NAMESPACE}.svc.cluster.local", "localhost", "127.*"]
+    mlflow = {
+        "command": ["mlflow", "server", "--host", "0.0.0.0", "--port", str(MLFLOW_PORT), "--workers", "1"],
+        "args": [
+            "--backend-store-uri",
+            "sqlite:////var/lib/mlflow/mlflow.db",
+            "--artifacts-destination",
+            "s3://mlflow",
+            # MLflow refuses Host headers it does not know (DNS-rebinding protection): allow the Service's names,
+            # with and without the port, and the loopback addresses of pods, Services and the agent's probes.
+            "--allowed-hosts",
+            ",".join(h for host in hosts for h in (host, f"{host}:{MLFLOW_PORT}")),
+        ],
+        "env": [
+            {"name": "MLFLOW_S3_ENDPOINT_URL", "value": S3_URL},
+            *(
+                {"name": var, "valueFrom": {"secretKeyRef": {"name": SECRET_NAME, "key": var}}}
+                for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+            ),
+        ],
+        "volumeMounts": [{"name": "data", "mountPath": "/var/lib/mlflow"}],
+    }
+    return [
+        *(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+            for ns in (S3_NAMESPACE, MLFLOW_NAMESPACE)
+        ),
+        *(credentials_secret(ns) for ns in SECRET_NAMESPACES),
+        # Ready once the last bucket exists (the server creates them after it listens).
+        _deployment(S3_NAMESPACE, S3_SERVICE, S3_PORT, s3, f"/{BUCKETS[-1]}"),
+        _service(S3_NAMESPACE, S3_SERVICE, S3_PORT),
+        _deployment(MLFLOW_NAMESPACE, MLFLOW_SERVICE, MLFLOW_PORT, mlflow, "/health"),
+        _service(MLFLOW_NAMESPACE, MLFLOW_SERVICE, MLFLOW_PORT),
+    ]
+
+
+@dataclass(frozen=True)
+class BackingServices:
+    """Host-side URLs (the Services' 127.20.x.y addresses) of what pods know as S3_URL and MLFLOW_URL."""
+
+    s3_url: str
+    mlflow_url: str
+
+    def s3_client(self):  # type: ignore[no-untyped-def]  # boto3 is untyped
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.s3_url,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            region_name="us-east-1",
+        )
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=3, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def ensure(cluster: Any, progress: Progress = print, timeout: float = READY_TIMEOUT_S) -> BackingServices:
+    """Apply the manifests (server-side: a no-op when unchanged) and wait until both answer through their
+    Services. Raises TimeoutError naming what is not ready, with the pods' state."""
+    from loom.devstack.agent.proxies import service_address
+    from loom.devstack.cluster.paths import AGENT_STATE_DIR
+
+    started = time.monotonic()
+    cluster.kubectl(
+        "apply", "--server-side", "--field-manager=loom-devstack", "-f", "-", stdin=yaml.safe_dump_all(manifests())
+    )
+    urls: dict[str, str] = {}
+    for namespace, name, port, path in (
+        (S3_NAMESPACE, S3_SERVICE, S3_PORT, f"/{BUCKETS[-1]}"),
+        (MLFLOW_NAMESPACE, MLFLOW_SERVICE, MLFLOW_PORT, "/health"),
+    ):
+        while True:
+            try:
+                url = f"http://{service_address(name, namespace, AGENT_STATE_DIR)}:{port}"
+            except (OSError, KeyError, ValueError):
+                url = ""
+            if url and _answers(url + path):
+                urls[name] = url
+                break
+            if time.monotonic() - started > timeout:
+                pods = cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
+                raise TimeoutError(f"{name}.{namespace}.svc not ready after {timeout:.0f}s:\n{pods}")
+            time.sleep(0.5)
+    progress(
+        f"examples' services ready ({time.monotonic() - started:.1f}s): S3 {S3_URL}, MLflow {MLFLOW_URL},"
+        f" Secret {SECRET_NAME} in {', '.join(SECRET_NAMESPACES)}"
+    )
+    return BackingServices(s3_url=urls[S3_SERVICE], mlflow_url=urls[MLFLOW_SERVICE])
+
+
+def _serve_s3(port: int, buckets: list[str]) -> None:
+    """moto's S3 server in this process, then the buckets; runs until SIGTERM."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="0.0.0.0", port=port, verbose=False)
+    server.start()
+    # 127.0.0.1:port reaches this pod's own server (the agent's shim redirects it to the pod address).
+    client = boto3.client(
+        "s3",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        region_name="us-east-1",
+    )
+    for bucket in buckets:
+        client.create_bucket(Bucket=bucket)
+    print(f"S3 on :{port} with buckets {', '.join(buckets)}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m loom.devstack.backing")
+    commands = parser.add_subparsers(dest="command", required=True)
+    s3 = commands.add_parser("s3", help="an S3-compatible server with buckets (the local stack's minio Service)")
+    s3.add_argument("--port", type=int, default=S3_PORT)
+    s3.add_argument("--bucket", action="append", default=[])
+    args = parser.parse_args(argv)
+    _serve_s3(args.port, args.bucket)
+
+
+if __name__ == "__main__":
+    main()

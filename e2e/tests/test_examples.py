@@ -1,0 +1,193 @@
+"""The TrainingJob and InferenceService files in examples/, applied as a new user would, on the local stack.
+
+Each file is applied unchanged (`kubectl apply -n <ns> -f examples/<file>`) next to what `loom dev up` provides
+for the examples (loom.devstack.backing: S3 as minio.storage.svc, MLflow as mlflow.mlops.svc, the Secret
+s3-credentials) and the operator installed from the Helm chart, which runs in the cluster and so resolves those
+names like any pod. The namespace is a fresh one (what `-n` does for a user; the Secret is created there as the
+README says), so parallel sessions and a person's own `default` are never touched.
+
+CPU examples run to the outcome a user waits for: a TrainingJob Succeeded with its checkpoint in S3 and its run
+in MLflow; an InferenceService Ready and answering a request through its Service. Examples that need GPUs
+(`gpusPerWorker`, `gpus`) are accepted by the API server (server-side dry run: schema and CEL rules), but cannot
+run here: the local stack's GPUs are on kwok nodes, which carry kwok's taint, and the examples name real GPU
+nodes' labels (and Volcano for the gang); the e2e tests of the GPU paths (test_trainingjob_kwok.py,
+test_inferenceservice_gpu.py) add kwok's toleration instead.
+
+Other example kinds join by adding their glob to EXAMPLES and an outcome to `test_example_runs`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from loom.devstack import backing
+from loom.devstack.agent.proxies import service_address
+from loom.devstack.cluster import Cluster
+from loom.devstack.cluster.handle import wait_until
+from loom.devstack.cluster.paths import AGENT_STATE_DIR
+from loom.e2e.helm_operator import InClusterOperator, operator_in_cluster, wait_default_service_account
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = sorted([*EXAMPLES_DIR.glob("trainingjob-*.yaml"), *EXAMPLES_DIR.glob("inferenceservice-*.yaml")])
+API_KEY = f"key-{uuid.uuid4().hex}"
+
+
+def documents(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def needs_gpu(doc: dict[str, Any]) -> bool:
+    spec = doc.get("spec") or {}
+    return bool((spec.get("workers") or {}).get("gpusPerWorker") or spec.get("gpus"))
+
+
+def example_defining(kind: str, name: str) -> Path:
+    """The example file that holds `kind/name` (an InferenceService example may serve a TrainingJob example)."""
+    for path in EXAMPLES:
+        if any(d["kind"] == kind and d["metadata"]["name"] == name for d in documents(path)):
+            return path
+    raise AssertionError(f"no file in examples/ defines {kind} {name}")
+
+
+def get(cluster: Cluster, namespace: str, kind: str, name: str) -> dict[str, Any]:
+    result = cluster.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
+    return dict(json.loads(result.stdout)) if result.returncode == 0 else {}
+
+
+def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in (obj.get("status") or {}).get("conditions", [])}
+
+
+@pytest.fixture(scope="module")
+def services(cluster: Cluster) -> backing.BackingServices:
+    """What `loom dev up` provides for the examples (idempotent: a stack started by `loom dev up` has it)."""
+    return backing.ensure(cluster, progress=lambda line: print(f"[examples] {line}"))
+
+
+@pytest.fixture(scope="module")
+def examples_namespace(
+    cluster: Cluster, services: backing.BackingServices, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, InClusterOperator]]:
+    ns = f"ex{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", ns)
+    wait_default_service_account(cluster, ns)
+    # What the examples' comments and the README tell a user to create in a namespace other than default.
+    cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(backing.credentials_secret(ns)))
+    cluster.kubectl("create", "secret", "generic", "chargpt-api-keys", "-n", ns, f"--from-literal=keys={API_KEY}")
+    try:
+        with operator_in_cluster(cluster, [ns], workdir=tmp_path_factory.mktemp("examples-helm")) as operator:
+            yield ns, operator
+            cluster.kubectl("delete", "loom", "--all", "-n", ns, "--timeout=90s", check=False)
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def apply(cluster: Cluster, namespace: str, path: Path, *flags: str) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", str(path), *flags)
+
+
+def wait_for(cluster: Cluster, ns: str, kind: str, name: str, done: Any, operator: InClusterOperator) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        obj = get(cluster, ns, kind, name)
+        return obj if obj and done(obj) else None
+
+    try:
+        return dict(wait_until(check, timeout=900, what=f"{kind} {name}", interval=2))
+    except TimeoutError as error:
+        status = json.dumps(get(cluster, ns, kind, name).get("status"), indent=1)
+        pods = cluster.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False).stdout
+        raise AssertionError(f"{error}\nstatus: {status}\n{pods}\n{operator.log_tail()}") from None
+
+
+def check_training_job(
+    cluster: Cluster, ns: str, doc: dict[str, Any], services: backing.BackingServices, operator: InClusterOperator
+) -> None:
+    name, spec = doc["metadata"]["name"], doc["spec"]
+    job = wait_for(
+        cluster,
+        ns,
+        "trainingjob",
+        name,
+        lambda o: (o.get("status") or {}).get("phase") in ("Succeeded", "Failed"),
+        operator,
+    )
+    status = job["status"]
+    assert status["phase"] == "Succeeded", json.dumps(status, indent=1)
+    # The checkpoint the status names is in the store the example names, under its prefix.
+    latest = status["checkpoint"]["latest"]
+    prefix = spec["checkpoint"]["uri"]
+    assert latest.startswith(prefix + "/"), (latest, prefix)
+    bucket, key = latest.removeprefix("s3://").split("/", 1)
+    listed = services.s3_client().list_objects_v2(Bucket=bucket, Prefix=key)
+    assert listed.get("KeyCount", 0) > 0, f"nothing in S3 under {latest}"
+    # And the run is in MLflow, finished, with the loss curve.
+    run_id = status["mlflow"]["runId"]
+    response = httpx.get(
+        f"{services.mlflow_url}/api/2.0/mlflow/runs/get", params={"run_id": run_id}, timeout=30, trust_env=False
+    )
+    assert response.status_code == 200, response.text
+    run = response.json()["run"]
+    assert run["info"]["status"] == "FINISHED"
+    assert any(m["key"] == "loss" for m in run["data"].get("metrics", [])), run["data"]
+
+
+def check_inference_service(cluster: Cluster, ns: str, doc: dict[str, Any], operator: InClusterOperator) -> None:
+    name, spec = doc["metadata"]["name"], doc["spec"]
+
+    def ready(obj: dict[str, Any]) -> bool:
+        conds = conditions(obj)
+        return bool(conds.get("Ready", {}).get("status") == "True" and obj["status"].get("phase") == "Ready")
+
+    wait_for(cluster, ns, "inferenceservice", name, ready, operator)
+    headers = {}
+    if (spec.get("auth") or {}).get("apiKeysSecretRef"):
+        headers["Authorization"] = f"Bearer {API_KEY}"
+    response = httpx.post(
+        f"http://{service_address(name, ns, AGENT_STATE_DIR)}:80/v2/models/{name}/generate",
+        json={"text_input": "The ", "parameters": {"max_tokens": 16, "temperature": 0}},
+        headers=headers,
+        timeout=60,
+        trust_env=False,
+    )
+    assert response.status_code == 200, response.text
+    assert isinstance(response.json()["text_output"], str) and response.json()["text_output"]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_runs(
+    cluster: Cluster,
+    services: backing.BackingServices,
+    examples_namespace: tuple[str, InClusterOperator],
+    path: Path,
+) -> None:
+    ns, operator = examples_namespace
+    docs = documents(path)
+    assert docs, f"{path.name} is empty"
+    if any(needs_gpu(doc) for doc in docs):
+        # Accepted as written (schema, CEL); see the module docstring for why it cannot run here.
+        out = cluster.kubectl("apply", "--dry-run=server", "-n", ns, "-f", str(path), "-o", "name").stdout
+        assert out.split() == [f"{d['kind'].lower()}.loom.dev/{d['metadata']['name']}" for d in docs]
+        return
+    for doc in docs:
+        source = ((doc.get("spec") or {}).get("model") or {}).get("fromTrainingJob")
+        if doc["kind"] == "InferenceService" and source:
+            # Serving a TrainingJob example's result: that example is applied too, as its comment says.
+            apply(cluster, ns, example_defining("TrainingJob", source["name"]))
+    apply(cluster, ns, path)
+    for doc in docs:
+        if doc["kind"] == "TrainingJob":
+            check_training_job(cluster, ns, doc, services, operator)
+        elif doc["kind"] == "InferenceService":
+            check_inference_service(cluster, ns, doc, operator)
+        else:
+            raise AssertionError(f"{path.name}: no expected outcome for {doc['kind']} here")
