@@ -29,6 +29,8 @@ class OperatorSettings(BaseModel):
     trainer_image: str = "loom/trainer:0.1.0"
     server_image: str = "loom/server:0.1.0"
     router_image: str = "loom/server:0.1.0"
+    # Feast pods (apply/materialize Jobs, the feature server): the [features] extra.
+    features_image: str = "loom/features:0.1.0"
     # Watches are re-established this often so a silently dropped connection cannot stall reconciliation.
     watch_server_timeout_s: int = 300
     watch_client_timeout_s: int = 330

@@ -9,6 +9,7 @@ from pydantic import Field
 from .common import ApiModel, DnsName, StatusBase, cel, validations
 
 RouterType = Literal["Sequence", "Switch", "Ensemble", "Splitter"]
+GraphPhase = Literal["Pending", "Ready", "Degraded", "Failed"]
 
 
 class GraphStep(ApiModel):
@@ -70,10 +71,31 @@ class InferenceGraphSpec(ApiModel):
     router: GraphRouter = Field(default_factory=GraphRouter)
 
 
+class StepStatus(ApiModel):
+    """One step of a node as the controller last saw its target."""
+
+    name: str = Field(description="The step's name, else the service or node it calls.")
+    service_name: str | None = None
+    node_name: str | None = None
+    dependency: Literal["Soft", "Hard"] = "Soft"
+    ready: bool = Field(description="The InferenceService is Ready (a nodeName step: that node is ready).")
+    reason: str | None = Field(None, description="Why not ready: NotFound, or the service's Ready reason.")
+
+
+class NodeStatus(ApiModel):
+    name: str
+    router_type: RouterType
+    ready: bool = Field(description="Every step's target is ready.")
+    steps: list[StepStatus] = Field(default_factory=list)
+
+
 class InferenceGraphStatus(StatusBase):
-    phase: Literal["Pending", "Ready", "Degraded", "Failed"] | None = None
-    url: str | None = None
-    ready_replicas: int = 0
+    phase: GraphPhase | None = None
+    url: str | None = Field(None, description="Where clients call the graph: http://<graph>.<namespace>.svc.")
+    replicas: int = 0
+    ready_replicas: int = Field(0, description="Router replicas ready.")
+    services: str | None = Field(None, description="Referenced InferenceServices ready, e.g. 2/3.")
+    nodes: list[NodeStatus] = Field(default_factory=list, description="Per node and step readiness.")
 
 
 class InferenceGraph(ApiModel):

@@ -75,6 +75,9 @@ INFERENCE_SERVICE = Kind(
         PrinterColumn("Replicas", ".status.replicas", "integer"),
         PrinterColumn("Version", ".status.modelVersion"),
         PrinterColumn("Canary", ".status.canary.percent", "integer"),
+        PrinterColumn("Desired", ".status.autoscaling.desiredReplicas", "integer", description="Autoscaler wants"),
+        PrinterColumn("Metric", ".status.autoscaling.metricValue", "number", priority=1),
+        PrinterColumn("Scaled", ".status.autoscaling.lastScaleReason", priority=1),
         AGE,
     ),
     scale=True,
@@ -91,7 +94,8 @@ INFERENCE_GRAPH = Kind(
     columns=(
         PrinterColumn("URL", ".status.url"),
         PHASE,
-        PrinterColumn("Ready", ".status.readyReplicas", "integer"),
+        PrinterColumn("Ready", ".status.readyReplicas", "integer", description="Router replicas ready"),
+        PrinterColumn("Services", ".status.services", description="Referenced InferenceServices ready"),
         AGE,
     ),
 )

@@ -19,6 +19,7 @@ from . import placeholder
 # Kinds whose real controllers exist; each module exposes register(settings).
 _CONTROLLERS: dict[str, str] = {
     "InferenceService": "inferenceservice",
+    "InferenceGraph": "inferencegraph",
     "TrainingJob": "trainingjob",
 }
 

@@ -1,0 +1,297 @@
+"""InferenceGraph -> the router's RouterConfig, ConfigMap, Deployment and Service (pure: no I/O, unit-tested).
+
+Layout of the children of InferenceGraph `<graph>`:
+
+    Service     <graph>                 ClusterIP, port 80 -> the router's http port: http://<graph>.<ns>.svc
+    Deployment  <graph>-router          the router pods (python -m loom.workloads.router)
+    ConfigMap   <graph>-router-config   its RouterConfig (loom.workloads.router.config, the contract)
+
+The router is rolled on its own: the config's hash is a pod-template annotation, so a change of the graph (or of
+a referenced service's model name) rolls only the router, with maxUnavailable 0 so no request is dropped; the
+InferenceServices it calls are never touched.
+
+What admission (the CRD's CEL rules) cannot check is checked here and comes back as a `GraphProblem`, which the
+status reports as a condition: steps naming InferenceServices that do not exist (yet), cycles and the other
+structural problems of `graph_problems`, and CEL conditions that do not compile. A graph with a problem renders
+nothing new; the router already running (if any) keeps serving the last good graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import ValidationError
+
+from loom.workloads.router.conditions import condition_problems
+from loom.workloads.router.config import NodeConfig, RouterConfig, StepConfig, UpstreamConfig, graph_problems
+
+from ..api.inferencegraph import InferenceGraphSpec
+from .inferenceservice import CONFIG_HASH_ANNOTATION, SERVICE_PORT, config_hash, service_url
+from .kit import Manifest, child_metadata, labels, restricted_security_context
+
+KIND_LABEL = "inferencegraph"
+COMPONENT = "router"
+ROUTER_PORT = 8080
+CONFIG_DIR = "/etc/loom"
+CONFIG_FILE = "router.json"
+# Seconds a terminating router keeps serving while endpoint removal propagates to every proxy.
+DRAIN_SECONDS = 5
+# The overall budget of one graph request; a per-step timeout above it raises it (a step may take that long).
+DEFAULT_DEADLINE_MS = 60_000
+
+ProblemReason = Literal["InvalidGraph", "ServiceNotFound"]
+
+
+@dataclass(frozen=True)
+class ServiceRef:
+    """A referenced InferenceService as the graph needs it: where it answers and whether it is Ready."""
+
+    name: str
+    url: str
+    model_name: str
+    ready: bool
+    reason: str | None  # its Ready condition's reason
+
+
+@dataclass(frozen=True)
+class GraphProblem:
+    """Why the graph cannot be rendered now. InvalidGraph: the spec must change. ServiceNotFound: waiting for
+    InferenceServices to be created (the graph is re-reconciled when one appears)."""
+
+    reason: ProblemReason
+    message: str
+
+
+def service_name(name: str) -> str:
+    return name
+
+
+def deployment_name(name: str) -> str:
+    return f"{name}-router"
+
+
+def config_map_name(name: str) -> str:
+    return f"{deployment_name(name)}-config"
+
+
+def graph_url(owner: Manifest) -> str:
+    meta = owner["metadata"]
+    return f"http://{service_name(meta['name'])}.{meta['namespace']}.svc"
+
+
+def router_selector(owner: Manifest) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": KIND_LABEL,
+        "app.kubernetes.io/instance": owner["metadata"]["name"],
+        "app.kubernetes.io/component": COMPONENT,
+    }
+
+
+def selector_string(owner: Manifest) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(router_selector(owner).items()))
+
+
+# ------------------------------------------------------------------------------------------- references
+
+
+def referenced_services(spec: InferenceGraphSpec) -> list[str]:
+    """Every InferenceService a step names, sorted, once each."""
+    return sorted({s.service_name for node in spec.nodes.values() for s in node.steps if s.service_name})
+
+
+def hard_services(spec: InferenceGraphSpec) -> set[str]:
+    """InferenceServices a Hard step names: the graph is Ready only when all of these are."""
+    return {s.service_name for n in spec.nodes.values() for s in n.steps if s.service_name and s.dependency == "Hard"}
+
+
+def _ready_condition(body: Manifest) -> Manifest:
+    for cond in (body.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return dict(cond)
+    return {}
+
+
+def observe_service(body: Manifest) -> ServiceRef:
+    """An InferenceService as read from the API server. Its URL is the Service the InferenceService controller
+    renders (deterministic, so it is known before the service's first status); the model name is the one its
+    server serves: spec.model.name, else the InferenceService's name."""
+    meta = body["metadata"]
+    model = (body.get("spec") or {}).get("model") or {}
+    ready = _ready_condition(body)
+    return ServiceRef(
+        name=meta["name"],
+        url=f"{service_url({'metadata': meta})}:{SERVICE_PORT}",
+        model_name=str(model.get("name") or meta["name"]),
+        ready=ready.get("status") == "True",
+        reason=ready.get("reason"),
+    )
+
+
+# ------------------------------------------------------------------------------------------- router config
+
+
+def _nodes(spec: InferenceGraphSpec) -> dict[str, NodeConfig]:
+    return {
+        name: NodeConfig(
+            router_type=node.router_type,
+            steps=[
+                StepConfig(
+                    name=step.name,
+                    service_name=step.service_name,
+                    node_name=step.node_name,
+                    data=step.data,
+                    condition=step.condition,
+                    weight=step.weight,
+                    dependency=step.dependency,
+                )
+                for step in node.steps
+            ],
+        )
+        for name, node in spec.nodes.items()
+    }
+
+
+def _upstream(ref: ServiceRef) -> UpstreamConfig:
+    return UpstreamConfig(url=ref.url, model_name=ref.model_name)
+
+
+def _validation_message(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    return f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+
+
+def router_config(
+    owner: Manifest, spec: InferenceGraphSpec, services: Mapping[str, ServiceRef]
+) -> tuple[RouterConfig | None, GraphProblem | None]:
+    """The router's config, or why there is none. Structural and CEL problems are reported before missing
+    InferenceServices (fixing the spec is the user's next step either way; a missing service may just be late)."""
+    namespace = owner["metadata"]["namespace"]
+    try:
+        nodes = _nodes(spec)
+    except ValidationError as exc:
+        return None, GraphProblem("InvalidGraph", _validation_message(exc))
+    wanted = referenced_services(spec)
+    missing = [name for name in wanted if name not in services]
+    # Placeholders for missing services, so the structure is judged on its own.
+    upstreams = {
+        name: _upstream(services[name])
+        if name in services
+        else UpstreamConfig(url=f"http://{name}.{namespace}.svc:{SERVICE_PORT}", model_name=name)
+        for name in wanted
+    }
+    fields = {
+        "graph_name": owner["metadata"]["name"],
+        "nodes": nodes,
+        "services": upstreams,
+        "step_timeout_ms": spec.router.timeout_ms,
+        "deadline_ms": max(DEFAULT_DEADLINE_MS, spec.router.timeout_ms),
+        "port": ROUTER_PORT,
+    }
+    candidate = RouterConfig.model_construct(**fields)  # unvalidated: graph_problems lists every problem
+    problems = graph_problems(candidate) + [str(p) for p in condition_problems(candidate)]
+    if problems:
+        return None, GraphProblem("InvalidGraph", "; ".join(problems))
+    if missing:
+        return None, GraphProblem("ServiceNotFound", f"InferenceService(s) not found: {', '.join(missing)}")
+    try:
+        config = RouterConfig(
+            graph_name=owner["metadata"]["name"],
+            nodes=nodes,
+            services=upstreams,
+            step_timeout_ms=spec.router.timeout_ms,
+            deadline_ms=max(DEFAULT_DEADLINE_MS, spec.router.timeout_ms),
+            port=ROUTER_PORT,
+        )
+    except ValidationError as exc:  # e.g. a graph name the router cannot serve as a model name
+        return None, GraphProblem("InvalidGraph", _validation_message(exc))
+    return config, None
+
+
+# ------------------------------------------------------------------------------------------- children
+
+
+def render_config_map(owner: Manifest, config: RouterConfig) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": child_metadata(owner, config_map_name(owner["metadata"]["name"]), COMPONENT),
+        "data": {CONFIG_FILE: config.to_json()},
+    }
+
+
+def render_service(owner: Manifest) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": child_metadata(owner, service_name(owner["metadata"]["name"]), COMPONENT),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": router_selector(owner),
+            "ports": [{"name": "http", "port": SERVICE_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def _probe(path: str, period: int, failures: int) -> Manifest:
+    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "timeoutSeconds": 2,
+            "failureThreshold": failures}  # fmt: skip
+
+
+def render_deployment(owner: Manifest, spec: InferenceGraphSpec, config_json: str, image: str) -> Manifest:
+    name = owner["metadata"]["name"]
+    config_path = f"{CONFIG_DIR}/{CONFIG_FILE}"
+    router: Manifest = {
+        "name": "router",
+        "image": spec.router.image or image,
+        "command": ["python", "-m", "loom.workloads.router", "--config", config_path],
+        "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+        "readinessProbe": _probe("/v2/health/ready", period=2, failures=2),
+        "livenessProbe": _probe("/v2/health/live", period=10, failures=3),
+        "startupProbe": _probe("/v2/health/live", period=1, failures=60),
+        # Keep serving while the endpoint removal reaches every proxy; then SIGTERM drains in-flight requests.
+        "lifecycle": {"preStop": {"sleep": {"seconds": DRAIN_SECONDS}}},
+        "securityContext": restricted_security_context(),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": child_metadata(owner, deployment_name(name), COMPONENT),
+        "spec": {
+            "replicas": spec.router.replicas,
+            "selector": {"matchLabels": router_selector(owner)},
+            # A new router is up and ready before an old one goes: a graph change drops no request.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "revisionHistoryLimit": 3,
+            "progressDeadlineSeconds": 300,
+            "template": {
+                "metadata": {
+                    "labels": labels(owner, COMPONENT),
+                    # A new graph is a new template: only the router rolls.
+                    "annotations": {CONFIG_HASH_ANNOTATION: config_hash(config_json)},
+                },
+                "spec": {
+                    "containers": [router],
+                    "volumes": [{"name": "config", "configMap": {"name": config_map_name(name)}}],
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": 1000,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": 30 + DRAIN_SECONDS,
+                },
+            },
+        },
+    }
+
+
+def render_router(owner: Manifest, spec: InferenceGraphSpec, config: RouterConfig, image: str) -> list[Manifest]:
+    """ConfigMap, Deployment, Service, in the order they are applied (new pods must find their config)."""
+    config_map = render_config_map(owner, config)
+    deployment = render_deployment(owner, spec, config_map["data"][CONFIG_FILE], image)
+    return [config_map, deployment, render_service(owner)]
