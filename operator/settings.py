@@ -42,6 +42,12 @@ class OperatorSettings(BaseModel):
     training_poll_s: float = Field(5.0, gt=0)
     # TrainingJob: how long a worker's node may be NotReady before the worker counts as lost.
     node_lost_grace_s: float = Field(60.0, ge=0)
+    # Autoscaling (engine builtin): the Prometheus asked for the metrics (unset: autoscaled services hold their
+    # replicas with MetricsAvailable=False), how often each autoscaled service is decided on, and the rate()
+    # window of requests-per-second (at least two scrape intervals of that Prometheus).
+    prometheus_url: str | None = Field(None, pattern=r"^https?://")
+    autoscale_interval_s: float = Field(5.0, gt=0, le=60)
+    autoscale_rate_window_s: int = Field(30, ge=2, le=3600)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorSettings:

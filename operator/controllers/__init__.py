@@ -33,3 +33,7 @@ def register(settings: OperatorSettings) -> None:
             placeholder.register(kind)
         else:
             importlib.import_module(f"{__name__}.{module_name}").register(settings)
+    # The builtin autoscaler of InferenceServices (writes replicas through the scale subresource).
+    from . import autoscaler
+
+    autoscaler.register(settings)

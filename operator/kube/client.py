@@ -181,3 +181,28 @@ async def patch_status(api_version: str, kind: str, namespace: str, name: str, s
     await asyncio.to_thread(
         _call, "PATCH", path, body={"status": status}, content_type="application/merge-patch+json"
     )
+
+
+async def merge_patch(
+    api_version: str,
+    kind: str,
+    namespace: str,
+    name: str,
+    body: Manifest,
+    *,
+    subresource: str | None = None,
+    field_manager: str = FIELD_MANAGER,
+) -> Manifest:
+    """Merge-patch the object or one of its subresources (scale, status). A metadata.resourceVersion in `body`
+    makes it conditional: Conflict when the object changed since it was read."""
+    path = resource(api_version, kind).path(namespace, name, subresource)
+    result = await asyncio.to_thread(
+        _call,
+        "PATCH",
+        path,
+        body=body,
+        query=[("fieldManager", field_manager)],
+        content_type="application/merge-patch+json",
+    )
+    assert result is not None
+    return result

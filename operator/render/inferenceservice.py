@@ -40,6 +40,13 @@ MODEL_DIR = "/models"
 API_KEYS_DIR = "/var/run/loom/api-keys"
 API_KEYS_FILE = "keys"
 GPU_RESOURCE = "nvidia.com/gpu"
+# Prometheus' pod discovery convention: the server's own metrics (queue depth, in-flight, requests, NVML GPU
+# series) are on its http port; the autoscaler reads them through Prometheus.
+SCRAPE_ANNOTATIONS = {
+    "prometheus.io/scrape": "true",
+    "prometheus.io/port": str(SERVER_PORT),
+    "prometheus.io/path": "/metrics",
+}
 # Seconds a terminating replica keeps serving while endpoint removal propagates to every proxy.
 DRAIN_SECONDS = 5
 
@@ -302,7 +309,7 @@ def pod_template(
         "metadata": {
             "labels": labels(owner, COMPONENT, {TRACK_LABEL: track}),
             # A new config (model, batching, auth...) is a new template: the Deployment rolls it out.
-            "annotations": {CONFIG_HASH_ANNOTATION: config_hash(config_json)},
+            "annotations": {CONFIG_HASH_ANNOTATION: config_hash(config_json), **SCRAPE_ANNOTATIONS},
         },
         "spec": pod_spec,
     }

@@ -52,11 +52,11 @@ def desired_total_replicas(spec: InferenceServiceSpec, recommendation: int | Non
     Seam for the autoscaler (loom.operator.autoscale): it will pass its `recommendation`, clamped here to
     autoscaling's [minReplicas, maxReplicas]. Until it exists, autoscaling holds minReplicas.
     """
-    if spec.replicas is not None:
-        return spec.replicas
-    if spec.autoscaling is not None:
+    if spec.autoscaling is not None:  # spec.replicas then is the autoscaler's, passed as `recommendation`
         wanted = spec.autoscaling.min_replicas if recommendation is None else recommendation
         return max(spec.autoscaling.min_replicas, min(spec.autoscaling.max_replicas, wanted))
+    if spec.replicas is not None:
+        return spec.replicas
     return 1
 
 

@@ -194,6 +194,8 @@ def compute_status(
         selector=selector_string(owner),
         model_version=plan.stable_ref.display_version if plan.stable_ref else None,
         canary=_canary(plan, canary),
+        # Written by the autoscaler (controllers/autoscaler.py); kept as it is.
+        autoscaling=previous.autoscaling if previous else None,
     )
     return status, transitions(old, conditions)
 

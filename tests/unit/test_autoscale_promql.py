@@ -135,7 +135,7 @@ def test_inferenceservice_spec_maps_onto_the_decision_and_the_query() -> None:
     spec = Autoscaling.model_validate(
         {
             "minReplicas": 0, "maxReplicas": 8, "metric": "gpu-utilization", "target": 70,
-            "scaleUpStabilizationSeconds": 30, "scaleDownStabilizationSeconds": 600,
+            "scaleUp": {"stabilizationWindowSeconds": 30}, "scaleDown": {"stabilizationWindowSeconds": 600},
         }
     )
     cfg = scaling_config(spec)

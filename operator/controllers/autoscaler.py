@@ -1,0 +1,270 @@
+"""The builtin autoscaler: for every InferenceService with `autoscaling.engine: builtin`, every few seconds, read
+its metric from Prometheus, run the pure decision (loom.operator.autoscale.decision) and write the replicas
+through the InferenceService's scale subresource, as an HPA does.
+
+- One loop for all autoscaled objects (a Kopf index says which), started once like the runner's resync: no
+  timer, so no finalizer. A round decides every object once and the next round starts `autoscale_interval_s`
+  after the previous one started; rounds never overlap, so one object is never decided twice at once.
+- The decision's memory (recommendations for the stabilization windows, scale events for the rate limits) is
+  kept here per object and uid, pruned when the object leaves the index. After a restart it starts from
+  `ScalingState.initial`: no scale-down before a full scale-down window has been watched.
+- The replicas are written with the object's resourceVersion as a precondition: a write that races another
+  writer (a user's `kubectl scale`, a spec change) fails with a conflict and is decided again from a fresh read,
+  so the autoscaler never scales twice on one observation.
+- The reconcile pass (controllers/inferenceservice.py) follows spec.replicas through `recommend_replicas`; the
+  scale write is a spec change, so Kopf triggers that pass at once.
+- status.autoscaling and the MetricsAvailable condition are written here (conditional on resourceVersion too;
+  a lost race is repaired on the next round); an event goes with every change of the replicas and of the
+  metric's availability. Missing, stale or unreadable metrics hold the replicas (the decision never scales down
+  on them) and set MetricsAvailable=False with the reason.
+
+GitOps: spec.replicas belongs to the autoscaler while autoscaling is set (its own field manager,
+`loom-autoscaler`, shows it in managedFields); manifests kept in Git must leave it out, as with an HPA.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from ..api import GROUP, VERSION
+from ..api.inferenceservice import Autoscaling, AutoscalingStatus, InferenceServiceSpec, InferenceServiceStatus
+from ..autoscale.decision import Decision, MetricUnavailable, MetricValue, Observation, ScalingState, decide
+from ..autoscale.inferenceservice import (
+    METRICS_AVAILABLE,
+    autoscaling_status,
+    current_replicas,
+    decision_events,
+    metric_query,
+    metrics_condition,
+    ready_pod_names,
+    scaling_config,
+)
+from ..autoscale.prometheus import PrometheusClient
+from ..kube import client as kube
+from ..render.inferenceservice import selector_string
+from ..render.kit import Event, Manifest, owner_of, set_condition
+from ..settings import OperatorSettings
+from .events import post_events
+from .runner import DueIndex, Key
+
+log = logging.getLogger("loom.operator.autoscaler")
+
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+INDEX_ID = "loom_autoscaled_inferenceservices"
+FIELD_MANAGER = "loom-autoscaler"
+# A decision whose write lost a race is taken again from a fresh read, at most this often per round.
+ATTEMPTS = 3
+
+
+def builtin_autoscaled(spec: Any) -> bool:
+    """Whether the builtin engine scales an object with this spec (a raw dict, as the index sees it)."""
+    autoscaling = (spec or {}).get("autoscaling") if isinstance(spec, dict) else None
+    return isinstance(autoscaling, dict) and autoscaling.get("engine", "builtin") == "builtin"
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What the autoscaler remembers about one object between rounds."""
+
+    uid: str
+    state: ScalingState
+
+
+class Autoscaler:
+    def __init__(self, settings: OperatorSettings, *, clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._memory: dict[Key, Memory] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._prometheus: PrometheusClient | None = None
+
+    @property
+    def remembered(self) -> frozenset[Key]:
+        return frozenset(self._memory)
+
+    def start(self, index: DueIndex | None) -> None:
+        """Start the loop over `index` (the first call wins)."""
+        if index is None or self._task is not None:
+            return
+        self._task = asyncio.get_running_loop().create_task(self._forever(index))
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self._prometheus is not None:
+            await self._prometheus.aclose()
+            self._prometheus = None
+
+    async def _forever(self, index: DueIndex) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            try:
+                due = [key for key, flags in list(index.items()) if any(flags)]
+            except Exception:  # an index changing under us: take the next round
+                log.exception("reading the autoscaled InferenceServices failed")
+                due = list(self._memory)
+            await self.round(due)
+            await asyncio.sleep(max(0.0, self.settings.autoscale_interval_s - (loop.time() - started)))
+
+    async def round(self, due: list[Key]) -> None:
+        """Decide every due object once (concurrently); forget objects no longer due."""
+        for key in set(self._memory) - set(due):
+            del self._memory[key]
+        await asyncio.gather(*(self._bounded(namespace, name) for namespace, name in due))
+
+    async def _bounded(self, namespace: str, name: str) -> None:
+        try:
+            await asyncio.wait_for(self.step(namespace, name), timeout=self.settings.reconcile_timeout_s)
+        except TimeoutError:
+            log.error("autoscaling %s/%s took over %gs; abandoned", namespace, name, self.settings.reconcile_timeout_s)
+        except Exception:
+            log.exception("autoscaling %s/%s failed", namespace, name)
+
+    async def step(self, namespace: str, name: str) -> None:
+        for _ in range(ATTEMPTS):
+            try:
+                await self._decide(namespace, name)
+                return
+            except kube.Conflict:
+                log.info("autoscaling %s/%s: the object changed while deciding; deciding again", namespace, name)
+
+    def _client(self) -> PrometheusClient | None:
+        if self._prometheus is None and self.settings.prometheus_url:
+            self._prometheus = PrometheusClient(self.settings.prometheus_url)
+        return self._prometheus
+
+    async def _observe(
+        self, autoscaling: Autoscaling, namespace: str, ready: list[str], now: float
+    ) -> MetricValue | MetricUnavailable:
+        client = self._client()
+        if client is None:
+            return MetricUnavailable(
+                reason="QueryFailed", message="no Prometheus configured (operator setting LOOM_PROMETHEUS_URL)"
+            )
+        if not ready and autoscaling.metric != "prometheus":
+            return MetricUnavailable(reason="MetricMissing", message="no ready replica to measure")
+        query = metric_query(
+            autoscaling, namespace, ready, rate_window_seconds=self.settings.autoscale_rate_window_s
+        )
+        return await client.observe(
+            query, now=now, max_age_seconds=autoscaling.metric_max_age_seconds, ready_pods=set(ready)
+        )
+
+    async def _decide(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        body = await kube.get(API_VERSION, KIND, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            self._memory.pop(key, None)
+            return
+        try:
+            spec = InferenceServiceSpec.model_validate(body.get("spec") or {})
+        except ValidationError:
+            return  # the reconcile pass reports an invalid spec
+        autoscaling = spec.autoscaling
+        if autoscaling is None or autoscaling.engine != "builtin":
+            self._memory.pop(key, None)
+            return
+        owner = owner_of(body, KIND)
+        uid = str(body["metadata"]["uid"])
+        current = current_replicas(spec)
+        pods = await kube.list_objects("v1", "Pod", namespace, selector_string(owner))
+        ready = ready_pod_names(pods)
+        now = self._clock()
+        metric = await self._observe(autoscaling, namespace, ready, now)
+        memory = self._memory.get(key)
+        state = memory.state if memory is not None and memory.uid == uid else ScalingState.initial(now, current)
+        observation = Observation(
+            now=now, current_replicas=current, ready_replicas=min(len(ready), current), metric=metric
+        )
+        decision = decide(scaling_config(autoscaling), state, observation)
+        resource_version = body["metadata"]["resourceVersion"]
+        if decision.changed:
+            scale = await kube.merge_patch(
+                API_VERSION,
+                KIND,
+                namespace,
+                name,
+                {"metadata": {"resourceVersion": resource_version}, "spec": {"replicas": decision.desired_replicas}},
+                subresource="scale",
+                field_manager=FIELD_MANAGER,
+            )
+            resource_version = scale["metadata"]["resourceVersion"]
+            log.info(
+                "autoscaling %s/%s: %s %d -> %d: %s",
+                namespace,
+                name,
+                decision.reason,
+                decision.current_replicas,
+                decision.desired_replicas,
+                decision.message,
+            )
+        self._memory[key] = Memory(uid, decision.state)
+        await self._report(body, autoscaling, decision, resource_version)
+
+    async def _report(
+        self, body: Manifest, autoscaling: Autoscaling, decision: Decision, resource_version: str
+    ) -> None:
+        meta = body["metadata"]
+        try:
+            previous = InferenceServiceStatus.model_validate(body.get("status") or {})
+        except ValidationError:
+            previous = InferenceServiceStatus()
+        before = next((c for c in previous.conditions if c.type == METRICS_AVAILABLE), None)
+        after = metrics_condition(autoscaling.metric, decision, meta.get("generation"))
+        conditions = set_condition(list(previous.conditions), after)
+        status: AutoscalingStatus = autoscaling_status(autoscaling, decision, previous.autoscaling)
+        patch: Manifest = {}
+        if status != previous.autoscaling:
+            patch["autoscaling"] = status.to_wire()
+        if before is None or (before.status, before.reason, before.message) != (
+            after.status,
+            after.reason,
+            after.message,
+        ):
+            patch["conditions"] = [c.to_wire() for c in conditions]
+        if patch:
+            try:
+                await kube.merge_patch(
+                    API_VERSION,
+                    KIND,
+                    meta["namespace"],
+                    meta["name"],
+                    {"metadata": {"resourceVersion": resource_version}, "status": patch},
+                    subresource="status",
+                    field_manager=FIELD_MANAGER,
+                )
+            except kube.Conflict:
+                # The reconcile pass wrote the status meanwhile: the next round writes this again.
+                log.debug("status of %s/%s changed meanwhile; reported next round", meta["namespace"], meta["name"])
+        events = decision_events(decision, before, after)
+        post_events(body, [Event(kind, reason, message) for kind, reason, message in events])
+
+
+def register(settings: OperatorSettings) -> Autoscaler:
+    autoscaler = Autoscaler(settings)
+
+    # Which objects the builtin engine scales; an object that stops being one (or is deleted) leaves the index,
+    # and the next round forgets it.
+    @kopf.index(GROUP, VERSION, PLURAL, id=INDEX_ID)
+    async def _autoscaled(
+        namespace: str | None, name: str | None, spec: Any, **kwargs: Any
+    ) -> dict[tuple[str, str], bool]:
+        autoscaler.start(kwargs.get(INDEX_ID))
+        if not builtin_autoscaled(dict(spec or {})):
+            return {}
+        return {(str(namespace), str(name)): True}
+
+    return autoscaler
