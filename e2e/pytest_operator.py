@@ -7,7 +7,10 @@ Fixtures:
   sessions running side by side never reconcile each other's objects. Its log is ``loom_operator.log``.
 - ``operator_namespace`` (function): a fresh namespace the session's operator watches; deleted after the test.
 
-Tuning for tests (all plain LOOM_* settings): fast progress polling and a short node-lost grace period.
+Tuning for tests (all plain LOOM_* settings): free ports for the health and metrics endpoints, fast progress
+polling and a short node-lost grace period. `operator_process(..., defaults=True)` runs it with every setting at
+its default instead (only the namespaces it watches are set), as the README tells a user to run it.
+`operator_namespace_for(cluster, op)` gives any such operator a fresh namespace it watches.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import pytest
 import yaml
 
 from loom.devstack.servers import free_port
+from loom.operator.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 90.0
@@ -71,29 +75,42 @@ def _healthy(port: int) -> bool:
 
 @contextlib.contextmanager
 def operator_process(
-    cluster: Any, log: Path, extra_env: dict[str, str] | None = None, prefix: str | None = None
+    cluster: Any,
+    log: Path,
+    extra_env: dict[str, str] | None = None,
+    prefix: str | None = None,
+    *,
+    defaults: bool = False,
 ) -> Iterator[OperatorProcess]:
     """Run `loom operator` until the block ends (SIGTERM, then SIGKILL after 20 s).
 
     It watches namespaces `<prefix>-*`; a random prefix unless one is given (e.g. to restart an operator
-    on the same namespaces).
+    on the same namespaces). With `defaults` every other LOOM_* setting keeps its default (ports included).
     """
     prefix = prefix or f"lo{uuid.uuid4().hex[:6]}"
-    metrics_port, health_port = free_port(), free_port()
-    env = dict(cluster.env)
+    # With defaults, no LOOM_* of the caller's environment reaches the operator either.
+    env = {k: v for k, v in cluster.env.items() if not (defaults and k.startswith("LOOM_"))}
     env.update(
         {
             "LOOM_NAMESPACES": f"{prefix}-*",
-            "LOOM_METRICS_PORT": str(metrics_port),
-            "LOOM_HEALTH_PORT": str(health_port),
-            "LOOM_TRAINING_POLL_S": "1",
-            "LOOM_NODE_LOST_GRACE_S": "10",
             "PYTHONSAFEPATH": "1",
             "PYTHONUNBUFFERED": "1",
             "NO_PROXY": "127.0.0.1,localhost,::1",
             "no_proxy": "127.0.0.1,localhost,::1",
         }
     )
+    default = OperatorSettings()
+    metrics_port, health_port = default.metrics_port, default.health_port
+    if not defaults:
+        metrics_port, health_port = free_port(), free_port()
+        env.update(
+            {
+                "LOOM_METRICS_PORT": str(metrics_port),
+                "LOOM_HEALTH_PORT": str(health_port),
+                "LOOM_TRAINING_POLL_S": "1",
+                "LOOM_NODE_LOST_GRACE_S": "10",
+            }
+        )
     env.update(extra_env or {})
     # The `loom operator` command itself, with logging switched on so the log file tells what happened.
     launch = (
@@ -132,7 +149,14 @@ def loom_operator(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture
 def operator_namespace(loom_operator: OperatorProcess, cluster: Any) -> Iterator[str]:
-    name = f"{loom_operator.namespace_prefix}-{uuid.uuid4().hex[:6]}"
+    with operator_namespace_for(cluster, loom_operator) as name:
+        yield name
+
+
+@contextlib.contextmanager
+def operator_namespace_for(cluster: Any, op: OperatorProcess) -> Iterator[str]:
+    """A fresh namespace `op` watches, deleted (Loom objects first) when the block ends."""
+    name = f"{op.namespace_prefix}-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", name)
     cluster.kubectl("label", "namespace", name, "loom.dev/e2e=true")
     deadline = time.monotonic() + 30
@@ -141,8 +165,10 @@ def operator_namespace(loom_operator: OperatorProcess, cluster: Any) -> Iterator
         if time.monotonic() > deadline:
             raise TimeoutError(f"no default ServiceAccount in {name}")
         time.sleep(0.25)
-    yield name
-    # Loom objects go first, while the operator still runs: one whose kind keeps a Kopf finalizer would
-    # otherwise hold the namespace in Terminating forever once the operator has stopped.
-    cluster.kubectl("delete", "loom", "--all", "-n", name, "--timeout=60s", check=False)
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    try:
+        yield name
+    finally:
+        # Loom objects go first, while the operator still runs: one whose kind keeps a Kopf finalizer would
+        # otherwise hold the namespace in Terminating forever once the operator has stopped.
+        cluster.kubectl("delete", "loom", "--all", "-n", name, "--timeout=60s", check=False)
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
