@@ -100,6 +100,7 @@ def test_every_rule_says_why_it_is_there() -> None:
         # What the current controllers and Kopf do (operator/kube/client.py callers, Kopf watches and patches).
         ("loom.dev", "trainingjobs", {"get", "list", "watch", "patch"}),
         ("loom.dev", "inferenceservices/status", {"patch"}),
+        ("loom.dev", "inferenceservices/scale", {"patch"}),
         ("", "pods", {"list", "watch", "create", "patch", "delete"}),
         ("", "services", {"create", "patch", "delete"}),
         ("", "configmaps", {"create", "patch", "delete"}),
