@@ -151,6 +151,9 @@ def registered_views(config_map: Manifest | None) -> list[str]:
 def _env(plan: ProjectPlan) -> list[Manifest]:
     env = s3_env(plan.credentials, None)
     env += [{"name": k, "value": v} for k, v in sorted(plan.config.s3_endpoints().items())]
+    if any(v.source.endpoint for v in plan.config.feature_views) or plan.config.registry.endpoint:
+        # S3-compatible stores ignore the region, but the S3 clients need one and cannot discover it there.
+        env.append({"name": "AWS_DEFAULT_REGION", "value": "us-east-1"})
     secret = plan.primary.spec.store.online.connection_secret_ref
     if plan.config.online_store.type == "redis" and secret is not None:
         env.append({"name": REDIS_ENV, "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}})

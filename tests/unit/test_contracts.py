@@ -20,9 +20,11 @@ import yaml
 from pydantic import BaseModel
 
 from loom.operator.api.crd import model_schema
+from loom.operator.api.featureview import FeatureViewSpec
 from loom.operator.api.inferenceservice import InferenceServiceSpec
 from loom.operator.api.trainingjob import TrainingJobSpec
 from loom.operator.render.trainingjob_config import trainer_config
+from loom.workloads.features.config import FeatureViewConfig
 from loom.workloads.server import handlers
 from loom.workloads.server.config import BUILTIN_HANDLERS, ServerConfig
 from loom.workloads.server.model import Model
@@ -95,7 +97,20 @@ SERVING = Contract(
         }
     ),
 )
-CONTRACTS = {"TrainingJob-TrainerConfig": TRAINING, "InferenceService-ServerConfig": SERVING}
+# One FeatureView is one view of its project's FeaturesConfig (render/featureview_config.view_config); the
+# dtype enums are compared in tests/unit/test_featureview_render.py (the workload checks them in a validator).
+FEATURES = Contract(
+    api=FeatureViewSpec,
+    workload=FeatureViewConfig,
+    expected=frozenset(
+        {"online", "description", "owner", "tags", "source.path", "source.timestampField", "source.endpoint"}
+    ),
+)
+CONTRACTS = {
+    "TrainingJob-TrainerConfig": TRAINING,
+    "InferenceService-ServerConfig": SERVING,
+    "FeatureView-FeatureViewConfig": FEATURES,
+}
 
 
 def leaves(schema: Schema, path: str = "") -> dict[str, Schema]:
