@@ -1,0 +1,132 @@
+"""The InferenceGraph reconcile pass against an in-memory API server: waits for its services, renders the router
+once they exist, reports Ready once the router is available, keeps the last good router when the graph turns
+invalid; and the index that maps an InferenceService to the graphs naming it."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from loom.operator.controllers import inferencegraph as controller
+from loom.operator.settings import OperatorSettings
+
+Key = tuple[str, str, str | None, str]
+GRAPH = ("loom.dev/v1alpha1", "InferenceGraph", "ml", "bot")
+SETTINGS = OperatorSettings(router_image="loom/server:test")
+
+
+class FakeApi:
+    def __init__(self) -> None:
+        self.objects: dict[Key, dict[str, Any]] = {}
+        self.applied: list[str] = []
+        self.events: list[tuple[str, str]] = []
+
+    async def apply(self, manifest: dict[str, Any], **_: Any) -> dict[str, Any]:
+        meta = manifest["metadata"]
+        key = (manifest["apiVersion"], manifest["kind"], meta.get("namespace"), meta["name"])
+        new = copy.deepcopy(manifest)
+        new["status"] = self.objects.get(key, {}).get("status", {})
+        self.objects[key] = new
+        self.applied.append(f"{manifest['kind']}/{meta['name']}")
+        return copy.deepcopy(new)
+
+    async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        found = self.objects.get((api_version, kind, namespace, name))
+        return copy.deepcopy(found) if found else None
+
+    async def list_objects(self, api_version: str, kind: str, namespace: str | None, *_: Any) -> list[dict[str, Any]]:
+        wanted = (api_version, kind, namespace)
+        return [copy.deepcopy(o) for (a, k, ns, _), o in self.objects.items() if (a, k, ns) == wanted]
+
+    async def patch_status(self, api_version: str, kind: str, ns: str, name: str, status: dict[str, Any]) -> None:
+        obj = self.objects[(api_version, kind, ns, name)]
+        merged = {**obj.get("status", {}), **status}
+        obj["status"] = {k: v for k, v in merged.items() if v is not None}
+
+    def put(self, kind: str, name: str, spec: dict[str, Any], status: dict[str, Any] | None = None) -> None:
+        key = ("loom.dev/v1alpha1", kind, "ml", name)
+        old = self.objects.get(key)
+        generation = 1 if old is None else old["metadata"]["generation"] + 1
+        self.objects[key] = {
+            "apiVersion": "loom.dev/v1alpha1", "kind": kind,
+            "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "generation": generation},
+            "spec": spec, "status": status if status is not None else (old or {}).get("status", {}),
+        }  # fmt: skip
+
+    def router_available(self) -> None:
+        dep = self.objects[("apps/v1", "Deployment", "ml", "bot-router")]
+        dep["status"] = {"replicas": 1, "readyReplicas": 1, "conditions": [{"type": "Available", "status": "True"}]}
+
+
+@pytest.fixture
+def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
+    fake = FakeApi()
+    for name in ("apply", "get", "list_objects", "patch_status"):
+        monkeypatch.setattr(controller.kube, name, getattr(fake, name))
+    monkeypatch.setattr(
+        controller.kopf, "event", lambda body, *, type, reason, message: fake.events.append((type, reason))
+    )
+    return fake
+
+
+READY = {"conditions": [{"type": "Ready", "status": "True", "reason": "Serving"}]}
+SPEC = {"nodes": {"root": {"routerType": "Sequence", "steps": [
+    {"serviceName": "a", "dependency": "Hard"}, {"serviceName": "b", "data": "$response", "dependency": "Hard"},
+]}}}  # fmt: skip
+
+
+async def status(api: FakeApi) -> dict[str, Any]:
+    await controller.reconcile("ml", "bot", SETTINGS)
+    return dict(api.objects[GRAPH]["status"])
+
+
+def reasons(status: dict[str, Any]) -> dict[str, str]:
+    return {c["type"]: c["reason"] for c in status["conditions"]}
+
+
+async def test_waits_for_its_services_then_renders_and_becomes_ready(api: FakeApi) -> None:
+    api.put("InferenceGraph", "bot", SPEC)
+    api.put("InferenceService", "a", {"model": {"uri": "s3://m/a", "name": "model-a"}}, READY)
+    first = await status(api)
+    assert reasons(first)["Ready"] == "ServiceNotFound" and api.applied == []
+    assert first["phase"] == "Pending" and first["services"] == "1/2"
+
+    api.put("InferenceService", "b", {"model": {"uri": "s3://m/b"}}, READY)
+    starting = await status(api)
+    assert api.applied == ["ConfigMap/bot-router-config", "Deployment/bot-router", "Service/bot"]
+    assert reasons(starting)["Ready"] == "Starting"
+    config = api.objects[("v1", "ConfigMap", "ml", "bot-router-config")]["data"]["router.json"]
+    assert '"modelName": "model-a"' in config
+
+    api.router_available()
+    ready = await status(api)
+    assert reasons(ready)["Ready"] == "Serving" and ready["phase"] == "Ready"
+    assert ("Warning", "ServiceNotFound") in api.events and ("Normal", "Serving") in api.events
+
+
+async def test_an_invalid_change_keeps_the_last_good_router(api: FakeApi) -> None:
+    api.put("InferenceGraph", "bot", SPEC)
+    api.put("InferenceService", "a", {"model": {"uri": "s3://m/a"}}, READY)
+    api.put("InferenceService", "b", {"model": {"uri": "s3://m/b"}}, READY)
+    await status(api)
+    api.router_available()
+    good = copy.deepcopy(api.objects[("v1", "ConfigMap", "ml", "bot-router-config")])
+    api.applied.clear()
+
+    bad = copy.deepcopy(SPEC)
+    bad["nodes"]["root"]["steps"][1]["condition"] = "response.outputs[0"
+    api.put("InferenceGraph", "bot", bad)
+    after = await status(api)
+    assert api.applied == []
+    assert api.objects[("v1", "ConfigMap", "ml", "bot-router-config")] == good
+    assert reasons(after) == {"GraphValid": "InvalidGraph", "DependenciesReady": "DependenciesReady",
+                              "RouterAvailable": "Available", "Ready": "InvalidGraph"}  # fmt: skip
+    assert after["phase"] == "Degraded"
+
+
+def test_services_named_reads_a_raw_spec_without_failing() -> None:
+    assert controller.services_named(SPEC) == {"a", "b"}
+    assert controller.services_named({"nodes": {"root": {"steps": [{"nodeName": "x"}, "junk"]}}}) == set()
+    assert controller.services_named(None) == set()
