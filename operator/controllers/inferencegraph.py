@@ -33,7 +33,7 @@ from ..render.inferencegraph_status import Observed, compute_status
 from ..render.kit import Manifest, owner_of, status_patch
 from ..settings import OperatorSettings
 from .events import post_events
-from .runner import LastSeen, Runner
+from .runner import LastSeen, Runner, own_kind_handlers
 
 log = logging.getLogger("loom.operator.inferencegraph")
 
@@ -117,22 +117,8 @@ def register(settings: OperatorSettings) -> None:
     # Last (ready, reason, model name) seen per InferenceService: its status changes often, only these matter.
     seen: LastSeen[tuple[Any, ...]] = LastSeen()
 
-    @kopf.on.resume(GROUP, VERSION, PLURAL)
-    @kopf.on.create(GROUP, VERSION, PLURAL)
-    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-    async def _spec_handler(namespace: str | None, name: str, **kwargs: Any) -> None:
-        runner.resync(kwargs.get(INDEX_ID))
-        await runner.trigger(str(namespace), name)
-
-    # Children go with the object (ownerReferences); only a queued pass is left to drop. Optional: no finalizer.
-    @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-    async def _forget(namespace: str | None, name: str, **_: Any) -> None:
-        runner.forget(str(namespace), name)
-
-    @kopf.index(GROUP, VERSION, PLURAL, id=INDEX_ID)
-    def _known(namespace: str | None, name: str | None, **kwargs: Any) -> dict[tuple[str, str], bool]:
-        runner.resync(kwargs.get(INDEX_ID))
-        return {(str(namespace), str(name)): True}
+    # Spec changes, deletion and the periodic resync; children go with the object (ownerReferences): no finalizer.
+    own_kind_handlers(runner, PLURAL, INDEX_ID)
 
     # (namespace, InferenceService) -> names of the graphs whose steps name it.
     @kopf.index(GROUP, VERSION, PLURAL, id=BY_SERVICE_INDEX_ID)

@@ -39,7 +39,7 @@ from ..render.inferenceservice_status import Observed, compute_status
 from ..render.kit import Manifest, owner_of, status_patch
 from ..settings import OperatorSettings
 from .events import post_events
-from .runner import LastSeen, Runner
+from .runner import LastSeen, Runner, own_kind_handlers
 
 log = logging.getLogger("loom.operator.inferenceservice")
 
@@ -182,24 +182,9 @@ def register(settings: OperatorSettings) -> None:
     # Last (checkpoint, phase) seen per TrainingJob: a job's status changes often, only these matter here.
     checkpoints: LastSeen[tuple[Any, Any]] = LastSeen()
 
-    @kopf.on.resume(GROUP, VERSION, PLURAL)
-    @kopf.on.create(GROUP, VERSION, PLURAL)
-    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-    async def _spec_handler(namespace: str | None, name: str, **kwargs: Any) -> None:
-        runner.resync(kwargs.get(INDEX_ID))
-        await runner.trigger(str(namespace), name)
-
-    # Children go with the object (ownerReferences); only a queued pass is left to drop. Optional: no finalizer.
-    @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-    async def _forget(namespace: str | None, name: str, **_: Any) -> None:
-        runner.forget(str(namespace), name)
-
-    # The safety net: status converges and drift is corrected even after a missed watch event (every object is
-    # due at every resync round).
-    @kopf.index(GROUP, VERSION, PLURAL, id=INDEX_ID)
-    def _known(namespace: str | None, name: str | None, **kwargs: Any) -> dict[tuple[str, str], bool]:
-        runner.resync(kwargs.get(INDEX_ID))
-        return {(str(namespace), str(name)): True}
+    # Spec changes, and the resync: the safety net that converges status and corrects drift even after a
+    # missed watch event. Children go with the object (ownerReferences): no finalizer.
+    own_kind_handlers(runner, PLURAL, INDEX_ID)
 
     # Rollouts progress with the Deployments' status: react to it instead of polling.
     @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/name": KIND_LABEL})

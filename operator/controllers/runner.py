@@ -16,26 +16,20 @@ fresh from the API server (its status is the only memory) and converges everythi
 - No per-object memory outlives a pass. What a controller must remember per object between passes goes in a
   `LastSeen`, which drops an object when it is deleted (`forget`); `Runner.forget` drops a pending re-run.
 
-How a new controller uses it (InferenceGraph, say; the index id becomes the handler kwarg's name):
-
-    INDEX = "loom_inferencegraphs"
+How a new controller uses it (InferenceGraph, say):
 
     def register(settings: OperatorSettings) -> None:
-        runner = Runner("InferenceGraph", reconcile, interval_s=settings.resync_interval_s,
+        runner = Runner("InferenceGraph", one_pass, interval_s=settings.resync_interval_s,
                         timeout_s=settings.reconcile_timeout_s)
+        own_kind_handlers(runner, "inferencegraphs", "loom_inferencegraphs")
 
-        @kopf.index(GROUP, VERSION, "inferencegraphs", id=INDEX)
-        def due(namespace: str, name: str, **_: Any) -> dict[tuple[str, str], bool]:
-            return {(namespace, name): True}  # True: the resync visits it (False: idle, e.g. finished)
+        @kopf.on.event("apps", "v1", "deployments", labels=...)   # a child changed: reconcile its owner
+        async def child_changed(body: kopf.Body, **_: Any) -> None:
+            await runner.trigger(body.metadata.namespace, owner_name_from(body))
 
-        @kopf.on.resume(GROUP, VERSION, "inferencegraphs")
-        @kopf.on.create(GROUP, VERSION, "inferencegraphs")
-        @kopf.on.update(GROUP, VERSION, "inferencegraphs", field="spec")
-        async def changed(namespace: str, name: str, **kwargs: Any) -> None:
-            runner.resync(kwargs[INDEX])
-            await runner.trigger(namespace, name)
-
-Children's watch events call `runner.trigger(namespace, owner_name)` the same way.
+`own_kind_handlers` registers what every kind needs for its own objects. A kind whose resync must skip idle
+objects (a finished TrainingJob) writes the same three handlers itself, its index flagging each object due or
+not, and calls `runner.resync(kwargs[index_id])` from its handlers.
 """
 
 from __future__ import annotations
@@ -43,7 +37,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+import kopf
+
+from ..api import GROUP, VERSION
 
 log = logging.getLogger("loom.operator.runner")
 
@@ -121,6 +119,28 @@ class Runner:
                 log.exception("reading the %s index for the resync failed", self.kind)
                 continue
             await asyncio.gather(*(self.trigger(namespace, name) for namespace, name in due))
+
+
+def own_kind_handlers(runner: Runner, plural: str, index_id: str) -> None:
+    """The Kopf handlers for a controller's own kind, none needing a finalizer: create, resume and a spec change
+    trigger a pass; a deletion drops a queued pass (an optional delete handler); an index of every object (each
+    due at every round; Kopf passes it to handlers as the kwarg `index_id`) feeds the periodic resync."""
+
+    @kopf.on.resume(GROUP, VERSION, plural, id="changed")
+    @kopf.on.create(GROUP, VERSION, plural, id="changed")
+    @kopf.on.update(GROUP, VERSION, plural, field="spec", id="changed")
+    async def changed(namespace: str | None, name: str, **kwargs: Any) -> None:
+        runner.resync(kwargs.get(index_id))
+        await runner.trigger(str(namespace), name)
+
+    @kopf.on.delete(GROUP, VERSION, plural, optional=True, id="forget")
+    async def forget(namespace: str | None, name: str, **_: Any) -> None:
+        runner.forget(str(namespace), name)
+
+    @kopf.index(GROUP, VERSION, plural, id=index_id)
+    def due(namespace: str | None, name: str | None, **kwargs: Any) -> dict[Key, bool]:
+        runner.resync(kwargs.get(index_id))
+        return {(str(namespace), str(name)): True}
 
 
 class LastSeen(Generic[V]):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ..api.inferencegraph import GraphPhase, GraphStep, InferenceGraphSpec, InferenceGraphStatus, NodeStatus, StepStatus
 from .inferencegraph import GraphProblem, ServiceRef, graph_url, hard_services, referenced_services
-from .kit import Condition, Event, Manifest, set_condition
+from .kit import Condition, Event, Manifest, condition_events, set_condition
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ def compute_status(
         services=f"{ready_services}/{len(wanted)}",
         nodes=nodes,
     )
-    return status, transitions(old, conditions)
+    return status, condition_events(old, conditions, WARNING_REASONS)
 
 
 def _phase(invalid: bool, available: bool, stuck: str | None, ready: bool, all_services_ready: bool) -> GraphPhase:
@@ -208,16 +208,3 @@ def _phase(invalid: bool, available: bool, stuck: str | None, ready: bool, all_s
 
 
 WARNING_REASONS = {"InvalidGraph", "ServiceNotFound", "ServiceNotReady", "ProgressDeadlineExceeded"}
-
-
-def transitions(old: list[Condition], new: list[Condition]) -> list[Event]:
-    """One event per condition whose status or reason changed (a stuck state is reported once, not forever)."""
-    before = {c.type: c for c in old}
-    events: list[Event] = []
-    for cond in new:
-        prior = before.get(cond.type)
-        if prior is not None and prior.status == cond.status and prior.reason == cond.reason:
-            continue
-        message = f"{cond.type}={cond.status}: {cond.message}"
-        events.append(Event("Warning" if cond.reason in WARNING_REASONS else "Normal", cond.reason, message))
-    return events

@@ -17,7 +17,7 @@ from ..api.inferenceservice import CanaryStatus, InferenceServiceStatus, Serving
 from .inferenceservice import CONFIG_HASH_ANNOTATION, selector_string, service_url
 from .inferenceservice_model import ResolveError
 from .inferenceservice_rollout import RolloutPlan, rolled_out
-from .kit import Condition, Event, Manifest, set_condition
+from .kit import Condition, Event, Manifest, condition_events, set_condition
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ def compute_status(
         # Written by the autoscaler (controllers/autoscaler.py); kept as it is.
         autoscaling=previous.autoscaling if previous else None,
     )
-    return status, transitions(old, conditions)
+    return status, condition_events(old, conditions, WARNING_REASONS)
 
 
 def _canary(plan: RolloutPlan, canary: Manifest | None) -> CanaryStatus | None:
@@ -232,18 +232,3 @@ WARNING_REASONS = {
     "FetchFailed", "LoadFailed", "InvalidSpec", "ProgressDeadlineExceeded", "TrainingJobNotFound",
     "TrainingJobFailed", "HandlerRequired", "Unschedulable", "NoCheckpointStore",
 }  # fmt: skip
-
-
-def transitions(old: list[Condition], new: list[Condition]) -> list[Event]:
-    """One event per condition whose status or reason changed (so a stuck state is reported once, not forever)."""
-    before = {c.type: c for c in old}
-    events: list[Event] = []
-    for cond in new:
-        prior = before.get(cond.type)
-        if prior is not None and prior.status == cond.status and prior.reason == cond.reason:
-            continue
-        warning = cond.reason in WARNING_REASONS
-        events.append(
-            Event("Warning" if warning else "Normal", cond.reason, f"{cond.type}={cond.status}: {cond.message}")
-        )
-    return events

@@ -10,12 +10,14 @@ A new kind's `render/<kind>.py` builds its children from these pieces, so every 
   (the operator never reads a Secret's data), and the user's variables layered over Loom's.
 - `restricted_security_context()`: non-root, no privilege escalation, no capabilities.
 - Status: `Condition` / `set_condition` (Kubernetes conditions; lastTransitionTime moves only on a change),
-  `Event` (what a state machine wants announced; the controller posts it), `status_patch(old, new)` (the merge
+  `Event` (what a state machine wants announced; the controller posts it), `condition_events(old, new, warnings)`
+  (one event per condition that changed status or reason), `status_patch(old, new)` (the merge
   patch between two wire statuses), `format_time` / `parse_time` (RFC 3339, the one time format of status).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,6 +37,7 @@ __all__ = [
     "Event",
     "Manifest",
     "child_metadata",
+    "condition_events",
     "format_time",
     "labels",
     "merge_env",
@@ -166,6 +169,20 @@ class Event:
     type: Literal["Normal", "Warning"]
     reason: str
     message: str
+
+
+def condition_events(old: list[Condition], new: list[Condition], warnings: Collection[str]) -> list[Event]:
+    """One event per condition whose status or reason changed (a stuck state is reported once, not forever); a
+    Warning when its reason is in `warnings`."""
+    before = {c.type: c for c in old}
+    events: list[Event] = []
+    for cond in new:
+        prior = before.get(cond.type)
+        if prior is not None and prior.status == cond.status and prior.reason == cond.reason:
+            continue
+        message = f"{cond.type}={cond.status}: {cond.message}"
+        events.append(Event("Warning" if cond.reason in warnings else "Normal", cond.reason, message))
+    return events
 
 
 def status_patch(old: Manifest, new: Manifest) -> Manifest | None:
