@@ -33,7 +33,7 @@ from ..render.inferencegraph_status import Observed, compute_status
 from ..render.kit import Manifest, owner_of, status_patch
 from ..settings import OperatorSettings
 from .events import post_events
-from .runner import LastSeen, Runner, own_kind_handlers
+from .runner import LastSeen, Runner, child_handlers, own_kind_handlers
 
 log = logging.getLogger("loom.operator.inferencegraph")
 
@@ -126,12 +126,7 @@ def register(settings: OperatorSettings) -> None:
         return {(str(namespace), service): str(name) for service in services_named(dict(spec or {}))}
 
     # The router's rollout and readiness come with its Deployment's status.
-    @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/name": KIND_LABEL})
-    async def _deployment_changed(body: kopf.Body, **_: Any) -> None:
-        meta = body.get("metadata", {})
-        owner = (meta.get("labels") or {}).get(f"loom.dev/{KIND_LABEL}")
-        if owner and meta.get("namespace"):
-            await runner.trigger(meta["namespace"], owner)
+    child_handlers(runner, KIND_LABEL, ("apps", "v1", "deployments"))
 
     # A referenced InferenceService appeared, went (un)ready, changed its model name or was deleted.
     @kopf.on.event(GROUP, VERSION, "inferenceservices")

@@ -39,7 +39,7 @@ from ..render.inferenceservice_status import Observed, compute_status
 from ..render.kit import Manifest, owner_of, status_patch
 from ..settings import OperatorSettings
 from .events import post_events
-from .runner import LastSeen, Runner, own_kind_handlers
+from .runner import LastSeen, Runner, child_handlers, own_kind_handlers
 
 log = logging.getLogger("loom.operator.inferenceservice")
 
@@ -187,12 +187,7 @@ def register(settings: OperatorSettings) -> None:
     own_kind_handlers(runner, PLURAL, INDEX_ID)
 
     # Rollouts progress with the Deployments' status: react to it instead of polling.
-    @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/name": KIND_LABEL})
-    async def _deployment_changed(body: kopf.Body, **_: Any) -> None:
-        meta = body.get("metadata", {})
-        owner = (meta.get("labels") or {}).get(f"loom.dev/{KIND_LABEL}")
-        if owner and meta.get("namespace"):
-            await runner.trigger(meta["namespace"], owner)
+    child_handlers(runner, KIND_LABEL, ("apps", "v1", "deployments"))
 
     # Train-to-serve: a newer checkpoint of a referenced TrainingJob rolls out by itself.
     @kopf.on.event(GROUP, VERSION, "trainingjobs")

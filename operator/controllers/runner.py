@@ -22,12 +22,10 @@ How a new controller uses it (InferenceGraph, say):
         runner = Runner("InferenceGraph", one_pass, interval_s=settings.resync_interval_s,
                         timeout_s=settings.reconcile_timeout_s)
         own_kind_handlers(runner, "inferencegraphs", "loom_inferencegraphs")
+        child_handlers(runner, "inferencegraph", ("apps", "v1", "deployments"))  # its router Deployment
 
-        @kopf.on.event("apps", "v1", "deployments", labels=...)   # a child changed: reconcile its owner
-        async def child_changed(body: kopf.Body, **_: Any) -> None:
-            await runner.trigger(body.metadata.namespace, owner_name_from(body))
-
-`own_kind_handlers` registers what every kind needs for its own objects. A kind whose resync must skip idle
+`own_kind_handlers` registers what every kind needs for its own objects; `child_handlers` reconciles the owner
+when one of its children (labelled by the render kit) changes. A kind whose resync must skip idle
 objects (a finished TrainingJob) writes the same three handlers itself, its index flagging each object due or
 not, and calls `runner.resync(kwargs[index_id])` from its handlers.
 """
@@ -141,6 +139,23 @@ def own_kind_handlers(runner: Runner, plural: str, index_id: str) -> None:
     def due(namespace: str | None, name: str | None, **kwargs: Any) -> dict[Key, bool]:
         runner.resync(kwargs.get(index_id))
         return {(str(namespace), str(name)): True}
+
+
+def child_handlers(runner: Runner, kind_label: str, *resources: tuple[str, str, str]) -> None:
+    """Reconcile the owner whenever one of its children of these (group, version, plural) changes, e.g. a
+    Deployment's rollout progressing. Children carry the kit's labels: app.kubernetes.io/name=<kind_label> and
+    loom.dev/<kind_label>=<owner name>."""
+
+    async def child_changed(body: kopf.Body, **_: Any) -> None:
+        meta = body.get("metadata", {})
+        owner = (meta.get("labels") or {}).get(f"loom.dev/{kind_label}")
+        if owner and meta.get("namespace"):
+            await runner.trigger(meta["namespace"], owner)
+
+    for group, version, plural in resources:
+        kopf.on.event(group, version, plural, labels={"app.kubernetes.io/name": kind_label}, id=f"{kind_label}-child")(
+            child_changed
+        )
 
 
 class LastSeen(Generic[V]):
