@@ -23,6 +23,7 @@ from loom.devstack.cluster.paths import AGENT_STATE_DIR
 from loom.devstack.servers import S3Endpoint
 from loom.e2e.pytest_operator import OperatorProcess
 from loom.e2e.pytest_services import apply_s3_secret
+from loom.operator.render.featureview_config import delete_job_name
 from loom.workloads.features import example_data
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -170,3 +171,65 @@ def test_example_feature_view_is_registered_materialized_and_served(
     assert "no_such_column" in registered_cond["message"]
     assert refused["status"]["phase"] == "Failed"
     assert condition(get(cluster, ns, "featureview", "driver-stats") or {}, "Ready")["status"] == "True"
+
+    # Deleting a registered view removes it from the registry: no finalizer, a delete Job run by the pass of a
+    # view that remains in the project; the feature server stops knowing the view.
+    extra = example_view(s3, bucket)
+    extra["metadata"]["name"] = "driver-trips"
+    extra["spec"]["features"] = [{"name": "avg_daily_trips", "dtype": "Int64"}]
+    cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(extra))
+    wait_view(
+        cluster,
+        loom_operator,
+        ns,
+        "driver-trips",
+        "Registered",
+        lambda o: condition(o, "Registered").get("status") == "True",
+    )
+    trips = {"features": ["driver_trips:avg_daily_trips"], "entities": {"driver_id": [1001]}}
+    with httpx.Client(trust_env=False, timeout=30) as client:
+        wait_until(
+            lambda: client.post(f"{url}/get-online-features", json=trips).status_code == 200,
+            timeout=TIMEOUT_S,
+            what="the server knows driver_trips",
+            interval=2,
+        )
+        cluster.kubectl("delete", "featureview", "driver-trips", "-n", ns, "--wait=true")
+        job_name = delete_job_name("rides", "driver-trips")
+
+        def deleted() -> dict[str, Any] | None:
+            pods = cluster.kubectl(
+                "get", "pods", "-n", ns, "-l", f"batch.kubernetes.io/job-name={job_name}", "-o", "json"
+            )
+            for pod in json.loads(pods.stdout)["items"]:
+                for status in pod["status"].get("containerStatuses") or []:
+                    terminated = (status.get("state") or {}).get("terminated") or {}
+                    if terminated.get("exitCode") == 0:
+                        return dict(json.loads(terminated["message"]))
+            return None
+
+        try:
+            result = wait_until(deleted, timeout=TIMEOUT_S, what=f"delete Job {job_name} succeeded", interval=2)
+        except TimeoutError as error:
+            jobs = cluster.kubectl("get", "jobs,pods", "-n", ns, "-o", "wide", check=False).stdout
+            raise AssertionError(f"{error}\n{jobs}\n{loom_operator.log_tail()}") from None
+        assert (result["outcome"], result["deleted"]) == ("Deleted", ["driver_trips"])
+        wait_until(
+            lambda: (
+                "driver-trips"
+                not in (get(cluster, ns, "configmap", "rides-features") or {})
+                .get("metadata", {})
+                .get("annotations", {})
+                .get("loom.dev/registered-views", "")
+            ),
+            timeout=60,
+            what="the project forgets driver-trips",
+            interval=1,
+        )
+        wait_until(
+            lambda: client.post(f"{url}/get-online-features", json=trips).status_code != 200,
+            timeout=60,
+            what="the server no longer serves driver_trips",
+            interval=2,
+        )
+        assert online_features(url, [1001])[1001]["conv_rate"][1] == "PRESENT"  # the other view is untouched
