@@ -296,3 +296,63 @@ def test_examples_as_written(cluster: Cluster, loom_operator: OperatorProcess, g
     assert set(served) == {"chargpt-current", "chargpt-challenger"}
     sd = (1000 * 0.2 * 0.8) ** 0.5
     assert abs(served["chargpt-challenger"] - 200) <= 5 * sd, served
+
+
+def test_ensemble_combines_outputs_by_step_name(
+    cluster: Cluster, loom_operator: OperatorProcess, graph_namespace: str
+) -> None:
+    ns = graph_namespace
+    nodes = {"root": {"routerType": "Ensemble", "steps": [
+        {"name": "current", "serviceName": "chargpt-current", "dependency": "Hard"},
+        {"name": "challenger", "serviceName": "chargpt-challenger", "dependency": "Hard"},
+    ]}}  # fmt: skip
+    apply_graph(cluster, ns, graph("both", nodes))
+    wait_graph_ready(cluster, loom_operator, ns, "both")
+    with client() as http:
+        response = http.post(f"{service_url(ns, 'both')}/v2/models/both/infer", json=topic("hi"))
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["model_name"] == "both"
+    outputs = [(o["name"], o["data"]) for o in answer["outputs"]]
+    assert outputs == [("current/topic", ["hi"]), ("challenger/topic", ["hi"])]
+
+
+def test_generation_streams_through_a_sequence_in_several_chunks(
+    cluster: Cluster, loom_operator: OperatorProcess, graph_namespace: str, s3: S3Endpoint, tmp_path: Path
+) -> None:
+    import torch
+
+    from loom.workloads.server.chargpt_handler import save_for_serving
+    from loom.workloads.trainer.examples import chargpt
+
+    ns = graph_namespace
+    torch.manual_seed(0)
+    folder = save_for_serving(chargpt.GPT(chargpt.GPTConfig(block_size=32, n_layer=1, n_head=2, n_embd=32)), tmp_path)
+    bucket = f"gpt-{uuid.uuid4().hex[:8]}"
+    s3.client().create_bucket(Bucket=bucket)
+    for path in folder.iterdir():
+        s3.client().put_object(Bucket=bucket, Key=f"tiny/{path.name}", Body=path.read_bytes())
+    body = manifest("tiny-gpt", f"s3://{bucket}/tiny", s3, handler="chargpt", replicas=1)
+    cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(body))
+    wait_rolled_out(cluster, loom_operator, ns, "tiny-gpt")
+    # The draft is generated whole; its text feeds the last step, whose stream is passed on as it arrives.
+    nodes = {"root": {"routerType": "Sequence", "steps": [
+        {"name": "draft", "serviceName": "tiny-gpt", "dependency": "Hard"},
+        {"name": "final", "serviceName": "tiny-gpt", "data": "$response", "dependency": "Hard"},
+    ]}}  # fmt: skip
+    apply_graph(cluster, ns, graph("story", nodes))
+    wait_graph_ready(cluster, loom_operator, ns, "story")
+
+    chunks, events = 0, []
+    request = {"text_input": "To be", "parameters": {"max_tokens": 24, "temperature": 0}}
+    url = f"{service_url(ns, 'story')}/v2/models/story/generate_stream"
+    with client() as http, http.stream("POST", url, json=request) as response:
+        assert response.status_code == 200, response.read()
+        buffer = b""
+        for chunk in response.iter_raw():
+            chunks += 1
+            buffer += chunk
+        events = [json.loads(line[5:]) for line in buffer.decode().splitlines() if line.startswith("data:")]
+    assert len(events) > 1 and chunks > 1, (chunks, events)
+    assert all("error" not in e and e["model_name"] == "tiny-gpt" for e in events), events
+    assert len("".join(e["text_output"] for e in events)) == 24
