@@ -130,7 +130,7 @@ def _dependencies(
             "DependenciesReady", False, "ServiceNotReady", f"InferenceService(s) not Ready: {detail}{soft_note}",
             generation,
         )  # fmt: skip
-    message = f"all {len(hard)} Hard dependencies Ready" if hard else "no Hard dependency"
+    message = f"Hard dependencies Ready: {', '.join(sorted(hard))}" if hard else "no Hard dependency"
     return _condition("DependenciesReady", True, "DependenciesReady", message + soft_note, generation)
 
 
