@@ -23,7 +23,7 @@ from loom.devstack.cluster.paths import AGENT_STATE_DIR
 from loom.devstack.servers import S3Endpoint
 from loom.e2e.pytest_operator import OperatorProcess
 from loom.e2e.pytest_services import apply_s3_secret
-from loom.operator.render.featureview_config import delete_job_name
+from loom.operator.render.featureview_config import cronjob_name, delete_job_name
 from loom.workloads.features import example_data
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -233,3 +233,38 @@ def test_example_feature_view_is_registered_materialized_and_served(
             interval=2,
         )
         assert online_features(url, [1001])[1001]["conv_rate"][1] == "PRESENT"  # the other view is untouched
+
+
+def test_the_cronjob_controller_materializes_on_schedule(
+    cluster: Cluster,
+    loom_operator: OperatorProcess,
+    operator_namespace: str,
+    s3: S3Endpoint,
+    bucket: str,
+    tmp_path: Path,
+) -> None:
+    ns = operator_namespace
+    apply_s3_secret(cluster, ns, s3)
+    files = example_data.write(tmp_path, example_data.parse_end("now"))
+    s3.client().upload_file(str(files["driverStats"]), bucket, "driver_stats.parquet")
+    view = example_view(s3, bucket)
+    view["metadata"]["name"] = "trips-cron"
+    view["spec"]["project"] = "rides-cron"
+    view["spec"]["materialization"] = {"schedule": "* * * * *"}
+    view["spec"]["server"] = {"replicas": 0}
+    cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(view))
+    prefix = cronjob_name("trips-cron") + "-"
+
+    def scheduled_run_succeeded(obj: dict[str, Any]) -> bool:
+        last = (obj.get("status") or {}).get("lastMaterialization") or {}
+        return last.get("outcome") == "Succeeded" and str(last.get("job", "")).startswith(prefix)
+
+    done = wait_view(cluster, loom_operator, ns, "trips-cron", "a scheduled run succeeded", scheduled_run_succeeded)
+    status = done["status"]
+    assert status["lastMaterialization"]["rowsWritten"] > 0
+    assert status["nextMaterialization"].endswith(":00Z")
+    assert condition(done, "Materialized")["status"] == "True"
+    assert condition(done, "ServerReady")["reason"] == "ScaledToZero"
+    assert condition(done, "Ready")["status"] == "False"
+    cron = get(cluster, ns, "cronjob", cronjob_name("trips-cron"))
+    assert cron is not None and cron["spec"]["concurrencyPolicy"] == "Forbid"

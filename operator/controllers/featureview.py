@@ -208,6 +208,7 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
             token = (body["metadata"].get("annotations") or {}).get(MATERIALIZE_NOW)
             if token and apply_result is not None and apply_result.state == "Succeeded":
                 await state.create_writer(render_manual_job(namespace, plan, name, token, image))
+            await _drop_old_manual_runs(namespace, name, token, state)
         else:
             await kube.delete("batch/v1", "CronJob", namespace, cronjob_name(name))
     materializations = [
@@ -246,6 +247,28 @@ async def _drop_old_applies(namespace: str, name: str, current: str, state: _Pro
         if mine and job_name != current and _finished(job):
             await kube.delete("batch/v1", "Job", namespace, job_name)
             state.jobs.pop(job_name, None)
+
+
+async def _drop_old_manual_runs(namespace: str, name: str, token: str | None, state: _Project) -> None:
+    """Finished Jobs of earlier materialize-now tokens, once a later run of the view has finished (that one is
+    the status record now). The current token's Job always stays: it must not run twice."""
+    runs = [
+        job
+        for job in state.jobs.values()
+        if (job["metadata"].get("labels") or {}).get(VIEW_LABEL) == name
+        and (job["metadata"].get("labels") or {}).get(COMMAND_LABEL) == "materialize"
+    ]
+    finished = sorted((j["metadata"].get("creationTimestamp") or "" for j in runs if _finished(j)), reverse=True)
+    if not finished:
+        return
+    for job in runs:
+        meta = job["metadata"]
+        earlier = (meta.get("annotations") or {}).get(MATERIALIZE_NOW)
+        if earlier is None or earlier == token or not _finished(job):
+            continue
+        if (meta.get("creationTimestamp") or "") < finished[0]:
+            await kube.delete("batch/v1", "Job", namespace, meta["name"])
+            state.jobs.pop(meta["name"], None)
 
 
 async def _write_status(body: Manifest, observed: Observed, now: datetime) -> None:
