@@ -11,6 +11,9 @@ through the InferenceService's scale subresource, as an HPA does.
 - The replicas are written with the object's resourceVersion as a precondition: a write that races another
   writer (a user's `kubectl scale`, a spec change) fails with a conflict and is decided again from a fresh read,
   so the autoscaler never scales twice on one observation.
+- Engines keda and hpa: the loop applies their ScaledObject / HorizontalPodAutoscaler (rendered by
+  loom.operator.autoscale.engines, owned by the InferenceService) once per engine switch or restart, deletes the
+  other engines' objects, and never writes replicas: they do, through the same scale subresource.
 - The reconcile pass (controllers/inferenceservice.py) follows spec.replicas through `recommend_replicas`; the
   scale write is a spec change, so Kopf triggers that pass at once.
 - status.autoscaling and the MetricsAvailable condition are written here (conditional on resourceVersion too;
@@ -37,6 +40,13 @@ from pydantic import ValidationError
 from ..api import GROUP, VERSION
 from ..api.inferenceservice import Autoscaling, AutoscalingStatus, InferenceServiceSpec, InferenceServiceStatus
 from ..autoscale.decision import Decision, MetricUnavailable, MetricValue, Observation, ScalingState, decide
+from ..autoscale.engines import (
+    HPA_API_VERSION,
+    KEDA_API_VERSION,
+    EngineError,
+    render_hpa,
+    render_scaled_object,
+)
 from ..autoscale.inferenceservice import (
     METRICS_AVAILABLE,
     autoscaling_status,
@@ -49,8 +59,8 @@ from ..autoscale.inferenceservice import (
 )
 from ..autoscale.prometheus import PrometheusClient
 from ..kube import client as kube
-from ..render.inferenceservice import selector_string
-from ..render.kit import Event, Manifest, owner_of, set_condition
+from ..render.inferenceservice import deployment_name, selector_string
+from ..render.kit import Event, Manifest, child_metadata, owner_of, set_condition
 from ..settings import OperatorSettings
 from .events import post_events
 from .runner import DueIndex, Key
@@ -66,10 +76,38 @@ FIELD_MANAGER = "loom-autoscaler"
 ATTEMPTS = 3
 
 
-def builtin_autoscaled(spec: Any) -> bool:
-    """Whether the builtin engine scales an object with this spec (a raw dict, as the index sees it)."""
+def autoscaled(spec: Any) -> bool:
+    """Whether an object with this spec (a raw dict, as the index sees it) is autoscaled, by any engine."""
     autoscaling = (spec or {}).get("autoscaling") if isinstance(spec, dict) else None
-    return isinstance(autoscaling, dict) and autoscaling.get("engine", "builtin") == "builtin"
+    return isinstance(autoscaling, dict)
+
+
+def engine_object(
+    owner: Manifest, autoscaling: Autoscaling, settings: OperatorSettings
+) -> tuple[Manifest | None, list[tuple[str, str]]]:
+    """What engine keda or hpa needs (None for builtin), and the (apiVersion, kind) of the engine objects it must
+    not leave behind (a switch of engine). Raises EngineError for what the engine cannot do."""
+    name = owner["metadata"]["name"]
+    meta = child_metadata(owner, name, "autoscaler")
+    target = {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": name}
+    config = scaling_config(autoscaling)
+    keda, hpa = (KEDA_API_VERSION, "ScaledObject"), (HPA_API_VERSION, "HorizontalPodAutoscaler")
+    if autoscaling.engine == "keda":
+        deployments = [deployment_name(name, "stable"), deployment_name(name, "canary")]
+        obj = render_scaled_object(
+            meta,
+            target,
+            config,
+            autoscaling.metric,
+            deployments,
+            prometheus_url=settings.prometheus_url or "",
+            promql=autoscaling.query,
+            rate_window_seconds=settings.autoscale_rate_window_s,
+        )
+        return obj, [hpa]
+    if autoscaling.engine == "hpa":
+        return render_hpa(meta, target, config, autoscaling.metric), [keda]
+    return None, [keda, hpa]
 
 
 @dataclass(frozen=True)
@@ -77,7 +115,9 @@ class Memory:
     """What the autoscaler remembers about one object between rounds."""
 
     uid: str
-    state: ScalingState
+    state: ScalingState | None = None  # builtin engine
+    engine: str = "builtin"  # the engine whose objects exist (others were deleted)
+    problem: str | None = None  # an engine error already announced
 
 
 class Autoscaler:
@@ -174,18 +214,25 @@ class Autoscaler:
         except ValidationError:
             return  # the reconcile pass reports an invalid spec
         autoscaling = spec.autoscaling
-        if autoscaling is None or autoscaling.engine != "builtin":
+        if autoscaling is None:
             self._memory.pop(key, None)
             return
         owner = owner_of(body, KIND)
         uid = str(body["metadata"]["uid"])
+        memory = self._memory.get(key)
+        if memory is not None and memory.uid != uid:
+            memory = None
+        if memory is None or memory.engine != autoscaling.engine:
+            memory = await self._converge_engine(body, owner, autoscaling, memory)
+            self._memory[key] = memory
+        if autoscaling.engine != "builtin":
+            return  # KEDA or the HPA writes the replicas
         current = current_replicas(spec)
         pods = await kube.list_objects("v1", "Pod", namespace, selector_string(owner))
         ready = ready_pod_names(pods)
         now = self._clock()
         metric = await self._observe(autoscaling, namespace, ready, now)
-        memory = self._memory.get(key)
-        state = memory.state if memory is not None and memory.uid == uid else ScalingState.initial(now, current)
+        state = memory.state or ScalingState.initial(now, current)
         observation = Observation(
             now=now, current_replicas=current, ready_replicas=min(len(ready), current), metric=metric
         )
@@ -213,6 +260,28 @@ class Autoscaler:
             )
         self._memory[key] = Memory(uid, decision.state)
         await self._report(body, autoscaling, decision, resource_version)
+
+    async def _converge_engine(
+        self, body: Manifest, owner: Manifest, autoscaling: Autoscaling, memory: Memory | None
+    ) -> Memory:
+        """Apply engine keda's or hpa's object, delete the other engines' (once per engine switch and restart)."""
+        meta = body["metadata"]
+        uid = str(meta["uid"])
+        try:
+            wanted, stale = engine_object(owner, autoscaling, self.settings)
+        except (EngineError, ValueError) as exc:
+            problem = str(exc)
+            if memory is None or memory.problem != problem:
+                post_events(body, [Event("Warning", "AutoscalingInvalid", problem)])
+                log.warning("autoscaling %s/%s: %s", meta["namespace"], meta["name"], problem)
+            return Memory(uid, engine="invalid", problem=problem)
+        for api_version, kind in stale:
+            # Not found (or KEDA's CRDs not installed): nothing of it to delete.
+            await kube.delete(api_version, kind, meta["namespace"], meta["name"], uid=None)
+        if wanted is not None:
+            await kube.apply(wanted)
+            post_events(body, [Event("Normal", "AutoscalerApplied", f"engine {autoscaling.engine}: {wanted['kind']}")])
+        return Memory(uid, engine=autoscaling.engine)
 
     async def _report(
         self, body: Manifest, autoscaling: Autoscaling, decision: Decision, resource_version: str
@@ -263,7 +332,7 @@ def register(settings: OperatorSettings) -> Autoscaler:
         namespace: str | None, name: str | None, spec: Any, **kwargs: Any
     ) -> dict[tuple[str, str], bool]:
         autoscaler.start(kwargs.get(INDEX_ID))
-        if not builtin_autoscaled(dict(spec or {})):
+        if not autoscaled(dict(spec or {})):
             return {}
         return {(str(namespace), str(name)): True}
 

@@ -53,6 +53,8 @@ RESOURCES: dict[tuple[str, str], Resource] = {
     ("apps/v1", "Deployment"): Resource("apps/v1", "deployments"),
     ("apps/v1", "ReplicaSet"): Resource("apps/v1", "replicasets"),
     ("batch/v1", "Job"): Resource("batch/v1", "jobs"),
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): Resource("autoscaling/v2", "horizontalpodautoscalers"),
+    ("keda.sh/v1alpha1", "ScaledObject"): Resource("keda.sh/v1alpha1", "scaledobjects"),
     ("batch/v1", "CronJob"): Resource("batch/v1", "cronjobs"),
     ("discovery.k8s.io/v1", "EndpointSlice"): Resource("discovery.k8s.io/v1", "endpointslices"),
     ("scheduling.volcano.sh/v1beta1", "PodGroup"): Resource("scheduling.volcano.sh/v1beta1", "podgroups"),

@@ -153,6 +153,16 @@ class FakeApi:
         self.pods = pods
         self.writes: list[tuple[str | None, dict[str, Any]]] = []
         self.conflicts = 0  # the next writes that lose a race
+        self.deleted: list[str] = []
+        self.applied: list[dict[str, Any]] = []
+
+    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str, **_: Any) -> bool:
+        self.deleted.append(kind)
+        return False
+
+    async def apply(self, manifest: dict[str, Any], **_: Any) -> dict[str, Any]:
+        self.applied.append(manifest)
+        return manifest
 
     async def get(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.body)
@@ -201,7 +211,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
         "spec": {"model": MODEL, "autoscaling": {"maxReplicas": 4, "target": 50, "metric": "gpu-utilization"}},
     }
     fake = FakeApi(body, [pod("chat-1-a", True)])
-    for name in ("get", "list_objects", "merge_patch"):
+    for name in ("get", "list_objects", "merge_patch", "delete", "apply"):
         monkeypatch.setattr(kube, name, getattr(fake, name))
     return fake
 
@@ -223,6 +233,7 @@ async def test_a_round_scales_up_once_through_the_scale_subresource_despite_a_ra
     await scaler.round([("ns", "chat")])
     scale = [w for w in api.writes if w[0] == "scale"]
     assert [w[1]["spec"] for w in scale] == [{"replicas": 2}]  # once, from the fresh read
+    assert sorted(api.deleted) == ["HorizontalPodAutoscaler", "ScaledObject"] and not api.applied  # no leftovers
     status = api.body["status"]
     assert status["autoscaling"]["desiredReplicas"] == 2 and status["autoscaling"]["lastScaleReason"] == "ScaledUp"
     assert [c["type"] for c in status["conditions"]] == ["MetricsAvailable"]
@@ -252,7 +263,35 @@ async def test_without_prometheus_the_replicas_hold_and_the_condition_says_why(
     assert json.dumps(api.body["status"]).count("desiredReplicas") == 1
 
 
-def test_index_selects_builtin_engine_only() -> None:
-    assert module.builtin_autoscaled({"autoscaling": {"maxReplicas": 2}})
-    assert not module.builtin_autoscaled({"autoscaling": {"engine": "keda"}})
-    assert not module.builtin_autoscaled({"replicas": 2})
+def test_index_selects_autoscaled_objects() -> None:
+    assert module.autoscaled({"autoscaling": {"maxReplicas": 2}})
+    assert module.autoscaled({"autoscaling": {"engine": "keda"}})
+    assert not module.autoscaled({"replicas": 2})
+
+
+async def test_engines_hpa_and_keda_get_their_object_and_the_loop_never_writes_replicas(
+    api: FakeApi, events: list[tuple[str, str]]
+) -> None:
+    api.body["spec"]["autoscaling"]["engine"] = "hpa"
+    scaler = module.Autoscaler(OperatorSettings(prometheus_url="http://prom:9090"), clock=lambda: 1000.0)
+    scaler._prometheus = prometheus({"chat-1-a": 99.0}, 1000.0)
+    await scaler.round([("ns", "chat")])
+    await scaler.round([("ns", "chat")])  # applied once per engine, not every round
+    assert [(o["kind"], o["spec"]["scaleTargetRef"]["name"]) for o in api.applied] == [
+        ("HorizontalPodAutoscaler", "chat")
+    ]
+    owner = api.applied[0]["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["uid"]) == ("InferenceService", "u1")
+    assert api.deleted == ["ScaledObject"] and api.writes == []
+    api.body["spec"]["autoscaling"]["engine"] = "keda"
+    await scaler.round([("ns", "chat")])
+    assert api.applied[-1]["kind"] == "ScaledObject" and api.deleted[-1] == "HorizontalPodAutoscaler"
+    assert api.writes == [] and ("Normal", "AutoscalerApplied") in events
+
+
+async def test_an_engine_that_cannot_do_it_is_announced_once(api: FakeApi, events: list[tuple[str, str]]) -> None:
+    api.body["spec"]["autoscaling"].update({"engine": "hpa", "metric": "gpu-memory"})
+    scaler = module.Autoscaler(OperatorSettings(), clock=lambda: 1000.0)
+    await scaler.round([("ns", "chat")])
+    await scaler.round([("ns", "chat")])
+    assert events == [("Warning", "AutoscalingInvalid")] and not api.applied and not api.writes
