@@ -37,15 +37,13 @@ def crds(folders: tuple[Path, ...]) -> None:
 def operator() -> None:
     """Run the operator against the current kubeconfig (settings from LOOM_* environment variables)."""
     import logging
-    import os
 
     from .main import run
+    from .settings import OperatorSettings
 
-    logging.basicConfig(
-        level=os.environ.get("LOOM_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    run()
+    settings = OperatorSettings.from_env()
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run(settings)
 
 
 CLI_GROUP = "loom.cli"
