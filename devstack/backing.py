@@ -110,6 +110,9 @@ def manifests() -> list[Manifest]:
     s3 = {
         "command": ["python", "-m", "loom.devstack.backing", "s3", "--port", str(S3_PORT)],
         "args": [arg for bucket in BUCKETS for arg in ("--bucket", bucket)],
+        # Moto reads `minio.storage.svc` as bucket `minio` in a virtual-hosted-style URL; clients of an
+        # S3-compatible endpoint send path-style requests (as to MinIO).
+        "env": [{"name": "S3_IGNORE_SUBDOMAIN_BUCKETNAME", "value": "true"}],
     }
     hosts = [f"{MLFLOW_SERVICE}{suffix}" for suffix in ("", f".{MLFLOW_NAMESPACE}", f".{MLFLOW_NAMESPACE}.svc")]
     hosts += [f"{MLFLOW_SERVICE}.{MLFLOW_NAMESPACE}.svc.cluster.local", "localhost", "127.*"]
@@ -127,6 +130,8 @@ def manifests() -> list[Manifest]:
         ],
         "env": [
             {"name": "MLFLOW_S3_ENDPOINT_URL", "value": S3_URL},
+            # Otherwise seven job-runner processes (GenAI evaluation jobs) start beside the server.
+            {"name": "MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "value": "false"},
             *(
                 {"name": var, "valueFrom": {"secretKeyRef": {"name": SECRET_NAME, "key": var}}}
                 for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")

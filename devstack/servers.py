@@ -182,7 +182,8 @@ def mlflow_server(
         "--backend-store-uri",
         f"sqlite:///{workdir / 'mlflow.db'}",
     ]
-    env: dict[str, str] = {}
+    # Otherwise seven job-runner processes (MLflow's GenAI evaluation jobs) start beside the server.
+    env: dict[str, str] = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     artifacts_uri: str | None = None
     if s3 is not None:
         client = s3.client()

@@ -34,6 +34,7 @@ from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.paths import AGENT_STATE_DIR
 from loom.e2e.helm_operator import InClusterOperator, operator_in_cluster, wait_default_service_account
+from loom.e2e.pytest_operator import apply_crds
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -84,6 +85,8 @@ def examples_namespace(
     # What the examples' comments and the README tell a user to create in a namespace other than default.
     cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(backing.credentials_secret(ns)))
     cluster.kubectl("create", "secret", "generic", "chargpt-api-keys", "-n", ns, f"--from-literal=keys={API_KEY}")
+    # The CRDs as in this checkout first, so the chart's copy of them installs over what a session applied before.
+    apply_crds(cluster)
     try:
         with operator_in_cluster(cluster, [ns], workdir=tmp_path_factory.mktemp("examples-helm")) as operator:
             yield ns, operator

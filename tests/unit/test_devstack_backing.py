@@ -1,0 +1,80 @@
+"""What `loom dev up` provides for examples/ (loom.devstack.backing) matches what the examples reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from loom.devstack import backing
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+
+
+def _walk(node: Any, key: str) -> list[Any]:
+    """Every value stored under `key` anywhere in a document."""
+    if isinstance(node, dict):
+        return [v for k, v in node.items() if k == key] + [x for v in node.values() for x in _walk(v, key)]
+    if isinstance(node, list):
+        return [x for v in node for x in _walk(v, key)]
+    return []
+
+
+def _examples() -> list[dict[str, Any]]:
+    return [doc for path in EXAMPLES for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def _provided(kind: str) -> list[dict[str, Any]]:
+    return [m for m in backing.manifests() if m["kind"] == kind]
+
+
+def test_every_in_cluster_url_the_examples_name_is_a_service_it_provides() -> None:
+    services = {
+        (m["metadata"]["name"], m["metadata"]["namespace"], p["port"])
+        for m in _provided("Service")
+        for p in m["spec"]["ports"]
+    }
+    urls = [u for doc in _examples() for key in ("endpoint", "trackingUri") for u in _walk(doc, key)]
+    in_cluster = [urlsplit(u) for u in urls if ".svc" in urlsplit(u).hostname]
+    assert in_cluster, "no example names an in-cluster S3 or MLflow"
+    for url in in_cluster:
+        name, namespace = url.hostname.split(".")[:2]
+        assert (name, namespace, url.port) in services, url.geturl()
+    assert backing.S3_URL == "http://minio.storage.svc:9000"
+    assert backing.MLFLOW_URL == "http://mlflow.mlops.svc:5000"
+
+
+def test_the_buckets_and_secret_the_examples_use_are_provided() -> None:
+    docs = _examples()
+    buckets = {urlsplit(u).netloc for doc in docs for u in _walk(doc, "uri") if str(u).startswith("s3://")}
+    assert buckets and buckets <= set(backing.BUCKETS)
+    s3 = next(m for m in _provided("Deployment") if m["metadata"]["name"] == "minio")
+    args = s3["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--bucket"] == list(backing.BUCKETS)
+    secret_names = {ref["name"] for doc in docs for ref in _walk(doc, "secretRef")}
+    assert backing.SECRET_NAME in secret_names
+    secrets = {(m["metadata"]["namespace"], m["metadata"]["name"]) for m in _provided("Secret")}
+    assert ("default", backing.SECRET_NAME) in secrets
+
+
+def test_credentials_secret_holds_the_keys_the_operator_reads_by_reference() -> None:
+    secret = backing.credentials_secret("team-a")
+    assert secret["metadata"] == {"name": "s3-credentials", "namespace": "team-a", "labels": backing.LABEL}
+    assert secret["stringData"] == {"AWS_ACCESS_KEY_ID": "loom-local", "AWS_SECRET_ACCESS_KEY": "loom-local-secret"}
+
+
+def test_mlflow_accepts_the_service_name_as_host_and_keeps_its_credentials_in_the_secret() -> None:
+    mlflow = next(m for m in _provided("Deployment") if m["metadata"]["name"] == "mlflow")
+    container = mlflow["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    allowed = args[args.index("--allowed-hosts") + 1].split(",")
+    assert {"mlflow.mlops.svc:5000", "mlflow.mlops.svc", "127.*"} <= set(allowed)
+    env = {e["name"]: e for e in container["env"]}
+    assert env["MLFLOW_S3_ENDPOINT_URL"]["value"] == backing.S3_URL
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == backing.SECRET_NAME
+    assert "value" not in env["AWS_SECRET_ACCESS_KEY"]
+    # Namespaces come before what lives in them (one `kubectl apply` of the whole list).
+    kinds = [m["kind"] for m in backing.manifests()]
+    assert kinds[:2] == ["Namespace", "Namespace"]
