@@ -310,8 +310,8 @@ def register(settings: OperatorSettings) -> None:
         await trigger_project(str(namespace), project_prefix(str(spec.get("project") or "")))
 
     @kopf.index(GROUP, VERSION, PLURAL, id=INDEX_ID)
-    def _known(namespace: str | None, name: str | None, **kwargs: Any) -> dict[tuple[str, str], bool]:
-        runner.resync(kwargs.get(INDEX_ID))
+    def _known(namespace: str | None, name: str | None, **_: Any) -> dict[tuple[str, str], bool]:
+        # Indexers may run outside the event loop: the create/resume handler starts the resync instead.
         return {(str(namespace), str(name)): True}
 
     # Jobs finishing and the server becoming ready move status: react instead of polling.
