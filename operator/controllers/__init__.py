@@ -18,6 +18,7 @@ from . import placeholder
 
 # Kinds whose real controllers exist; each module exposes register(settings).
 _CONTROLLERS: dict[str, str] = {
+    "FeatureView": "featureview",
     "InferenceService": "inferenceservice",
     "InferenceGraph": "inferencegraph",
     "TrainingJob": "trainingjob",
