@@ -14,6 +14,9 @@ from loom.workloads.trainer.config import EXIT_INTERRUPTED
 from .kit import Manifest, parse_time
 from .trainingjob import ATTEMPT_LABEL, INDEX_LABEL
 
+# The phase the trainer's progress document (workloads/trainer/tracking.py) shows before its first step.
+TRAINER_STARTING = "Starting"
+
 # Pod status reasons / conditions that mean the platform took the pod away: not the trainer's fault.
 DISRUPTION_REASONS = frozenset(
     {"Evicted", "Preempted", "Preempting", "NodeLost", "NodeShutdown", "Terminated", "Shutdown"}
@@ -69,6 +72,14 @@ class ProgressReport:
     samples_per_second: float | None = None
     eta: str | None = None
     latest_checkpoint: CheckpointReport | None = None
+    # The trainer's own phase: "Starting" until its first step after (re)start (rendezvous, restoring the
+    # checkpoint), then "Running". None when unknown (Prometheus gauges carry no phase).
+    phase: str | None = None
+
+    @property
+    def starting(self) -> bool | None:
+        """The trainer has not run a step since it (re)started; None when the report cannot tell."""
+        return None if self.phase is None else self.phase == TRAINER_STARTING
 
 
 def _condition(obj: Manifest, kind: str) -> Manifest | None:
@@ -189,6 +200,7 @@ def parse_progress(doc: Any) -> ProgressReport | None:
     eta = doc.get("eta")
     if isinstance(eta, int | float) and not isinstance(eta, bool):
         eta = format_duration(float(eta))
+    phase = doc.get("phase")
     return ProgressReport(
         step=_number(doc.get("step"), int),
         total_steps=_number(doc.get("totalSteps"), int),
@@ -196,6 +208,7 @@ def parse_progress(doc: Any) -> ProgressReport | None:
         samples_per_second=_number(doc.get("samplesPerSecond"), float),
         eta=eta if isinstance(eta, str) else None,
         latest_checkpoint=checkpoint,
+        phase=phase if isinstance(phase, str) else None,
     )
 
 

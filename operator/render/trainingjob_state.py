@@ -17,6 +17,10 @@ Rules, in order of precedence:
   store host) among them -> only the lost workers are replaced; otherwise the whole gang restarts.
 - Success policy AllWorkers: every worker exited 0. Worker0: worker 0 exited 0 (the rest are stopped).
 - Pods that stay unschedulable past scheduling.scheduleTimeoutSeconds -> Ready=False/Unschedulable.
+- Restarting lasts until the trainer runs steps again, not only until its pods run: a trainer that served
+  progress before is waited for (its report leaves phase Starting, or its step passes the checkpoint), at
+  most Policy.resume_timeout_seconds. Meanwhile status.progress.step shows the step it resumes from (the
+  checkpoint), never the 0 a freshly started trainer reports before it restored anything.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ class Policy:
     """Operator-wide knobs (not per job)."""
 
     node_lost_grace_seconds: float = 60.0
+    # How long Restarting waits for a trainer that served progress before to report it resumed.
+    resume_timeout_seconds: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -268,21 +274,65 @@ class _Machine:
         return self.conclude()
 
     def apply_progress(self) -> None:
+        """The trainer's report -> status.progress/checkpoint, never showing a step the job is not at.
+
+        A trainer that just (re)started reports step 0 until it has restored the checkpoint and run a step;
+        the job really is at the step it resumes from, so that is what status shows (the floor). A legitimate
+        decrease exists: steps after the newest checkpoint are lost on a restart, and then step equals the
+        checkpoint step, never less.
+        """
         report = self.obs.progress
         if report is None:
             return
-        self.st.progress = Progress(
-            step=report.step,
-            total_steps=report.total_steps,
-            loss=report.loss,
-            samples_per_second=report.samples_per_second,
-            eta=report.eta,
-        )
         latest = report.latest_checkpoint
         if latest is not None and (self.st.checkpoint is None or self.st.checkpoint.latest != latest.uri):
             self.st.checkpoint = CheckpointStatus(
                 latest=latest.uri, step=latest.step, time=latest.time or format_time(self.obs.now)
             )
+        floor = self.resume_step()
+        step = report.step
+        if step is not None and floor is not None and step < floor:
+            step = floor
+        previous = self.st.progress or Progress()
+        self.st.progress = Progress(
+            step=step,
+            total_steps=report.total_steps if report.total_steps is not None else previous.total_steps,
+            # A starting trainer has no loss yet: the last known one stays (the loss the checkpoint was near).
+            loss=report.loss if report.loss is not None else previous.loss,
+            samples_per_second=report.samples_per_second,
+            eta=report.eta,
+        )
+
+    def resume_step(self) -> int | None:
+        """The step the trainer resumes from (or is past): the checkpoint it names, else the newest one when
+        the job resumes from the latest checkpoint (resume: none restarts from step 0)."""
+        report = self.obs.progress
+        if report is not None and report.latest_checkpoint is not None:
+            return report.latest_checkpoint.step
+        checkpoint = self.spec.checkpoint
+        if checkpoint is None or checkpoint.resume != "latest" or self.st.checkpoint is None:
+            return None
+        return self.st.checkpoint.step
+
+    def trainer_resumed(self) -> bool:
+        """After a restart: the trainer runs steps again (not only its pods), so Restarting may end.
+
+        A trainer that never served progress cannot tell; its pods running is all there is. One that did is
+        waited for, at most Policy.resume_timeout_seconds after the restart began (an unreachable progress
+        endpoint must not pin the phase).
+        """
+        report = self.obs.progress
+        if report is not None and report.starting is not None:
+            return not report.starting
+        floor = self.resume_step()
+        if report is not None and report.step is not None:
+            return floor is None or report.step > floor
+        if self.obs.status.progress is None:
+            return True
+        since = next(
+            (parse_time(c.last_transition_time) for c in self.st.conditions if c.type == "Restarting"), None
+        )
+        return since is None or (self.obs.now - since).total_seconds() >= self.policy.resume_timeout_seconds
 
     # ---- phase, counts and conditions ------------------------------------------------------------------
     def conclude(self, current: dict[int, WorkerView] | None = None) -> Decision:
@@ -319,6 +369,16 @@ class _Machine:
         ready += finished
         # A gang winding down (some workers done, the rest no longer ready while they exit) is still Running.
         if ready >= self.desired or (st.phase == "Running" and (ready >= self.minimum or finished > 0)):
+            if recovering and not self.trainer_resumed():
+                # Pods running is not training: the trainer still re-forms the gang and restores its checkpoint.
+                reason = self.reason_detail[0] if self.reason_detail else "Restarting"
+                resume = self.resume_step()
+                where = f" from step {resume}" if resume is not None else ""
+                self.reason_detail = (
+                    reason,
+                    f"{ready}/{self.desired} workers running, waiting for the trainer to resume{where}",
+                )
+                return
             if recovering:
                 self.event("Normal", "Recovered", f"{ready}/{self.desired} workers running again")
             st.phase = "Running"

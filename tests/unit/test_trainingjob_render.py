@@ -276,9 +276,15 @@ def test_parse_progress_contract() -> None:
     assert report is not None
     assert (report.step, report.total_steps, report.loss, report.eta) == (10, 50, 2.5, "2m05s")
     assert report.latest_checkpoint is not None and report.latest_checkpoint.step == 10
+    assert report.phase is None and report.starting is None
+    # The trainer's phase tells a trainer that has not run a step since it (re)started.
+    starting = parse_progress({"step": 0, "totalSteps": 50, "phase": "Starting"})
+    assert starting is not None and starting.starting is True
+    running = parse_progress({"step": 11, "phase": "Running"})
+    assert running is not None and running.starting is False
     assert parse_progress("garbage") is None
-    odd = parse_progress({"step": "ten", "loss": True})
-    assert odd is not None and odd.step is None and odd.loss is None
+    odd = parse_progress({"step": "ten", "loss": True, "phase": 3})
+    assert odd is not None and odd.step is None and odd.loss is None and odd.phase is None
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("trainingjob-*.yaml")), ids=lambda p: p.name)

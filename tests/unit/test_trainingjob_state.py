@@ -50,7 +50,7 @@ def step(
             now=now,
             **kw,
         ),
-        Policy(node_lost_grace_seconds=60),
+        Policy(node_lost_grace_seconds=60, resume_timeout_seconds=600),
     )
 
 
@@ -422,6 +422,107 @@ def test_progress_and_checkpoint_land_in_status() -> None:
     # No fresh report (worker 0 restarting): the last known progress stays.
     kept = step(d.status, (worker(0), worker(1)))
     assert kept.status.progress == d.status.progress
+
+
+CKPT = "s3://bkt/ckpt"
+
+
+def restarted_gang(the_spec: TrainingJobSpec) -> Decision:
+    """A job at step 55 with a checkpoint at step 40 whose worker 1 died: the new gang's pods are running."""
+    r = running()
+    at55 = ProgressReport(
+        step=55, total_steps=120, loss=2.8, samples_per_second=60.0, eta="30s", phase="Running",
+        latest_checkpoint=CheckpointReport(uri=f"{CKPT}/step-000000040", step=40),
+    )  # fmt: skip
+    d = step(r.status, (worker(0), worker(1)), the_spec=the_spec, progress=at55)
+    lost = step(d.status, (worker(0), worker(1, phase="Failed", exit_code=137)), the_spec=the_spec)
+    assert lost.status.phase == "Restarting" and lost.status.attempt == 1
+    fresh = step(lost.status, (), the_spec=the_spec)
+    assert fresh.create == [0, 1]
+    return fresh
+
+
+def test_progress_never_shows_step_0_while_a_restarted_trainer_resumes() -> None:
+    with_ckpt = spec(checkpoint={"uri": CKPT})
+    fresh = restarted_gang(with_ckpt)
+    new_gang = (worker(0, attempt=1), worker(1, attempt=1))
+    # The new rank 0 serves its progress before it restored anything: step 0, no loss.
+    starting = ProgressReport(step=0, total_steps=120, phase="Starting")
+    d = step(fresh.status, new_gang, the_spec=with_ckpt, progress=starting)
+    assert d.status.progress is not None
+    assert (d.status.progress.step, d.status.progress.total_steps, d.status.progress.loss) == (40, 120, 2.8)
+    # Once restored the trainer names the checkpoint (still step 0 until its first step).
+    restored = ProgressReport(
+        step=0, total_steps=120, phase="Starting", latest_checkpoint=CheckpointReport(f"{CKPT}/step-000000040", 40)
+    )
+    d = step(d.status, new_gang, the_spec=with_ckpt, progress=restored)
+    assert d.status.progress is not None and d.status.progress.step == 40
+    resumed = ProgressReport(step=41, total_steps=120, loss=2.79, phase="Running")
+    d = step(d.status, new_gang, the_spec=with_ckpt, progress=resumed)
+    assert d.status.progress is not None
+    assert (d.status.progress.step, d.status.progress.loss) == (41, 2.79)
+
+
+def test_progress_goes_back_to_an_older_checkpoint_the_trainer_resumed_from_but_not_below() -> None:
+    with_ckpt = spec(checkpoint={"uri": CKPT})
+    fresh = restarted_gang(with_ckpt)
+    older = ProgressReport(
+        step=0, total_steps=120, phase="Starting", latest_checkpoint=CheckpointReport(f"{CKPT}/step-000000020", 20)
+    )
+    d = step(fresh.status, (worker(0, attempt=1), worker(1, attempt=1)), the_spec=with_ckpt, progress=older)
+    assert d.status.progress is not None and d.status.progress.step == 20
+    assert d.status.checkpoint is not None and d.status.checkpoint.step == 20
+
+
+def test_resume_none_restarts_from_step_0_and_says_so() -> None:
+    fresh_start = spec(checkpoint={"uri": CKPT, "resume": "none"})
+    fresh = restarted_gang(fresh_start)
+    starting = ProgressReport(step=0, total_steps=120, phase="Starting")
+    d = step(fresh.status, (worker(0, attempt=1), worker(1, attempt=1)), the_spec=fresh_start, progress=starting)
+    assert d.status.progress is not None and d.status.progress.step == 0
+
+
+def test_restarting_lasts_until_the_trainer_runs_steps_again() -> None:
+    with_ckpt = spec(checkpoint={"uri": CKPT})
+    fresh = restarted_gang(with_ckpt)
+    new_gang = (worker(0, attempt=1), worker(1, attempt=1))
+    # Pods running, the trainer's endpoint not up yet: the job is still restarting.
+    d = step(fresh.status, new_gang, the_spec=with_ckpt)
+    assert d.status.phase == "Restarting"
+    assert cond(d, "Restarting") == ("True", "GangRestart")
+    assert cond(d, "Ready")[0] == "False"
+    assert "waiting for the trainer to resume from step 40" in next(
+        c.message for c in d.status.conditions if c.type == "Restarting"
+    )
+    d = step(d.status, new_gang, the_spec=with_ckpt, progress=ProgressReport(step=0, phase="Starting"))
+    assert d.status.phase == "Restarting"
+    assert "Recovered" not in [e.reason for e in d.events]
+    d = step(d.status, new_gang, the_spec=with_ckpt, progress=ProgressReport(step=41, phase="Running"))
+    assert d.status.phase == "Running"
+    assert cond(d, "Restarting")[0] == "False" and cond(d, "Ready")[0] == "True"
+    assert "Recovered" in [e.reason for e in d.events]
+
+
+def test_restarting_without_a_trainer_phase_ends_once_a_step_past_the_checkpoint_is_reported() -> None:
+    with_ckpt = spec(checkpoint={"uri": CKPT})
+    fresh = restarted_gang(with_ckpt)
+    new_gang = (worker(0, attempt=1), worker(1, attempt=1))
+    # Prometheus gauges: no phase, the checkpoint gauge says where it resumed.
+    at = CheckpointReport(f"{CKPT}/step-000000040", 40)
+    d = step(fresh.status, new_gang, the_spec=with_ckpt, progress=ProgressReport(step=40, latest_checkpoint=at))
+    assert d.status.phase == "Restarting"
+    d = step(d.status, new_gang, the_spec=with_ckpt, progress=ProgressReport(step=42, latest_checkpoint=at))
+    assert d.status.phase == "Running"
+
+
+def test_restarting_waits_for_a_silent_trainer_only_up_to_the_resume_timeout() -> None:
+    with_ckpt = spec(checkpoint={"uri": CKPT})
+    fresh = restarted_gang(with_ckpt)
+    new_gang = (worker(0, attempt=1), worker(1, attempt=1))
+    d = step(fresh.status, new_gang, the_spec=with_ckpt, now=NOW + timedelta(seconds=599))
+    assert d.status.phase == "Restarting"
+    d = step(d.status, new_gang, the_spec=with_ckpt, now=NOW + timedelta(seconds=600))
+    assert d.status.phase == "Running"
 
 
 def test_scale_down_deletes_extra_workers_without_restart() -> None:
