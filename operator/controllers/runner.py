@@ -136,8 +136,9 @@ def own_kind_handlers(runner: Runner, plural: str, index_id: str) -> None:
         runner.forget(str(namespace), name)
 
     @kopf.index(GROUP, VERSION, plural, id=index_id)
-    def due(namespace: str | None, name: str | None, **kwargs: Any) -> dict[Key, bool]:
-        runner.resync(kwargs.get(index_id))
+    def due(namespace: str | None, name: str | None, **_: Any) -> dict[Key, bool]:
+        # No `runner.resync` here: Kopf runs sync index handlers in a worker thread, which has no event loop
+        # (the call raised, and the object went unindexed). `changed` starts the resync for every object.
         return {(str(namespace), str(name)): True}
 
 
