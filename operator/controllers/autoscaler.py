@@ -133,9 +133,12 @@ class Autoscaler:
         return frozenset(self._memory)
 
     def start(self, index: DueIndex | None) -> None:
-        """Start the loop over `index` (the first call wins)."""
-        if index is None or self._task is not None:
+        """Start the loop over `index`, or restart it if it ended (it never should: say why it did)."""
+        if index is None or (self._task is not None and not self._task.done()):
             return
+        if self._task is not None:
+            ended = "was cancelled" if self._task.cancelled() else f"ended: {self._task.exception()!r}"
+            log.error("the autoscaler loop %s; restarting it", ended)
         self._task = asyncio.get_running_loop().create_task(self._forever(index))
 
     async def stop(self) -> None:
@@ -280,6 +283,20 @@ class Autoscaler:
             await kube.delete(api_version, kind, meta["namespace"], meta["name"], uid=None)
         if wanted is not None:
             await kube.apply(wanted)
+            log.info("autoscaling %s/%s: engine %s: applied its %s", *_who(meta), autoscaling.engine, wanted["kind"])
+            if (body.get("spec") or {}).get("replicas") is None:
+                # An HPA reads replicas 0 as "autoscaling disabled": start it from what runs (minReplicas, at
+                # least 1), as a Deployment's replicas default to 1. Written once; then only the engine writes it.
+                start = max(1, current_replicas(InferenceServiceSpec.model_validate(body["spec"])))
+                await kube.merge_patch(
+                    API_VERSION,
+                    KIND,
+                    meta["namespace"],
+                    meta["name"],
+                    {"metadata": {"resourceVersion": meta["resourceVersion"]}, "spec": {"replicas": start}},
+                    subresource="scale",
+                    field_manager=FIELD_MANAGER,
+                )
             post_events(body, [Event("Normal", "AutoscalerApplied", f"engine {autoscaling.engine}: {wanted['kind']}")])
         return Memory(uid, engine=autoscaling.engine)
 
@@ -320,6 +337,10 @@ class Autoscaler:
                 log.debug("status of %s/%s changed meanwhile; reported next round", meta["namespace"], meta["name"])
         events = decision_events(decision, before, after)
         post_events(body, [Event(kind, reason, message) for kind, reason, message in events])
+
+
+def _who(meta: Manifest) -> tuple[str, str]:
+    return str(meta["namespace"]), str(meta["name"])
 
 
 def register(settings: OperatorSettings) -> Autoscaler:
