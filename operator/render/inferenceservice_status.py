@@ -6,7 +6,15 @@ Conditions:
   (TrainingJobNotFound, NoCheckpointYet, ...) when there is nothing to run.
 - RolledOut: every track runs its current template on all of its replicas; False while rolling, promoting,
   rolling back, or when the rollout is stuck (ProgressDeadlineExceeded) or the spec is unusable.
-- Ready: the Service has at least one ready replica to answer with.
+- Ready: the service answers, and a user who waited for it (`kubectl wait --for=condition=Ready`) finds it
+  up: a new service becomes Ready once its first rollout completed (every wanted replica available, as
+  `kubectl rollout status` waits for; a rollout stuck past its deadline is Ready with what it has). From then
+  on, and while an earlier model or template still serves during an update, it stays Ready as long as one
+  replica is ready: an update never flips Ready off. Back from zero replicas counts as served before.
+
+The phase is a summary that never contradicts Ready: Ready=True <=> phase Ready, RollingOut (a newer model or
+template replaces one that serves) or Degraded; Ready=False <=> Pending, Loading (a new service coming up,
+including its replicas' minReadySeconds) or Failed.
 """
 
 from __future__ import annotations
@@ -172,6 +180,12 @@ def compute_status(
     # Ready
     if observed.invalid is not None and ready == 0:
         ready_cond = _condition("Ready", False, "InvalidSpec", observed.invalid, generation)
+    elif ready > 0 and not _served(observed, serving_pods, previous) and not _settled(observed, rolled):
+        # A new service whose first rollout still finishes (replicas loading or within minReadySeconds).
+        ready_cond = _condition(
+            "Ready", False, "RollingOut", f"{ready} replica(s) ready, first rollout not complete: {rolled.message}",
+            generation,
+        )  # fmt: skip
     elif ready > 0:
         ready_cond = _condition("Ready", True, "Serving", f"{ready} replica(s) ready", generation)
     elif plan.stable_ref is not None and wanted == 0:
@@ -187,7 +201,7 @@ def compute_status(
     status = InferenceServiceStatus(
         observed_generation=generation,
         conditions=conditions,
-        phase=_phase(observed, model_loaded, rolled, ready, wanted),
+        phase=_phase(observed, model_loaded, rolled, ready_cond, ready, wanted),
         url=service_url(owner),
         replicas=running,
         ready_replicas=ready,
@@ -211,7 +225,28 @@ def _canary(plan: RolloutPlan, canary: Manifest | None) -> CanaryStatus | None:
     )
 
 
-def _phase(observed: Observed, loaded: Condition, rolled: Condition, ready: int, wanted: int) -> ServingPhase:
+def _served(observed: Observed, serving_pods: list[Manifest], previous: InferenceServiceStatus | None) -> bool:
+    """This rollout updates a service that served before, so Ready follows what answers now: Ready was True
+    (or it was scaled to zero after serving), replicas of an earlier model/template still answer, or there
+    is a canary (only ever added next to a stable track)."""
+    cond = next((c for c in (previous.conditions if previous else []) if c.type == "Ready"), None)
+    if cond is not None and (cond.status == "True" or cond.reason == "ScaledToZero"):
+        return True
+    earlier = [p for p in observed.pods if p not in serving_pods and not p.get("metadata", {}).get("deletionTimestamp")]
+    return observed.canary is not None or any(_pod_ready(p) for p in earlier)
+
+
+def _settled(observed: Observed, rolled: Condition) -> bool:
+    """The Deployments finished rolling out (even when RolledOut is False for another reason, e.g. the
+    model reference no longer resolves), or the rollout is stuck past its deadline (Degraded, not pending)."""
+    if rolled.status == "True" or rolled.reason == "ProgressDeadlineExceeded":
+        return True
+    return rolled_out(observed.stable) and (observed.canary is None or rolled_out(observed.canary))
+
+
+def _phase(
+    observed: Observed, loaded: Condition, rolled: Condition, ready_cond: Condition, ready: int, wanted: int
+) -> ServingPhase:
     err = observed.resolve_error
     if (observed.invalid is not None or (err is not None and not err.transient)) and ready == 0:
         return "Failed"
@@ -219,10 +254,10 @@ def _phase(observed: Observed, loaded: Condition, rolled: Condition, ready: int,
         return "Degraded"  # the previous spec still serves; the new one cannot be applied
     if observed.plan.stable_ref is None:
         return "Pending"
-    if ready == 0:
-        if wanted == 0:
+    if ready_cond.status != "True":
+        if ready == 0 and wanted == 0:
             return "Pending"
-        return "Failed" if loaded.reason in ("FetchFailed", "LoadFailed") else "Loading"
+        return "Failed" if ready == 0 and loaded.reason in ("FetchFailed", "LoadFailed") else "Loading"
     if rolled.status != "True":
         return "RollingOut" if rolled.reason not in ("ProgressDeadlineExceeded",) else "Degraded"
     return "Ready" if ready >= wanted else "Degraded"

@@ -220,3 +220,77 @@ def test_degraded_when_a_rolled_out_replica_is_lost() -> None:
     )  # fmt: skip
     status, _ = compute_status(OWNER, observed, None)
     assert status.phase == "Degraded"
+
+
+def first_rollout(available: int, ready: int = 1, wanted: int = 1) -> Observed:
+    """A new service: every pod runs the spec's model; `available` = ready for minReadySeconds."""
+    stable = deployment(ref("v1"), wanted, ready)
+    stable["status"]["availableReplicas"] = available
+    return Observed(
+        plan=RolloutPlan(stable_ref=ref("v1"), stable_replicas=wanted),
+        stable=stable, canary=None, pods=[pod("h", True)] * ready + [pod("h", False)] * (wanted - ready),
+        serving_config_hash="h",
+    )  # fmt: skip
+
+
+def test_a_new_service_is_ready_only_once_its_first_rollout_completed() -> None:
+    # The demo's glitch: the replica is ready but not yet available (minReadySeconds); Ready used to be True
+    # while the phase said RollingOut.
+    settling, _ = compute_status(OWNER, first_rollout(available=0), None)
+    assert conditions(settling)["Ready"] == ("False", "RollingOut")
+    assert conditions(settling)["RolledOut"] == ("False", "RollingOut")
+    assert settling.phase == "Loading"
+    assert settling.ready_replicas == 1
+    done, _ = compute_status(OWNER, first_rollout(available=1), settling)
+    assert conditions(done)["Ready"] == ("True", "Serving")
+    assert done.phase == "Ready"
+    # Two replicas, one loaded: not Ready yet either.
+    half, _ = compute_status(OWNER, first_rollout(available=1, ready=1, wanted=2), None)
+    assert conditions(half)["Ready"][0] == "False" and half.phase == "Loading"
+
+
+def test_an_update_of_a_ready_service_keeps_it_ready_while_it_rolls() -> None:
+    ready, _ = compute_status(OWNER, first_rollout(available=2, ready=2, wanted=2), None)
+    assert conditions(ready)["Ready"] == ("True", "Serving")
+    # v2 replaces v1 one replica at a time (GPU default): the old pods are gone, the new ones still settle.
+    stable = deployment(ref("v2"), 2, 1)
+    stable["status"]["availableReplicas"] = 0
+    rolling = Observed(
+        plan=RolloutPlan(stable_ref=ref("v2"), stable_replicas=2),
+        stable=stable, canary=None, pods=[pod("new", True), pod("new", False)], serving_config_hash="new",
+    )  # fmt: skip
+    status, _ = compute_status(OWNER, rolling, ready)
+    assert conditions(status)["Ready"] == ("True", "Serving")
+    assert status.phase == "RollingOut"
+
+
+def test_back_from_zero_is_ready_with_its_first_replica() -> None:
+    zero = Observed(
+        plan=RolloutPlan(stable_ref=ref("v1"), stable_replicas=0),
+        stable=deployment(ref("v1"), 0, 0), canary=None, pods=[], serving_config_hash="h",
+    )  # fmt: skip
+    scaled, _ = compute_status(OWNER, zero, None)
+    back, _ = compute_status(OWNER, first_rollout(available=0, ready=1, wanted=2), scaled)
+    assert conditions(back)["Ready"] == ("True", "Serving")
+    assert back.phase == "RollingOut"
+
+
+def test_phase_never_contradicts_ready() -> None:
+    stuck = deployment(ref("v1"), 2, 1)
+    stuck["status"]["availableReplicas"] = 1
+    stuck["status"]["conditions"] = [{"type": "Progressing", "reason": "ProgressDeadlineExceeded"}]
+    cases = [
+        first_rollout(available=0),
+        first_rollout(available=1),
+        first_rollout(available=1, ready=1, wanted=3),
+        first_rollout(available=0, ready=0),
+        Observed(
+            plan=RolloutPlan(stable_ref=ref("v1"), stable_replicas=2),
+            stable=stuck, canary=None, pods=[pod("h", True), pod("h", False)], serving_config_hash="h",
+        ),
+    ]  # fmt: skip
+    serving_phases = {"Ready", "RollingOut", "Degraded"}
+    for observed in cases:
+        status, _ = compute_status(OWNER, observed, None)
+        ready = conditions(status)["Ready"][0] == "True"
+        assert ready == (status.phase in serving_phases), (status.phase, conditions(status))
