@@ -3,7 +3,7 @@
 The operator renders a ``RouterConfig`` from an InferenceGraph (and the InferenceServices it names)
 into the router's ConfigMap (JSON, camelCase); the router reads it back with
 :meth:`RouterConfig.from_file`. This module imports pydantic only, so the operator can use it
-without starlette, httpx or the CEL library installed.
+without starlette, aiohttp or the CEL library installed.
 
 The structural checks of a graph (root exists, references resolve, no cycles, Splitter weights,
 unique Ensemble step names) run when the model is built; :func:`graph_problems` returns them as a

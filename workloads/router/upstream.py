@@ -1,7 +1,7 @@
 """Calls to the graph's InferenceServices over pooled HTTP/1.1 connections.
 
-One ``httpx.AsyncClient`` per service, created at start-up and kept for the router's life, so a
-step reuses a warm keep-alive connection instead of paying a TCP handshake. Bodies are sent as the
+One aiohttp ``ClientSession`` (with its own ``TCPConnector`` pool) per service, kept for the
+router's life, so a step reuses a warm keep-alive connection instead of paying a TCP handshake. Bodies are sent as the
 bytes they are. The caller's API key and trace context are forwarded (see :func:`forwarded_headers`).
 """
 
@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-import httpx
+import aiohttp
+from yarl import URL
 
 from .config import UpstreamConfig
 from .payload import Payload
@@ -41,7 +42,7 @@ class Stream:
 
     first: bytes
     rest: AsyncIterator[bytes]
-    response: httpx.Response | None = None
+    response: aiohttp.ClientResponse | None = None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
@@ -53,8 +54,9 @@ class Stream:
             await self.aclose()
 
     async def aclose(self) -> None:
+        # Back to the pool when the stream was read to its end; a stream broken off closes its connection.
         if self.response is not None:
-            await self.response.aclose()
+            self.response.release()
 
 
 class Caller(Protocol):
@@ -114,75 +116,86 @@ def _is_error_event(chunk: bytes) -> bool:
 
 
 class Upstreams:
-    """One pooled HTTP/1.1 connection pool per service; implements :class:`Caller`.
+    """One aiohttp connection pool (HTTP/1.1 keep-alive) per service; implements :class:`Caller`.
 
-    Requests go straight to an ``httpx.AsyncHTTPTransport`` with URLs built once at start-up: the
-    ``AsyncClient`` layer (base-URL merging, cookies, redirects, auth) is skipped because the router
-    needs none of it and it costs more than the rest of the hop.
+    aiohttp rather than httpx: against the same server its client costs about a quarter of the CPU
+    per call (httpx's pool locking and connection checks dominated the router's hop). URLs are built
+    once at start-up. The sessions are opened on first use, on the loop that serves the requests
+    (an aiohttp session belongs to one running loop; the app is built before uvicorn starts it).
     """
 
     ENDPOINTS = ("infer", "generate", "generate_stream")
+    # Below uvicorn's 5 s keep-alive: a connection the server is about to close is not reused (a
+    # POST that meets a closing connection fails and is not retried).
+    KEEPALIVE_S = 4.0
 
-    def __init__(
-        self,
-        services: Mapping[str, UpstreamConfig],
-        timeout_s: float,
-        max_connections: int = 100,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ):
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._transports: dict[str, httpx.AsyncBaseTransport] = {
-            name: transport or httpx.AsyncHTTPTransport(http1=True, http2=False, limits=limits) for name in services
-        }
+    def __init__(self, services: Mapping[str, UpstreamConfig], timeout_s: float, max_connections: int = 100):
+        self._names = list(services)
+        self._max_connections = max_connections
+        self._sessions: dict[str, aiohttp.ClientSession] = {}
         self._urls = {
-            (name, endpoint): httpx.URL(f"{cfg.url}/v2/models/{cfg.model_name}/{endpoint}")
+            (name, endpoint): URL(f"{cfg.url}/v2/models/{cfg.model_name}/{endpoint}")
             for name, cfg in services.items()
             for endpoint in self.ENDPOINTS
         }
         # The engine bounds each call with its step timeout and the graph deadline; this one (the
-        # longest step timeout) bounds connecting and the reads between the chunks of a stream.
-        self._timeout = {"connect": timeout_s, "read": timeout_s, "write": timeout_s, "pool": timeout_s}
+        # longest step timeout) bounds connecting (waiting for a pooled connection included) and the
+        # reads between the chunks of a stream. No total: a stream may last as long as it keeps talking.
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_read=timeout_s)
 
-    async def _send(
+    def _session(self, service: str) -> aiohttp.ClientSession:
+        session = self._sessions.get(service)
+        if session is None:
+            if service not in self._names:
+                raise KeyError(service)
+            connector = aiohttp.TCPConnector(
+                limit=self._max_connections, limit_per_host=0, keepalive_timeout=self.KEEPALIVE_S
+            )
+            session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=self._timeout,
+                # Never keep an upstream's cookies: they would reach every later caller's steps.
+                cookie_jar=aiohttp.DummyCookieJar(),
+                # Only what the caller sent and the body's framing: no compression to negotiate.
+                skip_auto_headers=("Accept-Encoding", "User-Agent"),
+            )
+            self._sessions[service] = session
+        return session
+
+    async def _post(
         self, service: str, endpoint: str, payload: Payload, headers: Mapping[str, str]
-    ) -> httpx.Response:
+    ) -> aiohttp.ClientResponse:
         merged = {**headers, **payload.http_headers()}
         merged["traceparent"] = child_traceparent(headers.get("traceparent"))
-        request = httpx.Request(
-            "POST", self._urls[(service, endpoint)], content=payload.body, headers=merged,
-            extensions={"timeout": self._timeout},
-        )
-        response = await self._transports[service].handle_async_request(request)
-        response.request = request
-        return response
+        return await self._session(service).post(self._urls[(service, endpoint)], data=payload.body, headers=merged)
 
     async def call(self, service: str, endpoint: str, payload: Payload, headers: Mapping[str, str]) -> Payload:
         try:
-            response = await self._send(service, endpoint, payload, headers)
+            response = await self._post(service, endpoint, payload, headers)
             try:
-                body = await response.aread()
+                body = await response.read()
             finally:
-                await response.aclose()
-        except httpx.TimeoutException as exc:
+                response.release()
+        except TimeoutError as exc:
             raise TimeoutError(f"{service}: {type(exc).__name__}") from exc
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             raise UpstreamFailure(None, f"cannot reach {service}: {type(exc).__name__}: {exc}") from exc
-        if response.status_code != 200:
-            raise UpstreamFailure(response.status_code, _message(body), _retry(response))
+        if response.status != 200:
+            raise UpstreamFailure(response.status, _message(body), _retry(response.headers))
         return Payload.from_http(body, response.headers, "response")
 
     async def stream(self, service: str, endpoint: str, payload: Payload, headers: Mapping[str, str]) -> Stream:
         try:
-            response = await self._send(service, endpoint, payload, headers)
-        except httpx.TimeoutException as exc:
+            response = await self._post(service, endpoint, payload, headers)
+        except TimeoutError as exc:
             raise TimeoutError(f"{service}: {type(exc).__name__}") from exc
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             raise UpstreamFailure(None, f"cannot reach {service}: {type(exc).__name__}: {exc}") from exc
         try:
-            if response.status_code != 200:
-                body = await response.aread()
-                raise UpstreamFailure(response.status_code, _message(body), _retry(response))
-            chunks = response.aiter_bytes()
+            if response.status != 200:
+                body = await response.read()
+                raise UpstreamFailure(response.status, _message(body), _retry(response.headers))
+            chunks = response.content.iter_any()
             first = b""
             async for chunk in chunks:
                 if chunk:
@@ -191,22 +204,23 @@ class Upstreams:
             if _is_error_event(first):
                 line = first.lstrip()[len(b"data: ") :].split(b"\n", 1)[0]
                 raise UpstreamFailure(200, _message(line))
-        except httpx.TimeoutException as exc:
-            await response.aclose()
+        except TimeoutError as exc:
+            response.close()
             raise TimeoutError(f"{service}: {type(exc).__name__}") from exc
-        except httpx.HTTPError as exc:
-            await response.aclose()
+        except aiohttp.ClientError as exc:
+            response.close()
             raise UpstreamFailure(None, f"{service} broke off: {type(exc).__name__}: {exc}") from exc
         except BaseException:
-            await response.aclose()
+            response.close()
             raise
         return Stream(first, chunks, response)
 
     async def aclose(self) -> None:
-        for transport in set(self._transports.values()):
-            await transport.aclose()
+        sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            await session.close()
 
 
-def _retry(response: httpx.Response) -> dict[str, str]:
-    value = response.headers.get("retry-after")
+def _retry(headers: Mapping[str, str]) -> dict[str, str]:
+    value = headers.get("retry-after")
     return {"retry-after": value} if value else {}
