@@ -186,6 +186,20 @@ def test_killed_worker_recovers_from_checkpoint_and_succeeds(
     before_kill = worker_logs(cluster, ns, f"{name}-worker-0")
     kill_container(pod["metadata"]["uid"])
 
+    # The restart is visible while the new gang forms and restores (phase Restarting until the trainer runs
+    # steps again), and no status shows a step below its checkpoint (a fresh trainer reports step 0 first).
+    seen: list[dict[str, Any]] = []
+
+    def recovered() -> bool:
+        seen.append(status_of(cluster, ns, name))
+        phases = [s.get("phase") for s in seen]
+        return "Restarting" in phases and phases[-1] in ("Running", "Succeeded", "Failed")
+
+    wait_until(recovered, timeout=300, what=f"TrainingJob {name} to restart and run again", interval=0.5)
+    for sample in seen:
+        step, checkpoint = (sample.get("progress") or {}).get("step"), (sample.get("checkpoint") or {}).get("step")
+        assert step is None or checkpoint is None or step >= checkpoint, sample
+
     status = wait_finished(cluster, loom_operator, ns, name, timeout=400)
     if status["phase"] != "Succeeded":
         raise AssertionError(
