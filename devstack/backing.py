@@ -194,6 +194,17 @@ def ensure(cluster: Any, progress: Progress = print, timeout: float = READY_TIME
         (S3_NAMESPACE, S3_SERVICE, S3_PORT, f"/{BUCKETS[-1]}"),
         (MLFLOW_NAMESPACE, MLFLOW_SERVICE, MLFLOW_PORT, "/health"),
     ):
+        # The new pod, not one of a previous `up` still answering while a changed Deployment rolls out.
+        rolled = cluster.kubectl(
+            "rollout",
+            "status",
+            f"deployment/{name}",
+            "-n",
+            namespace,
+            f"--timeout={int(timeout)}s",
+            check=False,
+            timeout=timeout + 30,
+        )
         while True:
             try:
                 url = f"http://{service_address(name, namespace, AGENT_STATE_DIR)}:{port}"
@@ -202,9 +213,10 @@ def ensure(cluster: Any, progress: Progress = print, timeout: float = READY_TIME
             if url and _answers(url + path):
                 urls[name] = url
                 break
-            if time.monotonic() - started > timeout:
+            if rolled.returncode != 0 or time.monotonic() - started > timeout:
                 pods = cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
-                raise TimeoutError(f"{name}.{namespace}.svc not ready after {timeout:.0f}s:\n{pods}")
+                why = rolled.stderr.strip() or f"not answering {path} after {timeout:.0f}s"
+                raise TimeoutError(f"{name}.{namespace}.svc not ready: {why}\n{pods}")
             time.sleep(0.5)
     progress(
         f"examples' services ready ({time.monotonic() - started:.1f}s): S3 {S3_URL}, MLflow {MLFLOW_URL},"

@@ -95,8 +95,19 @@ def examples_namespace(
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
-def apply(cluster: Cluster, namespace: str, path: Path, *flags: str) -> None:
-    cluster.kubectl("apply", "-n", namespace, "-f", str(path), *flags)
+def apply(cluster: Cluster, namespace: str, path: Path, services: backing.BackingServices) -> None:
+    """`kubectl apply -f` the file. A TrainingJob resumes from the newest checkpoint under its URI, also one an
+    earlier run of the same example left there (then it would resume another job's finished run): as on a
+    fresh `loom dev up`, a TrainingJob new to this namespace starts with nothing under its checkpoint URI."""
+    for doc in documents(path):
+        uri = ((doc.get("spec") or {}).get("checkpoint") or {}).get("uri", "")
+        if doc["kind"] == "TrainingJob" and uri and not get(cluster, namespace, "trainingjob", doc["metadata"]["name"]):
+            bucket, prefix = uri.removeprefix("s3://").split("/", 1)
+            s3 = services.s3_client()
+            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+                for item in page.get("Contents", []):
+                    s3.delete_object(Bucket=bucket, Key=item["Key"])
+    cluster.kubectl("apply", "-n", namespace, "-f", str(path))
 
 
 def wait_for(cluster: Cluster, ns: str, kind: str, name: str, done: Any, operator: InClusterOperator) -> dict[str, Any]:
@@ -185,8 +196,8 @@ def test_example_runs(
         source = ((doc.get("spec") or {}).get("model") or {}).get("fromTrainingJob")
         if doc["kind"] == "InferenceService" and source:
             # Serving a TrainingJob example's result: that example is applied too, as its comment says.
-            apply(cluster, ns, example_defining("TrainingJob", source["name"]))
-    apply(cluster, ns, path)
+            apply(cluster, ns, example_defining("TrainingJob", source["name"]), services)
+    apply(cluster, ns, path, services)
     for doc in docs:
         if doc["kind"] == "TrainingJob":
             check_training_job(cluster, ns, doc, services, operator)
