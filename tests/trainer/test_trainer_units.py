@@ -180,3 +180,13 @@ def test_staging_copies_into_reused_buffers_independent_of_training() -> None:
     # A different structure (optimizer state appeared) gets fresh buffers instead of failing.
     third = stager.stage({"model": {"w": weights}, "optim": {"m": torch.ones(2)}, "step": 5})
     assert third["optim"]["m"].tolist() == [1, 1] and third["model"]["w"][0] == 100
+
+
+def test_the_operators_mlflow_run_wins_over_the_one_a_checkpoint_names() -> None:
+    from loom.workloads.trainer.tracking import choose_run_id
+
+    # A job re-created under an earlier job's checkpoint URI resumes that checkpoint, but logs into its own run.
+    assert choose_run_id("run-of-this-job", "run-of-an-earlier-job") == "run-of-this-job"
+    # Without an operator (no run given), a resumed run continues the run its checkpoint names.
+    assert choose_run_id(None, "run-from-checkpoint") == "run-from-checkpoint"
+    assert choose_run_id(None, None) is None

@@ -137,6 +137,13 @@ class Progress:
             self._flush()
 
 
+def choose_run_id(given: str | None, from_checkpoint: str | None) -> str | None:
+    """The run to log into: the one the operator created for this job wins. A checkpoint's run is only a fallback
+    (a trainer started without an operator): a job re-created under the same checkpoint URI must not log into,
+    or fail on, an earlier job's run, which may be gone."""
+    return given or from_checkpoint
+
+
 class MLflowTracker:
     """MLflow logging through the client API, batched (one request per flush, not per metric)."""
 
@@ -144,7 +151,7 @@ class MLflowTracker:
         from mlflow.tracking import MlflowClient
 
         self.client = MlflowClient(tracking_uri=spec.tracking_uri)
-        run_id = run_id or os.environ.get("MLFLOW_RUN_ID") or spec.run_id
+        run_id = choose_run_id(os.environ.get("MLFLOW_RUN_ID") or spec.run_id, run_id)
         if not run_id:
             experiment = self.client.get_experiment_by_name(spec.experiment)
             experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(spec.experiment)
