@@ -40,8 +40,12 @@ MLFLOW_URL = f"http://{MLFLOW_SERVICE}.{MLFLOW_NAMESPACE}.svc:{MLFLOW_PORT}"
 SECRET_NAME = "s3-credentials"
 # Moto accepts any keys; these are what clients send, so the Secret plumbing is exercised as on MinIO.
 ACCESS_KEY, SECRET_KEY = "loom-local", "loom-local-secret"
-# loom-checkpoints: the TrainingJob examples; models: the InferenceService examples; mlflow: MLflow's artifacts.
-BUCKETS = ("loom-checkpoints", "models", "mlflow")
+# loom-features: the FeatureView example's data (seeded); loom-checkpoints: the TrainingJob examples; models: the
+# InferenceService examples; mlflow: MLflow's artifacts. The last one is the readiness probe's: created last.
+BUCKETS = ("loom-features", "loom-checkpoints", "models", "mlflow")
+# What the FeatureView example reads: the repository's deterministic data set, its newest hour "now" (within ttl).
+FEATURES_BUCKET = "loom-features"
+FEATURES_OBJECTS = {"driver_stats.parquet": "driverStats", "driver_entities.parquet": "entities"}
 SECRET_NAMESPACES = ("default", MLFLOW_NAMESPACE)
 LABEL = {"app.kubernetes.io/part-of": "loom-devstack"}
 # The node agent runs commands from the project's virtualenv; the image is recorded, never pulled.
@@ -242,12 +246,27 @@ def _serve_s3(port: int, buckets: list[str]) -> None:
     )
     for bucket in buckets:
         client.create_bucket(Bucket=bucket)
+        if bucket == FEATURES_BUCKET:
+            _seed_features(client)
     print(f"S3 on :{port} with buckets {', '.join(buckets)}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     server.stop()
+
+
+def _seed_features(client: Any) -> None:
+    """The FeatureView example's parquet files, generated with their newest hour now (so they are inside its ttl)."""
+    import tempfile
+    from pathlib import Path
+
+    from loom.workloads.features.example_data import parse_end, write
+
+    with tempfile.TemporaryDirectory() as folder:
+        written = write(Path(folder), parse_end("now"))
+        for key, name in FEATURES_OBJECTS.items():
+            client.upload_file(written[name], FEATURES_BUCKET, key)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -78,3 +78,17 @@ def test_mlflow_accepts_the_service_name_as_host_and_keeps_its_credentials_in_th
     # Namespaces come before what lives in them (one `kubectl apply` of the whole list).
     kinds = [m["kind"] for m in backing.manifests()]
     assert kinds[:2] == ["Namespace", "Namespace"]
+
+
+def test_the_feature_view_examples_data_is_seeded_where_they_read_it(tmp_path: Any) -> None:
+    """The S3 pod uploads the repository's example data set under the keys the FeatureView examples name."""
+    from loom.workloads.features.example_data import parse_end, write
+
+    paths = [p for doc in _examples() if doc["kind"] == "FeatureView" for p in _walk(doc, "path")]
+    assert paths, "no FeatureView example reads from S3"
+    for path in paths:
+        url = urlsplit(path)
+        assert (url.scheme, url.netloc) == ("s3", backing.FEATURES_BUCKET)
+        assert url.path.lstrip("/") in backing.FEATURES_OBJECTS
+    written = write(tmp_path, parse_end("now"))
+    assert set(backing.FEATURES_OBJECTS.values()) <= set(written)
