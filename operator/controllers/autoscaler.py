@@ -118,6 +118,8 @@ class Memory:
     state: ScalingState | None = None  # builtin engine
     engine: str = "builtin"  # the engine whose objects exist (others were deleted)
     problem: str | None = None  # an engine error already announced
+    # status.autoscaling as last decided: the last scale survives a status write lost to a race.
+    reported: AutoscalingStatus | None = None
 
 
 class Autoscaler:
@@ -261,8 +263,8 @@ class Autoscaler:
                 decision.desired_replicas,
                 decision.message,
             )
-        self._memory[key] = Memory(uid, decision.state)
-        await self._report(body, autoscaling, decision, resource_version)
+        reported = await self._report(body, autoscaling, decision, resource_version, memory.reported)
+        self._memory[key] = Memory(uid, decision.state, reported=reported)
 
     async def _converge_engine(
         self, body: Manifest, owner: Manifest, autoscaling: Autoscaling, memory: Memory | None
@@ -301,8 +303,14 @@ class Autoscaler:
         return Memory(uid, engine=autoscaling.engine)
 
     async def _report(
-        self, body: Manifest, autoscaling: Autoscaling, decision: Decision, resource_version: str
-    ) -> None:
+        self,
+        body: Manifest,
+        autoscaling: Autoscaling,
+        decision: Decision,
+        resource_version: str,
+        reported: AutoscalingStatus | None,
+    ) -> AutoscalingStatus:
+        """Write status.autoscaling and MetricsAvailable where they changed; post the decision's events."""
         meta = body["metadata"]
         try:
             previous = InferenceServiceStatus.model_validate(body.get("status") or {})
@@ -311,10 +319,11 @@ class Autoscaler:
         before = next((c for c in previous.conditions if c.type == METRICS_AVAILABLE), None)
         after = metrics_condition(autoscaling.metric, decision, meta.get("generation"))
         conditions = set_condition(list(previous.conditions), after)
-        status: AutoscalingStatus = autoscaling_status(autoscaling, decision, previous.autoscaling)
+        status = autoscaling_status(autoscaling, decision, reported or previous.autoscaling)
         patch: Manifest = {}
         if status != previous.autoscaling:
-            patch["autoscaling"] = status.to_wire()
+            # Every field, unset ones as null: a merge patch removes what is no longer known (the value in an outage).
+            patch["autoscaling"] = status.model_dump(by_alias=True, mode="json")
         if before is None or (before.status, before.reason, before.message) != (
             after.status,
             after.reason,
@@ -337,6 +346,7 @@ class Autoscaler:
                 log.debug("status of %s/%s changed meanwhile; reported next round", meta["namespace"], meta["name"])
         events = decision_events(decision, before, after)
         post_events(body, [Event(kind, reason, message) for kind, reason, message in events])
+        return status
 
 
 def _who(meta: Manifest) -> tuple[str, str]:

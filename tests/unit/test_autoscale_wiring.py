@@ -153,6 +153,7 @@ class FakeApi:
         self.pods = pods
         self.writes: list[tuple[str | None, dict[str, Any]]] = []
         self.conflicts = 0  # the next writes that lose a race
+        self.status_conflicts = 0  # the next status writes that lose a race
         self.deleted: list[str] = []
         self.applied: list[dict[str, Any]] = []
 
@@ -175,6 +176,9 @@ class FakeApi:
         self, api_version: str, kind: str, namespace: str, name: str, body: dict[str, Any], **kw: Any
     ) -> dict[str, Any]:
         meta = self.body["metadata"]
+        if kw.get("subresource") == "status" and self.status_conflicts:
+            self.status_conflicts -= 1
+            raise kube.Conflict("status changed")
         if self.conflicts:
             self.conflicts -= 1
             meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)  # someone else wrote
@@ -297,3 +301,27 @@ async def test_an_engine_that_cannot_do_it_is_announced_once(api: FakeApi, event
     await scaler.round([("ns", "chat")])
     await scaler.round([("ns", "chat")])
     assert events == [("Warning", "AutoscalingInvalid")] and not api.applied and not api.writes
+
+
+async def test_a_status_write_lost_to_a_race_is_repaired_with_the_last_scale(
+    api: FakeApi, events: list[tuple[str, str]]
+) -> None:
+    clock = [1000.0]
+    scaler = module.Autoscaler(OperatorSettings(prometheus_url="http://prom:9090"), clock=lambda: clock[0])
+    scaler._prometheus = prometheus({"chat-1-a": 90.0}, 1000.0)
+    api.status_conflicts = 1  # the reconcile pass writes the status between the scale and ours
+    await scaler.round([("ns", "chat")])
+    assert api.body["spec"]["replicas"] == 2 and "status" not in api.body
+    api.pods.append(pod("chat-1-b", False))
+    clock[0] = 1005.0
+    await scaler.round([("ns", "chat")])
+    scaled = api.body["status"]["autoscaling"]
+    assert (scaled["lastScaleReason"], scaled["lastScaleTime"]) == ("ScaledUp", "1970-01-01T00:16:40Z")
+    # An outage clears the value seen (null in the merge patch), the last scale stays.
+    scaler._prometheus = prometheus({}, 1010.0)
+    clock[0] = 1010.0
+    await scaler.round([("ns", "chat")])
+    scaled = api.body["status"]["autoscaling"]
+    assert scaled["metricValue"] is None and scaled["lastScaleReason"] == "ScaledUp"
+    assert api.body["status"]["conditions"][0]["reason"] == "MetricMissing"
+    await scaler.stop()
