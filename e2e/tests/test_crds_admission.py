@@ -101,6 +101,19 @@ def test_crds_are_established_and_categorised(crds_installed: Any, namespace: st
                 "apiVersion": "loom.dev/v1alpha1",
                 "kind": "InferenceService",
                 "metadata": {"name": "s"},
+                "spec": {
+                    "model": {"uri": "s3://m/x"},
+                    "autoscaling": {"maxReplicas": 2, "target": 50, "metric": "prometheus"},
+                },
+            },
+            "spec.autoscaling.query",
+            "query is required for metric prometheus",
+        ),
+        (
+            {
+                "apiVersion": "loom.dev/v1alpha1",
+                "kind": "InferenceService",
+                "metadata": {"name": "s"},
                 "spec": {"model": {"uri": "s3://m/x", "mlflow": "models:/m/1"}},
             },
             "spec.model",
@@ -116,6 +129,7 @@ def test_crds_are_established_and_categorised(crds_installed: Any, namespace: st
         "graph-root",
         "splitter-weights",
         "autoscaling-range",
+        "autoscaling-query",
         "model-one-source",
     ],
 )
