@@ -13,7 +13,9 @@ through the InferenceService's scale subresource, as an HPA does.
   so the autoscaler never scales twice on one observation.
 - Engines keda and hpa: the loop applies their ScaledObject / HorizontalPodAutoscaler (rendered by
   loom.operator.autoscale.engines, owned by the InferenceService) once per engine switch or restart, deletes the
-  other engines' objects, and never writes replicas: they do, through the same scale subresource.
+  other engines' objects, and writes no decision: they do, through the same scale subresource. Only when
+  spec.replicas is unset does it write the starting point (minReplicas, at least 1) once, as an HPA reads 0 as
+  "autoscaling disabled".
 - The reconcile pass (controllers/inferenceservice.py) follows spec.replicas through `recommend_replicas`; the
   scale write is a spec change, so Kopf triggers that pass at once.
 - status.autoscaling and the MetricsAvailable condition are written here (conditional on resourceVersion too;
@@ -21,8 +23,8 @@ through the InferenceService's scale subresource, as an HPA does.
   metric's availability. Missing, stale or unreadable metrics hold the replicas (the decision never scales down
   on them) and set MetricsAvailable=False with the reason.
 
-GitOps: spec.replicas belongs to the autoscaler while autoscaling is set (its own field manager,
-`loom-autoscaler`, shows it in managedFields); manifests kept in Git must leave it out, as with an HPA.
+GitOps: spec.replicas belongs to the autoscaler while autoscaling is set; manifests kept in Git (Argo CD, Flux)
+must leave it out, as with an HPA, or every sync would undo its decisions.
 """
 
 from __future__ import annotations
