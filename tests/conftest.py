@@ -1,0 +1,27 @@
+"""Keeps one test's imports from changing how every later test's Prometheus metrics behave.
+
+Importing Feast (feast/metrics.py) sets PROMETHEUS_MULTIPROC_DIR for the whole process. prometheus_client
+picks its value class once, at its own first import: imported after Feast, every metric of every later test
+(the model server's, the router's) shares its values through files across registries, and counts leak from
+one test into another. Importing prometheus_client first, before any test module, keeps the in-process
+value class; the fixture keeps the variable out of every test's environment (subprocesses included).
+The Feast pods themselves are untouched: `feast serve` runs in its own process and sets what it needs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import prometheus_client  # noqa: F401  (fixes the value class before any test module can import Feast)
+import pytest
+
+_MULTIPROCESS_VARIABLES = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
+
+
+@pytest.fixture(autouse=True)
+def _no_prometheus_multiprocess_mode(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in _MULTIPROCESS_VARIABLES:
+        if name in os.environ:
+            monkeypatch.delenv(name)
+    yield
