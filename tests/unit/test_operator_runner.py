@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import pytest
 
@@ -172,9 +173,8 @@ def test_last_seen_reports_changes_and_forgets_deleted_objects() -> None:
     assert seen.changed(("ns", "job"), ("s3://c/step-20", "Running"))  # a re-created namesake starts afresh
 
 
-def test_no_controller_puts_a_finalizer_on_its_objects() -> None:
-    """Resync through the runner, no kopf.timer/daemon, delete handlers optional: deleting an object (or its
-    namespace) never waits for the operator, even while it is down."""
+def _registered() -> Any:
+    """A fresh Kopf registry holding every handler the operator's controllers register."""
     import kopf
 
     from loom.operator import controllers
@@ -187,6 +187,13 @@ def test_no_controller_puts_a_finalizer_on_its_objects() -> None:
         controllers.register(OperatorSettings())
     finally:
         kopf.set_default_registry(previous)
+    return registry
+
+
+def test_no_controller_puts_a_finalizer_on_its_objects() -> None:
+    """Resync through the runner, no kopf.timer/daemon, delete handlers optional: deleting an object (or its
+    namespace) never waits for the operator, even while it is down."""
+    registry = _registered()
     changing = registry._changing.get_all_handlers()
     assert changing, "the controllers registered no handlers"
     assert [h.id for h in changing if h.requires_finalizer] == []
@@ -199,18 +206,7 @@ def test_every_index_handler_works_off_the_event_loop() -> None:
     import inspect
     import threading
 
-    import kopf
-
-    from loom.operator import controllers
-    from loom.operator.settings import OperatorSettings
-
-    previous = kopf.get_default_registry()
-    registry = kopf.OperatorRegistry()
-    kopf.set_default_registry(registry)
-    try:
-        controllers.register(OperatorSettings())
-    finally:
-        kopf.set_default_registry(previous)
+    registry = _registered()
     sync_indexes = [h for h in registry._indexing.get_all_handlers() if not inspect.iscoroutinefunction(h.fn)]
     assert sync_indexes, "no sync index handlers registered"
     failures: list[str] = []

@@ -18,25 +18,23 @@ from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
-_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
-class ServerMetrics:
-    """All server metrics, in their own registry (one per app, so tests can build many apps)."""
+class RequestMetrics:
+    """The request metrics of every Loom endpoint that looks like a model (the model server, the graph router):
+    one set of names, with the model (or graph) as the ``model`` label, so dashboards and autoscaling rules
+    written for one read the other unchanged."""
 
-    def __init__(
-        self, model_name: str, registry: CollectorRegistry | None = None, gpu: NvmlCollector | None = None
-    ):
-        self.registry = registry or CollectorRegistry()
-        if gpu is not None:
-            self.registry.register(gpu)
+    def __init__(self, model_name: str, registry: CollectorRegistry):
+        self.registry = registry
         self.model = model_name
         self.request_latency = Histogram(
             "loom_server_request_duration_seconds",
             "Time from receiving a request to sending its response.",
             ["model", "endpoint"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
         self.requests = Counter(
@@ -47,20 +45,37 @@ class ServerMetrics:
             "loom_server_request_errors", "Requests answered with an error, by HTTP status code.",
             ["model", "code"], registry=self.registry,
         )
+        self.inflight = Gauge(
+            "loom_server_inflight_requests", "Requests being handled now (queued, running or streaming).",
+            ["model"], registry=self.registry,
+        )
+
+    def answered(self, endpoint: str, code: int, seconds: float) -> None:
+        self.request_latency.labels(self.model, endpoint).observe(seconds)
+        self.requests.labels(self.model, endpoint, str(code)).inc()
+        if code >= 400:
+            self.errors.labels(self.model, str(code)).inc()
+
+
+class ServerMetrics(RequestMetrics):
+    """All server metrics, in their own registry (one per app, so tests can build many apps)."""
+
+    def __init__(
+        self, model_name: str, registry: CollectorRegistry | None = None, gpu: NvmlCollector | None = None
+    ):
+        super().__init__(model_name, registry or CollectorRegistry())
+        if gpu is not None:
+            self.registry.register(gpu)
         self.batch_size = Histogram(
             "loom_server_batch_size", "Requests per predict call.", ["model"],
             buckets=_BATCH_BUCKETS, registry=self.registry,
         )
         self.batch_latency = Histogram(
             "loom_server_batch_duration_seconds", "Time one predict call took.", ["model"],
-            buckets=_LATENCY_BUCKETS, registry=self.registry,
+            buckets=LATENCY_BUCKETS, registry=self.registry,
         )
         self.queue = Gauge(
             "loom_server_queue_depth", "Requests waiting to join a batch.", ["model"], registry=self.registry
-        )
-        self.inflight = Gauge(
-            "loom_server_inflight_requests", "Requests being handled now (queued, running or streaming).",
-            ["model"], registry=self.registry,
         )
         self.ready = Gauge(
             "loom_server_model_ready", "1 once the model is loaded and serving.", ["model"],
@@ -78,12 +93,6 @@ class ServerMetrics:
 
     def queue_depth(self, depth: int) -> None:
         self.queue.labels(self.model).set(depth)
-
-    def answered(self, endpoint: str, code: int, seconds: float) -> None:
-        self.request_latency.labels(self.model, endpoint).observe(seconds)
-        self.requests.labels(self.model, endpoint, str(code)).inc()
-        if code >= 400:
-            self.errors.labels(self.model, str(code)).inc()
 
 
 class NvmlCollector(Collector):
