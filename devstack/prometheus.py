@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from loom.devstack.cluster.build import MODULES, Progress, _build_lock, _build_module, stack_bin_dir
+from loom.devstack.cluster.build import MODULES, Progress, build, stack_bin_dir
 from loom.devstack.servers import ServiceStartError, free_port
 
 # Built with the rest of the stack (`loom dev build`); see MODULES in devstack/cluster/build.py.
@@ -92,23 +92,19 @@ def scrape_config(
 
 def prometheus_binary() -> Path:
     """The built binary; a clear error when the stack was built without it."""
-    candidates: tuple[Path, ...] = (stack_bin_dir() / "prometheus", PROMETHEUS_MODULE.bin_dir() / "prometheus")
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    raise ServiceStartError(
-        "Prometheus is not built: run `loom dev build` (or `make stack`), which builds it from "
-        f"{PROMETHEUS_MODULE.source_dir}"
-    )
+    binary = stack_bin_dir() / "prometheus"
+    if not binary.is_file():
+        raise ServiceStartError(
+            "Prometheus is not built: run `loom dev build` (or `make stack`), which builds it from "
+            f"{PROMETHEUS_MODULE.source_dir}"
+        )
+    return binary
 
 
 def ensure_built(progress: Progress = print) -> Path:
-    """Build Prometheus into the stack's cache unless it is there (minutes cold; a no-op after)."""
-    with _build_lock():
-        if not PROMETHEUS_MODULE.is_built():
-            _build_module(PROMETHEUS_MODULE, progress)
-    binary: Path = PROMETHEUS_MODULE.bin_dir() / "prometheus"
-    return binary
+    """The binary, building the stack first if any of it (Prometheus included) is missing; a no-op once built."""
+    build(progress)
+    return prometheus_binary()
 
 
 def _ready(url: str) -> bool:
