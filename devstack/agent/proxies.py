@@ -213,6 +213,7 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, othe
 class ServiceEntry:
     address: str
     ports: dict[int, PortProxy]
+    cluster_ip: str | None = None  # the API server's egress proxy maps it to `address` (cluster/egress.py)
 
 
 class ServiceTable:
@@ -258,6 +259,7 @@ class ServiceTable:
             wanted.add(key)
             for _ in range(3):  # an address found taken is abandoned and another one tried
                 entry = await self._ensure(key)
+                entry.cluster_ip = spec.get("clusterIP")
                 await self._sync_ports(entry, service, own_slices, pods, move_when_taken)
                 if key in self.entries:
                     break
@@ -314,7 +316,10 @@ class ServiceTable:
             await proxy.close()
 
     def _save(self) -> None:
-        mapping = {key: {"address": entry.address, "ports": sorted(entry.ports)} for key, entry in self.entries.items()}
+        mapping = {
+            key: {"address": entry.address, "ports": sorted(entry.ports), "clusterIP": entry.cluster_ip}
+            for key, entry in self.entries.items()
+        }
         partial = self.path.with_suffix(".json.tmp")
         partial.write_text(json.dumps(mapping, indent=1, sort_keys=True))
         partial.replace(self.path)

@@ -6,6 +6,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from loom.devstack.cluster.paths import AGENT_MAIN, AGENT_STATE_DIR, ETCD_DATA_DIR, KWOK_STAGES_FILE, STACK_DIR
 from loom.devstack.cluster.pki import AGENT_NODE_NAME, SERVICE_CIDR, Pki
@@ -36,6 +37,25 @@ class Component:
     name: str
     argv: list[str]
     env: dict[str, str] | None = None
+
+
+# The API server's `cluster` traffic (webhooks via Services, kubelets) goes through the egress proxy (egress.py).
+EGRESS_SOCKET = STACK_DIR / "egress.sock"
+EGRESS_CONFIG = STACK_DIR / "egress-selector.yaml"
+
+
+def egress_selector_config(socket_path: Path) -> dict[str, Any]:
+    """The API server's EgressSelectorConfiguration: `cluster` traffic through this proxy, the rest direct."""
+    return {
+        "apiVersion": "apiserver.k8s.io/v1beta1",
+        "kind": "EgressSelectorConfiguration",
+        "egressSelections": [
+            {
+                "name": "cluster",
+                "connection": {"proxyProtocol": "HTTPConnect", "transport": {"uds": {"udsName": str(socket_path)}}},
+            }
+        ],
+    }
 
 
 def kubeconfig_path(user: str) -> Path:
@@ -108,6 +128,8 @@ def control_plane(bin_dir: Path, pki: Pki, ports: Ports) -> list[Component]:
             # The API server advertises a loopback address, which the `kubernetes` Service's
             # endpoints may not hold; nothing routes service IPs here anyway (no kube-proxy).
             "--endpoint-reconciler-type=none",
+            # Webhooks behind a Service: their ClusterIP is reached through the egress proxy (egress.py).
+            f"--egress-selector-config-file={EGRESS_CONFIG}",
         ],
     )
     controller_manager = Component(
@@ -159,7 +181,19 @@ def control_plane(bin_dir: Path, pki: Pki, ports: Ports) -> list[Component]:
             "--node-lease-duration-seconds=40",
         ],
     )
-    return [etcd, apiserver, controller_manager, scheduler, kwok]
+    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    egress = Component(
+        "egress-proxy",
+        [
+            sys.executable,
+            "-m",
+            "loom.devstack.cluster.egress",
+            f"--socket={EGRESS_SOCKET}",
+            f"--services={AGENT_STATE_DIR / 'services.json'}",
+        ],
+        env,
+    )
+    return [etcd, apiserver, controller_manager, scheduler, kwok, egress]
 
 
 def node_agent(pki: Pki, ports: Ports, gpus: int) -> Component | None:

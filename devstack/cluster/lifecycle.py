@@ -26,14 +26,25 @@ import yaml
 
 from loom.devstack.cluster import procs
 from loom.devstack.cluster.build import build, is_built, stack_bin_dir
-from loom.devstack.cluster.components import Component, Ports, control_plane, kubeconfig_path, node_agent
+from loom.devstack.cluster.components import (
+    EGRESS_CONFIG,
+    EGRESS_SOCKET,
+    Component,
+    Ports,
+    control_plane,
+    egress_selector_config,
+    kubeconfig_path,
+    node_agent,
+)
 from loom.devstack.cluster.handle import Cluster
 from loom.devstack.cluster.nodes import NodeShape, ensure_nodes, wait_nodes_ready
 from loom.devstack.cluster.paths import KUBECONFIG, LOCK_FILE, PKI_DIR, STACK_DIR, STACK_FILE, USERS_DIR
 from loom.devstack.cluster.pki import AGENT_NODE_NAME, Pki, ensure_pki
 
 Progress = Callable[[str], None]
-COMPONENT_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "node-agent")
+COMPONENT_ORDER = (
+    "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "egress-proxy", "node-agent"
+)
 START_TIMEOUT = 90.0
 
 
@@ -194,6 +205,8 @@ def _ready_check(component: str, pki: Pki, ports: Ports) -> Callable[[], bool] |
         return lambda: (
             httpx.get(f"https://127.0.0.1:{ports.controller_manager}/healthz", verify=False).status_code == 200
         )
+    if component == "egress-proxy":
+        return EGRESS_SOCKET.exists
     if component == "kube-scheduler":
         return lambda: httpx.get(f"https://127.0.0.1:{ports.scheduler}/healthz", verify=False).status_code == 200
     return None
@@ -232,6 +245,7 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
             kubeconfig_path("controller-manager"), "system:kube-controller-manager", server, pki, "controller-manager"
         )
         _write_kubeconfig(kubeconfig_path("scheduler"), "system:kube-scheduler", server, pki, "scheduler")
+        EGRESS_CONFIG.write_text(yaml.safe_dump(egress_selector_config(EGRESS_SOCKET)))
         state = StackState(ports=ports, config=config, started_by=started_by, bin_dir=str(bin_dir))
         state.save()
 
