@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from .config import ServerConfig
 from .dataplane import DataPlane
+from .enrichment import Enricher
 from .errors import (
     InferenceError,
     InvalidInputError,
@@ -186,7 +187,9 @@ def build_app(config: ServerConfig, model: Model, model_folder: Path | None = No
     """The ASGI app for one model. The model is loaded in the background after startup, so liveness
     answers at once and readiness turns true only once the model is loaded. The data plane is
     ``app.state.plane``."""
-    plane = DataPlane(model, config.batching, ServerMetrics(model.name, gpu=NvmlCollector.create()))
+    metrics = ServerMetrics(model.name, gpu=NvmlCollector.create())
+    enricher = Enricher(config.features, model.name, metrics.registry) if config.features is not None else None
+    plane = DataPlane(model, config.batching, metrics, enricher)
     folder = model_folder or Path(config.model_dir)
 
     @contextlib.asynccontextmanager

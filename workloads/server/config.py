@@ -91,6 +91,57 @@ class AuthConfig(_Camel):
         return self.api_keys_file is not None or self.api_keys_env is not None
 
 
+# Feature enrichment (InferenceService spec.features). The operator resolves the FeatureView into the Feast view
+# name, its features and the project's feature server URL; entityKeys are the view's join keys, read from the request.
+EntityKeys = Annotated[list[str], Field(min_length=1, max_length=16)]
+DEFAULT_ENRICHMENT_TIMEOUT_MS = 2000.0
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class EnrichedFeature(_Camel):
+    """One online feature the server adds to each request, with its Feast dtype (which fixes the tensor's)."""
+
+    name: str
+    dtype: str = Field(description="A Feast dtype: Int64, Float32, String, Array(Float32), ...")
+
+    @field_validator("name")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        if not _IDENT.match(value):
+            raise ValueError(f"feature name {value!r} must be an identifier (letters, digits, '_')")
+        return value
+
+    @field_validator("dtype")
+    @classmethod
+    def _dtype(cls, value: str) -> str:
+        # The one list of Feast dtypes (pydantic-only module, as this one).
+        from loom.workloads.features.config import FEATURE_DTYPES
+
+        if value not in FEATURE_DTYPES:
+            raise ValueError(f"unknown Feast dtype {value!r} (supported: {', '.join(FEATURE_DTYPES)})")
+        return value
+
+
+class EnrichmentConfig(_Camel):
+    """Enrich each infer request with one entity's online features from a Feast feature server (enrichment.py)."""
+
+    url: str = Field(
+        description="Feast feature server base URL (POST {url}/get-online-features).", pattern=r"^https?://.+"
+    )
+    feature_view: str = Field(description="Feast feature view name (the FeatureView's name with '-' as '_').")
+    features: list[EnrichedFeature] = Field(min_length=1, max_length=256)
+    entity_keys: EntityKeys = Field(description="Join keys, read from the request's inputs or parameters.")
+    timeout_ms: float = Field(DEFAULT_ENRICHMENT_TIMEOUT_MS, gt=0, le=60_000, description="Per feature server call.")
+    connect_retries: int = Field(2, ge=0, le=10, description="Retries of a call that could not connect.")
+
+    @field_validator("feature_view")
+    @classmethod
+    def _view(cls, value: str) -> str:
+        if not _IDENT.match(value):
+            raise ValueError(f"featureView {value!r} must be a Feast view name (letters, digits, '_')")
+        return value
+
+
 class ServerConfig(_Camel):
     """Everything the model server needs to fetch, load and serve one model."""
 
@@ -115,6 +166,9 @@ class ServerConfig(_Camel):
     port: int = Field(8080, ge=1, le=65535)
     metrics_port: int | None = Field(
         None, ge=1, le=65535, description="Separate metrics port; when unset /metrics is on the main port."
+    )
+    features: EnrichmentConfig | None = Field(
+        None, description="Online features added to every infer request (from a FeatureView)."
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

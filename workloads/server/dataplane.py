@@ -10,6 +10,8 @@ codes, so everything here is testable without a server (tests/unit/test_server_d
   ``maxLatencyMs``, ``maxQueue``): concurrent requests share one ``predict`` call.
 * generate_stream runs the model's ``generate`` iterator in a thread, at most ``maxQueue`` at once.
 * metrics: ready, in-flight and token gauges here; batch and queue metrics through the batcher.
+* enrichment (optional, enrichment.py): infer (and generate, which goes through it) requests get their entity's
+  online features as extra input tensors before they join a batch; generate_stream is not enriched.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 
 from .batching import AdaptiveBatcher
 from .config import BatchingConfig
+from .enrichment import Enricher
 from .errors import (
     InferenceError,
     InvalidInputError,
@@ -54,9 +57,16 @@ _DONE = object()
 class DataPlane:
     """Serves one model: resolve it by name/version, report readiness, run requests against it."""
 
-    def __init__(self, model: Model, batching: BatchingConfig, metrics: ServerMetrics | None = None):
+    def __init__(
+        self,
+        model: Model,
+        batching: BatchingConfig,
+        metrics: ServerMetrics | None = None,
+        enricher: Enricher | None = None,
+    ):
         self.model = model
         self.metrics = metrics or ServerMetrics(model.name)
+        self.enricher = enricher
         self.batching = batching
         self._batcher = AdaptiveBatcher(model.predict, batching, self.metrics)
         self._loader: asyncio.Future[None] | None = None
@@ -100,6 +110,8 @@ class DataPlane:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self._loader), timeout=0.1)
         await self._batcher.stop()
+        if self.enricher is not None:
+            await self.enricher.aclose()
 
     # --- metadata --------------------------------------------------------------------------------
 
@@ -145,6 +157,8 @@ class DataPlane:
         inflight = self.metrics.inflight.labels(self.model.name)
         inflight.inc()
         try:
+            if self.enricher is not None:
+                request = await self.enricher.enrich(request)
             return await self._batcher.submit(request)
         except ServerError:
             raise
