@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from loom.devstack.cluster import keda
 from loom.devstack.cluster.paths import GO_MODULES_DIR, cache_root
 
 KUBERNETES_VERSION = "v1.37.2"
@@ -203,6 +204,7 @@ def build(progress: Progress = print) -> Path:
                 progress(f"{module.name}: cached at {module.bin_dir()}")
             else:
                 _build_module(module, progress)
+        keda.fetch(progress)  # not a binary: KEDA's CRDs, cached next to the binaries
         bin_dir = stack_bin_dir() if is_built() else _link_stack_bin_dir()
         progress(f"stack binaries ready in {bin_dir} ({time.monotonic() - started:.1f}s)")
         return bin_dir

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import yaml
 
-from loom.devstack.cluster import procs
+from loom.devstack.cluster import keda, procs
 from loom.devstack.cluster.build import build, is_built, stack_bin_dir
 from loom.devstack.cluster.components import (
     EGRESS_CONFIG,
@@ -270,6 +270,7 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
             f"{len(names)} kwok nodes Ready with {config.gpus_per_node} x nvidia.com/gpu each"
             f" ({time.monotonic() - started:.1f}s)"
         )
+        keda.install_crds(cluster, progress)  # engine keda's ScaledObjects are checked against KEDA's own schema
         if agent is not None and procs.running(agent.name) is None:
             progress(f"WARNING: the node agent exited; see {procs.log_path(agent.name)}")
     # What examples/ reference (S3, MLflow, the credentials Secret) as pods on the node agent; for a person's

@@ -13,74 +13,42 @@ import yaml
 
 from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.pki import AGENT_NODE_NAME
-from loom.devstack.prometheus import PrometheusEndpoint, ensure_built, prometheus_server
+from loom.devstack.prometheus import PrometheusEndpoint
+from loom.e2e.exporter import exporter_pod, local_prometheus
 from loom.operator.autoscale.decision import MetricUnavailable, MetricValue
 from loom.operator.autoscale.prometheus import PrometheusClient
 from loom.operator.autoscale.promql import MetricKind, PodSelector, build_query
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
-# Publishes the model server's gauges for itself, and dcgm-exporter-style GPU series for another pod
+# The model server's gauges for the exporter itself, and dcgm-exporter-style GPU series for another pod
 # ("chat-a", labelled pod/namespace as dcgm-exporter does): Prometheus renames those labels to
 # exported_pod/exported_namespace because the target has its own pod/namespace.
-EXPORTER = """
-import http.server, os
-ns = os.environ["NS"]
-gpu = f'gpu="0",UUID="GPU-1",pod="chat-a",namespace="{ns}"'
-body = f'''loom_server_inflight_requests{{model="m"}} 3
-loom_server_queue_depth{{model="m"}} 0
-DCGM_FI_DEV_GPU_UTIL{{{gpu}}} 85
-DCGM_FI_DEV_FB_USED{{{gpu}}} 3000
-DCGM_FI_DEV_FB_FREE{{{gpu}}} 1000
-'''.encode()
-class Metrics(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        if self.path != "/custom-metrics":
-            self.send_response(404); self.end_headers(); return
-        self.send_response(200)  # no Content-Type, as hand-written exporters often do
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-http.server.ThreadingHTTPServer(("", 9400), Metrics).serve_forever()
-"""
+def _series(namespace: str) -> str:
+    gpu = f'gpu="0",UUID="GPU-1",pod="chat-a",namespace="{namespace}"'
+    return (
+        'loom_server_inflight_requests{model="m"} 3\n'
+        'loom_server_queue_depth{model="m"} 0\n'
+        f"DCGM_FI_DEV_GPU_UTIL{{{gpu}}} 85\n"
+        f"DCGM_FI_DEV_FB_USED{{{gpu}}} 3000\n"
+        f"DCGM_FI_DEV_FB_FREE{{{gpu}}} 1000\n"
+    )
 
 
 def _exporter_pod(namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "exporter",
-            "annotations": {
-                "prometheus.io/scrape": "true",
-                "prometheus.io/port": "9400",
-                "prometheus.io/path": "/custom-metrics",
-            },
-        },
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": AGENT_NODE_NAME},
-            "terminationGracePeriodSeconds": 2,
-            "containers": [
-                {
-                    "name": "exporter",
-                    "image": "python:3.11-slim",
-                    "command": ["python", "-c", EXPORTER],
-                    "env": [{"name": "NS", "value": namespace}],
-                    # A declared port other than the annotated one: the annotation wins.
-                    "ports": [{"name": "http", "containerPort": 8080}],
-                }
-            ],
-        },
-    }
+    # Served without a Content-Type, on a path of its own, with a declared port other than the annotated one
+    # (the annotation wins).
+    return exporter_pod(
+        "exporter",
+        path="/custom-metrics",
+        initial=_series(namespace),
+        extra_ports=[{"name": "http", "containerPort": 8080}],
+    )
 
 
 @pytest.fixture(scope="module")
 def prometheus(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusEndpoint]:
-    ensure_built()
-    with prometheus_server(
-        tmp_path_factory.mktemp("prometheus"), kubeconfig=cluster.kubeconfig, scrape_interval_s=1.0
-    ) as endpoint:
+    with local_prometheus(cluster, tmp_path_factory.mktemp("prometheus")) as endpoint:
         yield endpoint
 
 

@@ -1,0 +1,102 @@
+"""KEDA's own CRDs (ScaledObject, ScaledJob, TriggerAuthentication, ClusterTriggerAuthentication) for the local
+stack, taken from KEDA's Go module: what Loom renders for `autoscaling.engine: keda` is checked against KEDA's
+real schema by the API server, not against a copy of ours.
+
+`go mod download` puts the module in Go's module cache (checked against the checksum database like every
+other module of the stack); the CRD files are copied from it into <cache>/keda-<version>/crds, so a second
+start, or a fresh clone on the same machine, finds them without Go. KEDA itself (its operator and metrics
+server) is not run: only its API types are installed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from loom.devstack.cluster.handle import Cluster, wait_until
+from loom.devstack.cluster.paths import cache_root
+
+KEDA_MODULE = "github.com/kedacore/keda/v2"
+KEDA_VERSION = "v2.21.0"
+# The keda.sh group, as KEDA's own deployment (config/crd/kustomization.yaml) installs it; the eventing.keda.sh
+# CloudEvent sources are left out (nothing in Loom renders them).
+CRD_FILES = (
+    "keda.sh_scaledobjects.yaml",
+    "keda.sh_scaledjobs.yaml",
+    "keda.sh_triggerauthentications.yaml",
+    "keda.sh_clustertriggerauthentications.yaml",
+)
+CRD_NAMES = tuple(f"{f.removeprefix('keda.sh_').removesuffix('.yaml')}.keda.sh" for f in CRD_FILES)
+
+Progress = Callable[[str], None]
+
+
+def crd_dir() -> Path:
+    return cache_root() / f"keda-{KEDA_VERSION}" / "crds"
+
+
+def is_fetched() -> bool:
+    return all((crd_dir() / name).is_file() for name in CRD_FILES)
+
+
+def _go() -> str:
+    go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
+    if go is None:
+        raise RuntimeError("the Go toolchain is needed to fetch KEDA's CRDs from its Go module; `go` is not on PATH")
+    return go
+
+
+def fetch(progress: Progress = print) -> Path:
+    """Copy KEDA's CRDs out of its Go module (downloaded into Go's module cache if needed); return their folder."""
+    if is_fetched():
+        return crd_dir()
+    found = subprocess.run(
+        [_go(), "mod", "download", "-json", f"{KEDA_MODULE}@{KEDA_VERSION}"],
+        capture_output=True,
+        text=True,
+        cwd=tempfile.gettempdir(),  # outside any module: the download must not touch a go.mod
+        check=False,
+    )
+    try:
+        info: dict[str, Any] = json.loads(found.stdout)
+    except ValueError:
+        info = {}
+    if found.returncode != 0 or "Dir" not in info:
+        raise RuntimeError(f"go mod download {KEDA_MODULE}@{KEDA_VERSION} failed: {info.get('Error') or found.stderr}")
+    source = Path(info["Dir"]) / "config" / "crd" / "bases"
+    final = crd_dir()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".keda-crds-", dir=final.parent))
+    staging.chmod(0o755)
+    for name in CRD_FILES:
+        shutil.copyfile(source / name, staging / name)  # the module cache is read-only; copies are not
+    shutil.rmtree(final, ignore_errors=True)
+    staging.rename(final)
+    progress(f"keda: CRDs of {KEDA_MODULE} {KEDA_VERSION} -> {final}")
+    return final
+
+
+def install_crds(cluster: Cluster, progress: Progress = print) -> None:
+    """Apply KEDA's CRDs (server-side: the ScaledObject CRD is too big for client-side apply's annotation) and
+    wait until the API server serves them. Idempotent."""
+    folder = fetch(progress)
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=loom-devstack", "-f", str(folder))
+    established = '{.status.conditions[?(@.type=="Established")].status}'
+
+    def is_established(name: str) -> bool:
+        if cluster.kubectl("get", f"crd/{name}", "-o", f"jsonpath={established}").stdout == "True":
+            return True
+        # The API server establishes a CRD on an add or update event only: one whose establishing was cut short
+        # by a stop (etcd keeps it "Installing") stays so until it changes. Any update queues it again.
+        cluster.kubectl("annotate", "--overwrite", f"crd/{name}", f"loom.dev/establish={time.time():.0f}")
+        return False
+
+    for name in CRD_NAMES:
+        # Not `kubectl wait`: right after the create a CRD has no conditions yet, and wait fails on that.
+        wait_until(lambda name=name: is_established(name), timeout=60, what=f"CRD {name} established", interval=1)
