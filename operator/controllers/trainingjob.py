@@ -33,6 +33,7 @@ from ..render.trainingjob_state import Decision, Observation, Policy, decide
 from ..settings import OperatorSettings
 from .events import post_events
 from .runner import Runner
+from .trainingjob_data import observe_training_data
 from .trainingjob_mlflow import TrackingError, ensure_run, finish_run
 from .trainingjob_progress import fetch_progress, new_client
 
@@ -53,6 +54,7 @@ NodeIndex = kopf.Index[str, NodeView]
 class Controller:
     image: str
     policy: Policy
+    features_image: str = ""
     pods: PodIndex | None = None
     nodes: NodeIndex | None = None
     http: httpx.AsyncClient | None = None
@@ -93,6 +95,10 @@ class Controller:
                 spec_error = str(error)
         tracking_error = await self.ensure_tracking(job, spec, status)
         progress = await self.poll_progress(spec, status, observed)
+        training_data = None
+        data_built = status.training_data is not None and status.training_data.phase == "Succeeded"
+        if spec_error is None and not data_built and status.phase not in FINISHED and not spec.run_policy.suspend:
+            training_data = await observe_training_data(job, spec, self.features_image)
         decision = decide(
             Observation(
                 generation=meta.get("generation"),
@@ -107,6 +113,7 @@ class Controller:
                 or bool(status.mlflow and status.mlflow.run_id),
                 tracking_error=tracking_error,
                 spec_error=spec_error,
+                training_data=training_data,
             ),
             self.policy,
         )
@@ -234,7 +241,9 @@ class Controller:
 
 def register(settings: OperatorSettings) -> None:
     controller = Controller(
-        image=settings.trainer_image, policy=Policy(node_lost_grace_seconds=settings.node_lost_grace_s)
+        image=settings.trainer_image,
+        policy=Policy(node_lost_grace_seconds=settings.node_lost_grace_s),
+        features_image=settings.features_image,
     )
     # Deadlines, grace periods, TTLs and progress need a clock, not an event: jobs that are not idle are
     # reconciled every poll interval.

@@ -226,6 +226,14 @@ def _job_spec(
     }
 
 
+def render_command_job_spec(
+    namespace: str, plan: ProjectPlan, verb: str, args: list[str], pod_labels: dict[str, str], image: str
+) -> Manifest:
+    """A Job spec running one workload command against the project's store, with the project's env and volumes
+    (a TrainingJob's training-set retrieval: `historical`)."""
+    return _job_spec(namespace, plan, _command(verb, *args), pod_labels, image)
+
+
 def _view_owner(namespace: str, plan: ProjectPlan, name: str) -> Manifest:
     member = next((m for m in plan.members if m.name == name), None)
     if member is None:

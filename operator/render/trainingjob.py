@@ -21,6 +21,7 @@ from .trainingjob_config import (
     trainer_config,
     worker_range,
 )
+from .trainingjob_data import worker_env
 
 KIND = "TrainingJob"
 WORKER = "worker"
@@ -132,6 +133,8 @@ def _env(job: Manifest, spec: TrainingJobSpec, index: int, mlflow_run_id: str | 
     ckpt = spec.checkpoint
     if ckpt is not None:
         env += s3_env(ckpt.secret_ref, ckpt.endpoint)
+    # After the checkpoint's keys: trainingData's own Secret, when it names one, is what reads the training set.
+    env = list({item["name"]: item for item in env + worker_env(spec, job["metadata"]["namespace"], name)}.values())
     if spec.tracking is not None and spec.tracking.mlflow is not None:
         env.append({"name": "MLFLOW_TRACKING_URI", "value": spec.tracking.mlflow.tracking_uri})
         env.append({"name": "MLFLOW_EXPERIMENT_NAME", "value": spec.tracking.mlflow.experiment})

@@ -16,6 +16,11 @@ Rules, in order of precedence:
   backoffLimit failures -> Failed/BackoffLimitExceeded. Survivors >= minReplicas with worker 0 (the c10d
   store host) among them -> only the lost workers are replaced; otherwise the whole gang restarts.
 - Success policy AllWorkers: every worker exited 0. Worker0: worker 0 exited 0 (the rest are stopped).
+- spec.trainingData: no worker starts before the training set is built (a Job, see trainingjob_data.py); while
+  the FeatureView is missing or unregistered, or the Job runs, the job is Pending with condition
+  TrainingDataReady=False naming why. A failed retrieval fails the job (TrainingDataFailed) with the workload's
+  reason and Feast's message. Once built (status.trainingData.phase Succeeded) it is never rebuilt: restarts and
+  resumes reuse it.
 - Pods that stay unschedulable past scheduling.scheduleTimeoutSeconds -> Ready=False/Unschedulable.
 - Restarting lasts until the trainer runs steps again, not only until its pods run: a trainer that served
   progress before is waited for (its report leaves phase Starting, or its step passes the checkpoint), at
@@ -32,9 +37,18 @@ from typing import Literal
 from loom.workloads.trainer.config import EXIT_PERMANENT
 
 from ..api.common import ConditionStatus
-from ..api.trainingjob import CheckpointStatus, Progress, TrainingJobSpec, TrainingJobStatus, WorkerCounts
+from ..api.trainingjob import (
+    CheckpointStatus,
+    Progress,
+    TrainingDataStatus,
+    TrainingJobSpec,
+    TrainingJobStatus,
+    WorkerCounts,
+)
 from .kit import Condition, Event, format_time, parse_time, set_condition
 from .trainingjob_config import worker_range
+from .trainingjob_data import CONDITION as DATA_CONDITION
+from .trainingjob_data import DataObservation
 from .trainingjob_observe import NodeView, ProgressReport, WorkerView
 
 PERMANENT_EXIT_CODES = frozenset({EXIT_PERMANENT})
@@ -62,6 +76,7 @@ class Observation:
     tracking_ready: bool = True  # the MLflow run exists (or no tracking is configured)
     tracking_error: str | None = None  # why the run could not be created yet
     spec_error: str | None = None  # the spec cannot be rendered (reported, never retried)
+    training_data: DataObservation | None = None  # spec.trainingData not built yet: where it stands
 
 
 @dataclass(frozen=True)
@@ -92,6 +107,7 @@ class _Machine:
         self.desired = self.spec.workers.replicas
         self.minimum, _ = worker_range(self.spec)
         self.reason_detail: tuple[str, str] | None = None  # (reason, message) for Ready while not running
+        self.data_detail: tuple[str, str] | None = None  # (reason, message) of TrainingDataReady=False
 
     # ---- helpers -------------------------------------------------------------------------------------
     def event(self, type_: Literal["Normal", "Warning"], reason: str, message: str) -> None:
@@ -170,7 +186,32 @@ class _Machine:
                 obs.tracking_error or "creating the MLflow run before starting workers",
             )
             return self.conclude()
+        if self.spec.training_data is not None and not self.data_ready():
+            waiting = self.training_data()
+            if waiting is not None:
+                return waiting
         return self.active()
+
+    def data_ready(self) -> bool:
+        return self.st.training_data is not None and self.st.training_data.phase == "Succeeded"
+
+    def training_data(self) -> Decision | None:
+        """Wait for (or fail on) the training set; None once it is built and the workers may start."""
+        data = self.obs.training_data
+        if data is None:
+            # The controller had nothing to say this pass (it only looks while the set is not built).
+            pending = self.st.training_data or TrainingDataStatus(phase="Pending")
+            data = DataObservation("Waiting", "Pending", "looking up the FeatureView", pending)
+        self.st.training_data = data.status
+        if data.state == "Succeeded":
+            self.event("Normal", "TrainingDataReady", data.message)
+            return None
+        self.data_detail = (data.reason, data.message)
+        if data.state == "Failed":
+            return self.finish("Failed", "TrainingDataFailed", f"{data.reason}: {data.message}")
+        self.st.phase = "Pending"
+        self.reason_detail = (data.reason, data.message)
+        return self.conclude()
 
     def finished(self) -> Decision:
         st, obs = self.st, self.obs
@@ -390,6 +431,16 @@ class _Machine:
         elif self.reason_detail is None:
             self.reason_detail = ("WaitingForWorkers", f"{ready}/{self.desired} workers running")
 
+    def data_condition(self) -> tuple[bool, str, str]:
+        data = self.st.training_data
+        if data is not None and data.phase == "Succeeded":
+            return True, "Retrieved", f"{data.rows} rows at {data.output}"
+        # A finished job keeps the reason retrieval failed with; passes after it observe nothing new.
+        old = next((c for c in self.st.conditions if c.type == DATA_CONDITION), None)
+        kept = (old.reason, old.message) if old is not None else None
+        reason, message = self.data_detail or kept or ("Pending", "the training set is not built yet")
+        return False, reason, message
+
     def set_conditions(self) -> None:
         st, gen, now = self.st, self.obs.generation, self.obs.now
         phase = st.phase or "Pending"
@@ -403,9 +454,13 @@ class _Machine:
             table[kind] = (True, reason, message) if phase == kind else (False, f"Not{kind}", "")
         ready_ok = phase in ("Running", "Succeeded")
         table["Ready"] = (ready_ok, "WorkersRunning" if phase == "Running" else reason, message)
+        kinds: tuple[str, ...] = CONDITION_TYPES
+        if self.spec.training_data is not None:
+            kinds = (*CONDITION_TYPES, DATA_CONDITION)
+            table[DATA_CONDITION] = self.data_condition()
         previous = {c.type: c for c in st.conditions}
         conditions = list(st.conditions)
-        for kind in CONDITION_TYPES:
+        for kind in kinds:
             ok, why, text = table[kind]
             status: ConditionStatus = "True" if ok else "False"
             new = Condition(type=kind, status=status, reason=why, message=text, observed_generation=gen)
