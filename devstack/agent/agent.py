@@ -118,10 +118,11 @@ class Agent:
         # restart) vanishes from the API at once when deleted, without a deletion this agent would see.
         await self._reap_unknown(set(live) | set(self.workers) | set(self.deleting))
         admitted: list[PodWorker] = []
+        doomed: list[Obj] = []
         for uid, pod in live.items():
             if pod["metadata"].get("deletionTimestamp"):
                 if uid not in self.deleting:
-                    self.deleting[uid] = asyncio.create_task(self._delete(pod))
+                    doomed.append(pod)
             elif uid in self.workers:
                 self.workers[uid].pod = pod
             elif (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
@@ -138,6 +139,9 @@ class Agent:
         # New pods count as (not yet ready) endpoints before anything starts, so a headless name with
         # publishNotReadyAddresses resolves in every pod's hosts file by the time its peers run.
         await self.services.sync(services, slices, self._endpoints(live))
+        # Only now, with the Service proxies no longer choosing them, do deleted pods start to stop.
+        for pod in doomed:
+            self.deleting[pod["metadata"]["uid"]] = asyncio.create_task(self._delete(pod))
         for worker in self.workers.values():
             try:
                 self._write_hosts(worker)
@@ -156,21 +160,21 @@ class Agent:
             if pod is None:
                 continue
             spec = pod["spec"]
-            ready = (
-                not pod["metadata"].get("deletionTimestamp")
-                and worker.state.final_phase is None
-                and bool(worker.state.main)
-                and all(c.ready for c in worker.state.main)
+            serving = (
+                worker.state.final_phase is None and bool(worker.state.main) and all(c.ready for c in worker.state.main)
             )
+            terminating = bool(pod["metadata"].get("deletionTimestamp")) or worker.state.terminating
             endpoints.append(
                 PodEndpoint(
                     worker.namespace,
                     pod["metadata"].get("labels") or {},
                     worker.state.pod_ip,
-                    ready,
+                    serving and not terminating,
                     spec.get("hostname"),
                     spec.get("subdomain"),
                     named_ports(spec),
+                    serving=serving,
+                    terminating=terminating,
                 )
             )
         return endpoints

@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 from loom.devstack.agent import plan
 from loom.devstack.agent.config import AgentConfig
+from loom.devstack.agent.hooks import HookError, run_hook
 from loom.devstack.agent.plan import ClusterData, ConfigError
 from loom.devstack.agent.probes import ProbeTracker, run_probe
 from loom.devstack.agent.runtime import ContainerProcess
@@ -26,6 +28,8 @@ Obj = dict[str, Any]
 log = logging.getLogger("loom.agent.pod")
 RETRY_CONFIG_SECONDS = 2.0
 BACKOFF_RESET_SECONDS = 600.0
+# As the kubelet: a container whose preStop hook used up the grace period still gets this long after SIGTERM.
+MIN_GRACE_AFTER_HOOK_SECONDS = 2.0
 
 # Fetches what a pod refers to (configmaps, secrets, and a service account token when asked).
 DataFetcher = Callable[[Obj, bool], Awaitable[tuple[ClusterData, str | None]]]
@@ -284,11 +288,7 @@ class PodWorker:
         is_main = container.name in {c["name"] for c in self.pod["spec"]["containers"]}
         if not is_main and spec.get("restartPolicy") != "Always":
             return  # init containers are not probed (sidecars are)
-        env, cwd = {}, spec.get("workingDir") or str(self.dir / "work")
-        with contextlib.suppress(OSError):
-            env = json.loads((proc.folder / "spec.json").read_text())["env"]
-        pid = proc.child_pid()
-        prefix = ["nsenter", "-t", str(pid), "-m", "-u", "--"] if pid else []
+        env, prefix, cwd = self._exec_context(spec, proc)
         loops = [
             self._probe_loop(container, proc, kind, spec[kind], env, prefix, cwd)
             for kind in ("startupProbe", "readinessProbe", "livenessProbe")
@@ -296,6 +296,15 @@ class PodWorker:
         ]
         if loops:
             await asyncio.gather(*loops)
+
+    def _exec_context(self, spec: Obj, proc: ContainerProcess) -> tuple[dict[str, str], list[str], str]:
+        """Env, command prefix (the container's mount and UTS namespaces) and work dir for exec probes and hooks."""
+        env, cwd = {}, spec.get("workingDir") or str(self.dir / "work")
+        with contextlib.suppress(OSError):
+            env = json.loads((proc.folder / "spec.json").read_text())["env"]
+        pid = proc.child_pid()
+        prefix = ["nsenter", "-t", str(pid), "-m", "-u", "--"] if pid else []
+        return env, prefix, cwd
 
     async def _probe_loop(
         self,
@@ -332,7 +341,7 @@ class PodWorker:
                     self._changed(container)
                     log.info("%s of %s/%s failed: restarting", kind, self.name, container.name)
                     self.event("Killing", f"Container {container.name} failed {kind}, will be restarted", False)
-                    await proc.stop(self.grace_seconds(probe))
+                    await self._stop_container(container, proc, self.grace_seconds(probe))
                     return
             await asyncio.sleep(period)
 
@@ -341,14 +350,46 @@ class PodWorker:
             return float(probe["terminationGracePeriodSeconds"])
         return float(self.pod["spec"].get("terminationGracePeriodSeconds", 30))
 
+    async def _stop_container(self, container: ContainerState, proc: ContainerProcess, grace: float) -> None:
+        """Stop one container as the kubelet does: its preStop hook (while there is a grace period), then
+        SIGTERM, then SIGKILL once the grace period, counted from the start and so including the hook, is over."""
+        started = time.monotonic()
+        spec = self.spec_of(container.name)
+        hook = (spec.get("lifecycle") or {}).get("preStop")
+        if hook and grace > 0 and container.state == "running" and proc.running():
+            await self._pre_stop(container, proc, spec, hook, grace)
+            grace = max(grace - (time.monotonic() - started), MIN_GRACE_AFTER_HOOK_SECONDS)
+        if container.ready:  # signalled: no longer serving, not even as a fallback endpoint
+            container.ready = False
+            self._changed(container)
+        await proc.stop(grace)
+
+    async def _pre_stop(
+        self, container: ContainerState, proc: ContainerProcess, spec: Obj, hook: Obj, grace: float
+    ) -> None:
+        env, prefix, cwd = self._exec_context(spec, proc)
+        try:
+            await asyncio.wait_for(run_hook(hook, spec, self.state.pod_ip, env, prefix, cwd), grace)
+            return
+        except HookError as exc:
+            message = str(exc)
+        except TimeoutError:
+            message = f"did not finish within the grace period ({grace:g}s)"
+        log.info("preStop hook of %s/%s failed: %s", self.name, container.name, message)
+        self.event("FailedPreStopHook", f"PreStopHook failed: {message}", True)
+
     async def terminate(self, grace: float | None = None) -> None:
-        """Stop everything: the lifecycle task first (so nothing restarts), then the processes."""
+        """Stop everything: the lifecycle task first (so nothing restarts), then the processes: main
+        containers (each with its preStop hook), then native sidecars, all within one grace period."""
         self.terminating = True
+        self.state.terminating = True
+        self.on_change()
         if self.task is not None:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.task
         seconds = self.grace_seconds() if grace is None else grace
+        deadline = time.monotonic() + seconds
         running = [(c, self.procs[c.name]) for c in self.state.init + self.state.main]
         for _, proc in running:
             if proc.record is None:  # recorded by an earlier agent but not re-adopted yet (still preparing)
@@ -356,7 +397,12 @@ class PodWorker:
         for container in self.state.main:
             if container.state == "running":
                 self.event("Killing", f"Stopping container {container.name}", False)
-        await asyncio.gather(*(proc.stop(seconds) for _, proc in running))
+        sidecars = {c.name for c in self.state.init if self.spec_of(c.name).get("restartPolicy") == "Always"}
+        first = [(c, p) for c, p in running if c.name not in sidecars]
+        await asyncio.gather(*(self._stop_container(c, p, seconds) for c, p in first))
+        # Sidecars outlive the main containers (they may carry their traffic), as with the kubelet.
+        left = max(deadline - time.monotonic(), 0.0)
+        await asyncio.gather(*(self._stop_container(c, p, left) for c, p in running if c.name in sidecars))
         for container, proc in running:
             if container.state == "running" and proc.record is not None:
                 code, reason = await proc.wait()

@@ -2,6 +2,11 @@
 per Service port (as kube-proxy's userspace mode once did) that spreads connections round robin
 over the Service's ready endpoints.
 
+Draining: a terminating pod is never a ready endpoint, so it gets no new connections from the next
+sync on, while connections already piped to it run until either side closes them (HTTP keep-alive
+included: the server ends those as it drains). As kube-proxy does, when no endpoint is ready, the
+terminating ones that still pass readiness ("serving") take the traffic rather than nobody.
+
 Endpoints of Services with a selector are computed here from this node's pods: the API server
 refuses loopback addresses in EndpointSlices, so the endpointslice controller cannot list our
 127.x pod IPs. Services without a selector use their (hand-written) EndpointSlices.
@@ -47,18 +52,23 @@ def is_headless(service: Obj) -> bool:
 
 
 def ready_endpoints(slices: list[Obj], port_name: str | None) -> tuple[list[tuple[str, str | None]], int | None]:
-    """(ip, hostname) of ready endpoints and the target port for the named Service port."""
+    """(ip, hostname) of ready endpoints (else of serving terminating ones) and the target port for the
+    named Service port."""
     endpoints: list[tuple[str, str | None]] = []
+    fallback: list[tuple[str, str | None]] = []
     target: int | None = None
     for slice_ in slices:
         for port in slice_.get("ports") or []:
             if (port.get("name") or "") == (port_name or "") and port.get("port"):
                 target = int(port["port"])
         for endpoint in slice_.get("endpoints") or []:
-            if (endpoint.get("conditions") or {}).get("ready") is False:
-                continue
-            endpoints.extend((ip, endpoint.get("hostname")) for ip in endpoint.get("addresses", []))
-    return sorted(set(endpoints)), target
+            conditions = endpoint.get("conditions") or {}
+            found = [(ip, endpoint.get("hostname")) for ip in endpoint.get("addresses", [])]
+            if conditions.get("ready") is not False:
+                endpoints.extend(found)
+            elif conditions.get("serving") and conditions.get("terminating"):
+                fallback.extend(found)
+    return sorted(set(endpoints or fallback)), target
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,13 @@ class PodEndpoint:
     hostname: str | None = None
     subdomain: str | None = None
     ports: dict[str, int] = field(default_factory=dict)  # named container ports
+    serving: bool | None = None  # passes readiness whatever its termination (None: same as ready)
+    terminating: bool = False
+
+    @property
+    def drain_target(self) -> bool:
+        """Terminating but still serving: an endpoint only while no other is ready."""
+        return self.terminating and bool(self.ready if self.serving is None else self.serving)
 
 
 def named_ports(pod_spec: Obj) -> dict[str, int]:
@@ -89,18 +106,21 @@ def api_endpoints(pods: list[Obj]) -> list[PodEndpoint]:
     endpoints = []
     for pod in pods:
         status, meta, spec = pod.get("status") or {}, pod["metadata"], pod["spec"]
-        if not status.get("podIP") or meta.get("deletionTimestamp"):
+        if not status.get("podIP"):
             continue
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        terminating = bool(meta.get("deletionTimestamp"))
         endpoints.append(
             PodEndpoint(
                 meta["namespace"],
                 meta.get("labels") or {},
                 status["podIP"],
-                ready,
+                ready and not terminating,
                 spec.get("hostname"),
                 spec.get("subdomain"),
                 named_ports(spec),
+                serving=ready,
+                terminating=terminating,
             )
         )
     return endpoints
@@ -120,13 +140,18 @@ def target_port(port: Obj, pod: PodEndpoint) -> int | None:
 
 
 def pod_backends(service: Obj, port: Obj, pods: list[PodEndpoint]) -> list[tuple[str, int]]:
-    """(ip, port) of the ready pods behind one Service port."""
-    backends = []
+    """(ip, port) of the ready pods behind one Service port; while none is ready, of the terminating
+    pods that still serve (kube-proxy's fallback: a last replica draining still answers)."""
+    backends, draining = [], []
     for pod in selected_pods(service, pods):
         number = target_port(port, pod)
-        if pod.ready and number is not None:
+        if number is None:
+            continue
+        if pod.ready:
             backends.append((pod.ip, number))
-    return sorted(backends)
+        elif pod.drain_target:
+            draining.append((pod.ip, number))
+    return sorted(backends or draining)
 
 
 def headless_endpoints(service: Obj, pods: list[PodEndpoint]) -> list[tuple[str, str | None]]:

@@ -102,6 +102,7 @@ class PodState:
     final_phase: str | None = None  # Succeeded/Failed once the pod will never run anything again
     message: str | None = None
     reason: str | None = None
+    terminating: bool = False  # being deleted: never Ready again, so no Service sends it new traffic
 
 
 def phase(pod: PodState) -> str:
@@ -146,7 +147,12 @@ def pod_status(pod: PodState, previous_conditions: list[Obj] | None = None) -> O
                 "Initialized", pod.initialized, "PodCompleted" if done else "ContainersNotInitialized", previous
             ),
             _condition("ContainersReady", containers_ready, not_ready, previous),
-            _condition("Ready", containers_ready, not_ready, previous),
+            _condition(
+                "Ready",
+                containers_ready and not pod.terminating,
+                "PodTerminating" if pod.terminating else not_ready,
+                previous,
+            ),
         ],
         "containerStatuses": [c.to_status() for c in pod.main],
     }

@@ -20,6 +20,7 @@ from loom.devstack.agent.plan import ClusterData
 from loom.devstack.agent.podworker import PodWorker
 from loom.devstack.agent.runtime import group_members
 from loom.devstack.agent.shim import build_shim
+from loom.devstack.agent.status import pod_status
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the node agent needs root for mount namespaces"),
@@ -347,3 +348,104 @@ async def test_terminating_a_pod_still_preparing_after_a_restart_kills_its_proce
     await asyncio.sleep(0.5)
     await second.terminate(1)
     assert group_members(group) == []
+
+
+def _recording(worker: PodWorker) -> list[tuple[str, str]]:
+    events: list[tuple[str, str]] = []
+    worker.event = lambda reason, message, warning: events.append((reason, message))
+    return events
+
+
+async def test_pre_stop_hook_runs_in_the_container_before_sigterm(make_worker: Callable[..., PodWorker]) -> None:
+    """As the kubelet: a deleted pod turns unready, its preStop hook runs inside the container (its mounts,
+    hostname), and only then does the container get SIGTERM."""
+    app = "trap 'echo term >> /shared/order; exit 0' TERM; echo up; while :; do sleep 0.1; done"
+    hook = {"exec": {"command": ["sh", "-c", 'echo "prestop $(hostname)" >> /shared/order']}}
+    pod = _pod(
+        "h1",
+        [
+            {
+                "name": "app",
+                "image": "x",
+                "command": ["sh", "-c", app],
+                "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+                "lifecycle": {"preStop": hook},
+            }
+        ],
+        volumes=[{"name": "shared", "emptyDir": {}}],
+        terminationGracePeriodSeconds=20,
+    )
+    worker = make_worker(pod, "127.10.200.10")
+    events = _recording(worker)
+    worker.start()
+    container = worker.state.main[0]
+    await _until(lambda: container.ready and "up" in worker.log_path("app", 0).read_text())
+    await worker.terminate()
+    assert (worker.folders["shared"] / "order").read_text() == "prestop pod-h1\nterm\n"
+    assert container.state == "terminated" and container.exit_code == 0 and not container.ready
+    assert worker.state.terminating
+    ready = next(c for c in pod_status(worker.state)["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "PodTerminating")
+    assert [reason for reason, _ in events] == ["Started", "Killing"]
+
+
+async def test_http_pre_stop_hook_reaches_the_server_before_it_stops(make_worker: Callable[..., PodWorker]) -> None:
+    hook = {"httpGet": {"port": "http", "path": "/?from=prestop"}}
+    pod = _pod(
+        "h2",
+        [
+            {
+                "name": "web",
+                "image": "x",
+                "command": ["python", "-m", "http.server", "8080"],
+                "ports": [{"name": "http", "containerPort": 8080}],
+                "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1},
+                "lifecycle": {"preStop": hook},
+            }
+        ],
+        terminationGracePeriodSeconds=20,
+    )
+    worker = make_worker(pod, "127.10.200.11")
+    events = _recording(worker)
+    worker.start()
+    web = worker.state.main[0]
+    await _until(lambda: web.ready)
+    await worker.terminate()
+    assert '"GET /?from=prestop HTTP/1.1" 200' in worker.log_path("web", 0).read_text()
+    assert web.exit_code == 128 + signal.SIGTERM
+    assert "FailedPreStopHook" not in [reason for reason, _ in events]
+
+
+async def test_failing_or_overlong_pre_stop_hooks_are_reported_and_the_container_still_stops(
+    make_worker: Callable[..., PodWorker],
+) -> None:
+    pod = _pod(
+        "h3",
+        [
+            {
+                "name": "fails",
+                "image": "x",
+                "command": ["sleep", "300"],
+                "lifecycle": {"preStop": {"exec": {"command": ["sh", "-c", "echo nope; exit 3"]}}},
+            },
+            {
+                "name": "overlong",
+                "image": "x",
+                "command": ["sleep", "300"],
+                "lifecycle": {"preStop": {"sleep": {"seconds": 300}}},
+            },
+        ],
+    )
+    worker = make_worker(pod, "127.10.200.12")
+    events = _recording(worker)
+    worker.start()
+    await _until(lambda: all(worker.procs[c.name].child_pid() is not None for c in worker.state.main))
+    groups = [worker.procs[c.name].record.launcher_pid for c in worker.state.main]  # type: ignore[union-attr]
+    await worker.terminate(1)
+    failures = sorted(message for reason, message in events if reason == "FailedPreStopHook")
+    assert failures == [
+        "PreStopHook failed: command ['sh', '-c', 'echo nope; exit 3'] exited with 3: nope",
+        "PreStopHook failed: did not finish within the grace period (1s)",
+    ]
+    assert [c.exit_code for c in worker.state.main] == [128 + signal.SIGTERM] * 2
+    assert all(group_members(group) == [] for group in groups)
