@@ -36,13 +36,12 @@ def crds(folders: tuple[Path, ...]) -> None:
 @main.command()
 def operator() -> None:
     """Run the operator against the current kubeconfig (settings from LOOM_* environment variables)."""
-    import logging
-
     from .main import run
+    from .observability import configure_logging
     from .settings import OperatorSettings
 
     settings = OperatorSettings.from_env()
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)  # text or json; lines about an object name it
     run(settings)
 
 

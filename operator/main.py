@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
 
 import kopf
 import prometheus_client
 
-from . import controllers
+from . import controllers, observability
+from .controllers import leadership
 from .settings import FINALIZER, PREFIX, OperatorSettings
 
 log = logging.getLogger("loom.operator")
@@ -31,6 +32,11 @@ def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
     settings.batching.error_delays = [1, 2, 5, 10, 30, 60, 120, 300]
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]
     settings.execution.max_workers = 20
+    # HA (peering_name set): one cluster-scoped ClusterKopfPeering per release, also for a namespaced operator
+    # (Kopf would otherwise want a KopfPeering in every watched namespace, even ones matched by a pattern later).
+    settings.peering.clusterwide = True
+    settings.peering.lifetime = ours.peering_lifetime_s
+    settings.peering.stealth = True  # no log line per keep-alive
 
 
 def endpoint(host: str, port: int, path: str) -> str:
@@ -42,6 +48,10 @@ def run(settings: OperatorSettings | None = None) -> None:
     """Run the operator against the current kubeconfig (or in-cluster config) until interrupted."""
     ours = settings or OperatorSettings.from_env()
     controllers.register(ours)
+    observability.register_phase_indices()
+    observability.count_watch_restarts()
+    identity, priority = leadership.identity_of(ours), leadership.priority_of(ours)
+    leadership.LEADERSHIP.configure(ours.peering_name, identity, priority, lifetime_s=ours.peering_lifetime_s)
 
     @kopf.on.startup()
     async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -58,6 +68,10 @@ def run(settings: OperatorSettings | None = None) -> None:
             clusterwide=not ours.namespaces,
             namespaces=ours.namespaces,
             liveness_endpoint=endpoint(ours.health_host, ours.health_port, "/healthz"),
-            standalone=True,  # one replica; HA peering comes with the install issue
+            # Peering (HA) when a peering name is set: the oldest live replica reconciles (controllers/leadership.py).
+            standalone=ours.peering_name is None,
+            peering_name=ours.peering_name,
+            priority=priority,
+            identity=cast(Any, identity),  # Kopf's Identity is a NewType of str it does not export
         )
     )

@@ -6,6 +6,7 @@ comma-separated list.
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -26,6 +27,9 @@ class OperatorSettings(BaseModel):
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(8081, ge=1, le=65535)
     log_level: str = "INFO"
+    # "json": one JSON object per line (python-json-logger, Kopf's field names) with an `object` field (apiVersion,
+    # kind, namespace, name) on every line about an object; "text" prefixes such lines with [Kind namespace/name].
+    log_format: Literal["text", "json"] = "text"
     trainer_image: str = "loom/trainer:0.1.0"
     server_image: str = "loom/server:0.1.0"
     router_image: str = "loom/server:0.1.0"
@@ -48,6 +52,16 @@ class OperatorSettings(BaseModel):
     prometheus_url: str | None = Field(None, pattern=r"^https?://")
     autoscale_interval_s: float = Field(5.0, gt=0, le=60)
     autoscale_rate_window_s: int = Field(30, ge=2, le=3600)
+    # High availability (Kopf peering). With a name, replicas sharing it elect one active replica through the
+    # cluster-scoped ClusterKopfPeering of that name (the chart creates it); the others stand by, paused. Unset:
+    # standalone (one replica, no peering object needed). The priority decides who is active: unset, the oldest
+    # replica (priority = minus its start time in ms), so a replacement never preempts the one that works. A
+    # replica is presumed dead `peering_lifetime_s` after its last keep-alive: the bound of a takeover.
+    peering_name: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", max_length=253)
+    peering_priority: int | None = None
+    peering_lifetime_s: int = Field(30, ge=5, le=3600)
+    # This replica's identity among its peers (the chart sets the pod's name); unset: user@host/start-time.
+    pod_name: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorSettings:

@@ -61,10 +61,12 @@ from ..autoscale.inferenceservice import (
 )
 from ..autoscale.prometheus import PrometheusClient
 from ..kube import client as kube
+from ..observability import object_context
 from ..render.inferenceservice import deployment_name, selector_string
 from ..render.kit import Event, Manifest, child_metadata, owner_of, set_condition
 from ..settings import OperatorSettings
 from .events import post_events
+from .leadership import LEADERSHIP
 from .runner import DueIndex, Key
 
 log = logging.getLogger("loom.operator.autoscaler")
@@ -163,7 +165,8 @@ class Autoscaler:
             except Exception:  # an index changing under us: take the next round
                 log.exception("reading the autoscaled InferenceServices failed")
                 due = list(self._memory)
-            await self.round(due)
+            if await LEADERSHIP.leads():  # a replica standing by (Kopf peering) decides nothing
+                await self.round(due)
             await asyncio.sleep(max(0.0, self.settings.autoscale_interval_s - (loop.time() - started)))
 
     async def round(self, due: list[Key]) -> None:
@@ -174,7 +177,8 @@ class Autoscaler:
 
     async def _bounded(self, namespace: str, name: str) -> None:
         try:
-            await asyncio.wait_for(self.step(namespace, name), timeout=self.settings.reconcile_timeout_s)
+            with object_context(KIND, namespace, name):  # its log lines name the object
+                await asyncio.wait_for(self.step(namespace, name), timeout=self.settings.reconcile_timeout_s)
         except TimeoutError:
             log.error("autoscaling %s/%s took over %gs; abandoned", namespace, name, self.settings.reconcile_timeout_s)
         except Exception:

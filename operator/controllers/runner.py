@@ -15,6 +15,8 @@ fresh from the API server (its status is the only memory) and converges everythi
   with timers, which would keep an object (and its namespace) from being deleted while the operator is down.
 - No per-object memory outlives a pass. What a controller must remember per object between passes goes in a
   `LastSeen`, which drops an object when it is deleted (`forget`); `Runner.forget` drops a pending re-run.
+- Observability: every pass is timed and its failure counted per kind, its log lines name the object
+  (loom.operator.observability); the resync skips its rounds while this replica stands by (controllers.leadership).
 
 How a new controller uses it (InferenceGraph, say):
 
@@ -40,6 +42,8 @@ from typing import Any, Generic, TypeVar
 import kopf
 
 from ..api import GROUP, VERSION
+from ..observability import reconciling
+from .leadership import LEADERSHIP
 
 log = logging.getLogger("loom.operator.runner")
 
@@ -84,12 +88,16 @@ class Runner:
             self._again.discard(key)
 
     async def _pass(self, namespace: str, name: str) -> None:
-        try:
-            await asyncio.wait_for(self._reconcile(namespace, name), timeout=self.timeout_s)
-        except TimeoutError:
-            log.error("reconciling %s %s/%s took over %gs; abandoned", self.kind, namespace, name, self.timeout_s)
-        except Exception:
-            log.exception("reconciling %s %s/%s failed", self.kind, namespace, name)
+        # Timed and counted per kind; every line logged during the pass names the object (observability.py).
+        with reconciling(self.kind, namespace, name) as outcome:
+            try:
+                await asyncio.wait_for(self._reconcile(namespace, name), timeout=self.timeout_s)
+            except TimeoutError:
+                outcome.failed("timeout")
+                log.error("reconciling %s %s/%s took over %gs; abandoned", self.kind, namespace, name, self.timeout_s)
+            except Exception:
+                outcome.failed("exception")
+                log.exception("reconciling %s %s/%s failed", self.kind, namespace, name)
 
     def forget(self, namespace: str, name: str) -> None:
         """The object was deleted: a pass queued behind the running one is dropped."""
@@ -111,6 +119,8 @@ class Runner:
     async def _resync_forever(self, index: DueIndex) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
+            if not await LEADERSHIP.leads():  # a replica standing by (Kopf peering): its handlers are paused too
+                continue
             try:
                 due = [key for key, flags in list(index.items()) if any(flags)]
             except Exception:  # an index changing under us: take the next round
