@@ -16,6 +16,8 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
+from loom.workloads.server.config import EnrichmentConfig
+
 from ..api import GROUP, VERSION
 from ..api.inferenceservice import InferenceServiceSpec, InferenceServiceStatus
 from ..autoscale.inferenceservice import recommend_replicas
@@ -33,6 +35,7 @@ from ..render.inferenceservice import (
     selector_string,
     server_config,
 )
+from ..render.inferenceservice_features import resolve_features
 from ..render.inferenceservice_model import ModelRef, ResolveError, resolve_model
 from ..render.inferenceservice_rollout import RolloutPlan, desired_total_replicas, plan_rollout
 from ..render.inferenceservice_status import Observed, compute_status
@@ -59,10 +62,26 @@ async def _resolve(spec: InferenceServiceSpec, namespace: str) -> tuple[ModelRef
         return None, err
 
 
+async def _features(spec: InferenceServiceSpec, namespace: str) -> tuple[EnrichmentConfig | None, ResolveError | None]:
+    if spec.features is None:
+        return None, None
+    view = await kube.get(API_VERSION, "FeatureView", namespace, spec.features.feature_view)
+    try:
+        return resolve_features(spec.features, view, namespace), None
+    except ResolveError as err:
+        return None, err
+
+
 async def _apply_track(
-    owner: Manifest, spec: InferenceServiceSpec, track: Track, ref: ModelRef, replicas: int, image: str
+    owner: Manifest,
+    spec: InferenceServiceSpec,
+    track: Track,
+    ref: ModelRef,
+    replicas: int,
+    image: str,
+    features: EnrichmentConfig | None = None,
 ) -> Manifest:
-    config_map, deployment = render_deployment(owner, spec, track, ref, replicas, image)
+    config_map, deployment = render_deployment(owner, spec, track, ref, replicas, image, features)
     await kube.apply(config_map)  # before the Deployment: new pods must find their config
     return await kube.apply(deployment)
 
@@ -92,6 +111,8 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
     canary = await kube.get("apps/v1", "Deployment", namespace, deployment_name(name, "canary"))
     invalid: str | None = None
     resolve_error: ResolveError | None = None
+    features: EnrichmentConfig | None = None
+    features_error: ResolveError | None = None
     plan = RolloutPlan(stable_ref=None, stable_replicas=0, mode="waiting")
     try:
         spec = InferenceServiceSpec.model_validate(body.get("spec") or {})
@@ -103,17 +124,22 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
         try:
             rollout_strategy(spec)  # raises InvalidSpec for what admission cannot catch
             desired, resolve_error = await _resolve(spec, namespace)
+            features, features_error = await _features(spec, namespace)
+            if features_error is not None:
+                desired, resolve_error = None, resolve_error or features_error
             if desired is not None:
-                server_config(owner, spec, desired)  # the server's own contract may refuse what the CRD allows
+                # the server's own contract may refuse what the CRD allows
+                server_config(owner, spec, desired, features)
         except (InvalidSpec, ValidationError) as exc:
             invalid = _short(exc)
-        if invalid is not None:
-            # Touch nothing; report what still runs.
+        if invalid is not None or features_error is not None:
+            # Touch nothing; report what still runs. Without its FeatureView (not found, not Ready) a running
+            # server keeps the features it was rendered with; none is rendered without them.
             plan = plan_rollout(spec, None, stable, canary, total)
         else:
             plan = plan_rollout(spec, desired, stable, canary, total)
             if plan.stable_ref is not None:
-                stable, canary, plan = await _apply(owner, spec, plan, stable, canary, settings.server_image)
+                stable, canary, plan = await _apply(owner, spec, plan, stable, canary, settings.server_image, features)
     serving_track: Track = "canary" if plan.canary_action == "apply" else "stable"
     pods = await kube.list_objects("v1", "Pod", namespace, selector_string(owner))
     observed = Observed(
@@ -139,14 +165,17 @@ async def _apply(
     stable: Manifest | None,
     canary: Manifest | None,
     image: str,
+    features: EnrichmentConfig | None = None,
 ) -> tuple[Manifest | None, Manifest | None, RolloutPlan]:
     namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
     assert plan.stable_ref is not None
     await kube.apply(render_service(owner))
-    stable = await _apply_track(owner, spec, "stable", plan.stable_ref, plan.stable_replicas, image)
+    stable = await _apply_track(owner, spec, "stable", plan.stable_ref, plan.stable_replicas, image, features)
     if plan.canary_action == "apply":
         assert plan.canary_ref is not None
-        canary = await _apply_track(owner, spec, "canary", plan.canary_ref, plan.canary_replicas, image)
+        canary = await _apply_track(
+            owner, spec, "canary", plan.canary_ref, plan.canary_replicas, image, features
+        )
     elif plan.canary_action == "keep":
         # Judge the stable track as it is after this apply: a no-op apply may show it already rolled out.
         settled = plan_rollout(spec, plan.stable_ref, stable, canary, plan.stable_replicas)
@@ -188,6 +217,25 @@ def register(settings: OperatorSettings) -> None:
 
     # Rollouts progress with the Deployments' status: react to it instead of polling.
     child_handlers(runner, KIND_LABEL, ("apps", "v1", "deployments"))
+
+    # Enrichment: a FeatureView becoming Ready (or its server moving) re-runs the services that use it.
+    views: LastSeen[tuple[Any, Any]] = LastSeen()
+
+    @kopf.on.event(GROUP, VERSION, "featureviews")
+    async def _feature_view_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
+        meta = body.get("metadata", {})
+        namespace, view = meta.get("namespace"), meta.get("name")
+        if not namespace or not view:
+            return
+        status = body.get("status") or {}
+        ready = next((c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+        if type == "DELETED":
+            views.forget((namespace, view))
+        elif not views.changed((namespace, view), (ready, status.get("url"))):
+            return
+        for isvc in await kube.list_objects(API_VERSION, KIND, namespace):
+            if ((isvc.get("spec") or {}).get("features") or {}).get("featureView") == view:
+                await runner.trigger(namespace, isvc["metadata"]["name"])
 
     # Train-to-serve: a newer checkpoint of a referenced TrainingJob rolls out by itself.
     @kopf.on.event(GROUP, VERSION, "trainingjobs")

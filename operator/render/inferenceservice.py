@@ -19,7 +19,13 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Literal
 
-from loom.workloads.server.config import AuthConfig, BatchingConfig, RateLimitConfig, ServerConfig
+from loom.workloads.server.config import (
+    AuthConfig,
+    BatchingConfig,
+    EnrichmentConfig,
+    RateLimitConfig,
+    ServerConfig,
+)
 
 from ..api.inferenceservice import InferenceServiceSpec
 from .inferenceservice_model import MODEL_ANNOTATION, ModelRef
@@ -122,8 +128,11 @@ def rollout_strategy(spec: InferenceServiceSpec) -> dict[str, int | str]:
 # ------------------------------------------------------------------------------------------- server config
 
 
-def server_config(owner: Manifest, spec: InferenceServiceSpec, ref: ModelRef) -> ServerConfig:
-    """The contract with the server pod (loom.workloads.server.config), rendered into the ConfigMap."""
+def server_config(
+    owner: Manifest, spec: InferenceServiceSpec, ref: ModelRef, features: EnrichmentConfig | None = None
+) -> ServerConfig:
+    """The contract with the server pod (loom.workloads.server.config), rendered into the ConfigMap; `features`
+    is spec.features resolved against its FeatureView (render/inferenceservice_features.py)."""
     auth = AuthConfig()
     if spec.auth is not None:
         rate = spec.auth.rate_limit
@@ -148,6 +157,7 @@ def server_config(owner: Manifest, spec: InferenceServiceSpec, ref: ModelRef) ->
         auth=auth,
         port=SERVER_PORT,
         device="cuda" if spec.gpus > 0 else "cpu",
+        features=features,
     )
 
 
@@ -322,10 +332,11 @@ def render_deployment(
     ref: ModelRef,
     replicas: int,
     image: str,
+    features: EnrichmentConfig | None = None,
 ) -> tuple[Manifest, Manifest]:
     """The track's (ConfigMap, Deployment); the Deployment records its model ref for later reconciles."""
     name = owner["metadata"]["name"]
-    config = server_config(owner, spec, ref)
+    config = server_config(owner, spec, ref, features)
     config_map = render_config_map(owner, track, config)
     config_json = config_map["data"][CONFIG_FILE]
     selector = {**server_selector(owner), TRACK_LABEL: track}

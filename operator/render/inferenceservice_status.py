@@ -265,5 +265,6 @@ def _phase(
 
 WARNING_REASONS = {
     "FetchFailed", "LoadFailed", "InvalidSpec", "ProgressDeadlineExceeded", "TrainingJobNotFound",
-    "TrainingJobFailed", "HandlerRequired", "Unschedulable", "NoCheckpointStore",
+    "TrainingJobFailed", "HandlerRequired", "Unschedulable", "NoCheckpointStore", "FeatureViewNotFound",
+    "FeatureViewMismatch",
 }  # fmt: skip

@@ -86,6 +86,8 @@ SERVING = Contract(
     translated={
         "handler": "the operator resolves 'auto' to a built-in handler from the model source "
         "(render/inferenceservice_model.resolve_handler); the server never sees 'auto'",
+        "features.featureView": "the operator resolves the FeatureView (a Kubernetes name) to its Feast view name "
+        "(render/inferenceservice_features.resolve_features)",
     },
     expected=frozenset(
         {
@@ -94,6 +96,7 @@ SERVING = Contract(
             "batching.maxQueue",
             "auth.rateLimit.requestsPerSecond",
             "auth.rateLimit.burst",
+            "features.entityKeys",
         }
     ),
 )

@@ -9,6 +9,7 @@ API server is exercised in e2e/tests/test_inferenceservice.py.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -289,3 +290,57 @@ async def test_from_training_job_waits_for_a_checkpoint_then_follows_new_ones(ap
     assert api.model("gpt") == "step-200"
     assert cond(status, "Ready") == ("True", "Serving")
     assert cond(status, "RolledOut") == ("False", "TrainingJobNotFound")
+
+
+def feature_view(api: FakeApi, ready: bool) -> None:
+    api.objects[("loom.dev/v1alpha1", "FeatureView", "ml", "driver-stats")] = {
+        "apiVersion": "loom.dev/v1alpha1", "kind": "FeatureView",
+        "metadata": {"name": "driver-stats", "namespace": "ml", "generation": 1},
+        "spec": {
+            "project": "rides", "entities": [{"name": "driver_id"}],
+            "features": [{"name": "conv_rate", "dtype": "Float32"}, {"name": "trips", "dtype": "Int64"}],
+            "source": {"path": "s3://data/driver_stats.parquet"},
+        },
+        "status": {
+            "url": "http://rides-features.ml.svc",
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "Ready", "message": "serving"} if ready
+                else {"type": "Ready", "status": "False", "reason": "ServerStarting", "message": "0/1 ready"}
+            ],
+        },
+    }  # fmt: skip
+
+
+async def test_features_wait_for_a_ready_feature_view_then_reach_the_server_config(api: FakeApi) -> None:
+    put_isvc(api, {**spec("v1"), "features": {"featureView": "driver-stats", "entityKeys": ["driver_id"]}})
+    status = await reconcile(api)
+    assert cond(status, "Ready") == ("False", "FeatureViewNotFound")
+    assert (status["phase"], api.deployment("gpt")) == ("Pending", None)
+    assert ("Warning", "FeatureViewNotFound") in api.events
+    feature_view(api, ready=False)
+    status = await reconcile(api)
+    assert cond(status, "Ready") == ("False", "FeatureViewNotReady")
+    assert "ServerStarting" in next(c for c in status["conditions"] if c["type"] == "Ready")["message"]
+    assert api.deployment("gpt") is None
+
+    feature_view(api, ready=True)
+    await reconcile(api)
+    server = json.loads(api.objects[("v1", "ConfigMap", "ml", "gpt-config")]["data"]["server.json"])
+    assert server["features"] == {
+        "url": "http://rides-features.ml.svc",
+        "featureView": "driver_stats",
+        "features": [{"name": "conv_rate", "dtype": "Float32"}, {"name": "trips", "dtype": "Int64"}],
+        "entityKeys": ["driver_id"],
+        "timeoutMs": 2000.0,
+        "connectRetries": 2,
+    }
+    api.settle("gpt")
+    assert cond(await reconcile(api), "Ready") == ("True", "Serving")
+
+    # The view stops being Ready: the running server keeps what it was given, and the condition says why.
+    before = copy.deepcopy(api.deployment("gpt"))
+    feature_view(api, ready=False)
+    status = await reconcile(api)
+    assert api.deployment("gpt") == before
+    assert cond(status, "RolledOut") == ("False", "FeatureViewNotReady")
+    assert cond(status, "Ready") == ("True", "Serving")
