@@ -10,6 +10,8 @@ import kopf
 import prometheus_client
 
 from . import controllers, observability
+from .admission import handlers as admission_handlers
+from .admission.server import webhook_server
 from .controllers import leadership
 from .settings import FINALIZER, PREFIX, OperatorSettings
 
@@ -48,6 +50,10 @@ def run(settings: OperatorSettings | None = None) -> None:
     """Run the operator against the current kubeconfig (or in-cluster config) until interrupted."""
     ours = settings or OperatorSettings.from_env()
     controllers.register(ours)
+    # Admission (operator/admission): validating handlers only where a certificate lets the webhook be served.
+    server = webhook_server(ours)
+    if server is not None:
+        admission_handlers.register(ours)
     observability.register_phase_indices()
     observability.count_watch_restarts()
     identity, priority = leadership.identity_of(ours), leadership.priority_of(ours)
@@ -56,6 +62,7 @@ def run(settings: OperatorSettings | None = None) -> None:
     @kopf.on.startup()
     async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings, ours)
+        settings.admission.server = server  # the chart owns the ValidatingWebhookConfiguration (managed: None)
         prometheus_client.start_http_server(ours.metrics_port, addr=ours.metrics_host)
         log.info(
             "loom operator started (metrics on %s, liveness on %s)",

@@ -35,6 +35,13 @@ class OperatorSettings(BaseModel):
     router_image: str = "loom/server:0.1.0"
     # Feast pods (apply/materialize Jobs, the feature server): the [features] extra.
     features_image: str = "loom/features:0.1.0"
+    # Admission webhook (operator/admission): served with TLS only when a certificate folder is set (the chart
+    # mounts its Secret there); a host-process operator serves none. In a pod the chart sets the host 0.0.0.0.
+    webhook_cert_dir: str | None = None
+    webhook_host: str = "127.0.0.1"
+    webhook_port: int = Field(9443, ge=1, le=65535)
+    # References to objects that do not exist: admitted with a warning (GitOps applies in any order) or rejected.
+    webhook_missing_references: Literal["Warn", "Reject"] = "Warn"
     # Watches are re-established this often so a silently dropped connection cannot stall reconciliation.
     watch_server_timeout_s: int = 300
     watch_client_timeout_s: int = 330
