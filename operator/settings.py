@@ -59,6 +59,10 @@ class OperatorSettings(BaseModel):
     prometheus_url: str | None = Field(None, pattern=r"^https?://")
     autoscale_interval_s: float = Field(5.0, gt=0, le=60)
     autoscale_rate_window_s: int = Field(30, ge=2, le=3600)
+    # Scale to zero (minReplicas 0, engine builtin): the activator holds a request at most this long for a replica
+    # to become Ready, then answers 503 with Retry-After; it holds at most this many requests at once.
+    activator_timeout_s: float = Field(120.0, gt=0, le=3600)
+    activator_max_held: int = Field(1000, ge=1, le=100_000)
     # High availability (Kopf peering). With a name, replicas sharing it elect one active replica through the
     # cluster-scoped ClusterKopfPeering of that name (the chart creates it); the others stand by, paused. Unset:
     # standalone (one replica, no peering object needed). The priority decides who is active: unset, the oldest

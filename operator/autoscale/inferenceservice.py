@@ -36,7 +36,8 @@ def current_replicas(spec: InferenceServiceSpec) -> int:
     autoscaling = spec.autoscaling
     if autoscaling is None:
         return 1 if spec.replicas is None else spec.replicas
-    wanted = autoscaling.min_replicas if spec.replicas is None else spec.replicas
+    # Nothing written yet: minReplicas, and one for a service allowed to reach zero (it starts with one).
+    wanted = max(1, autoscaling.min_replicas) if spec.replicas is None else spec.replicas
     return max(autoscaling.min_replicas, min(autoscaling.max_replicas, wanted))
 
 

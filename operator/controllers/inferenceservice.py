@@ -30,7 +30,6 @@ from ..render.inferenceservice import (
     config_map_name,
     deployment_name,
     render_deployment,
-    render_service,
     rollout_strategy,
     selector_string,
     server_config,
@@ -42,6 +41,7 @@ from ..render.inferenceservice_status import Observed, compute_status
 from ..render.kit import Manifest, owner_of, status_patch
 from ..settings import OperatorSettings
 from .events import post_events
+from .inferenceservice_activator import apply_routing
 from .runner import LastSeen, Runner, child_handlers, own_kind_handlers
 
 log = logging.getLogger("loom.operator.inferenceservice")
@@ -139,7 +139,7 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
         else:
             plan = plan_rollout(spec, desired, stable, canary, total)
             if plan.stable_ref is not None:
-                stable, canary, plan = await _apply(owner, spec, plan, stable, canary, settings.server_image, features)
+                stable, canary, plan = await _apply(owner, spec, plan, stable, canary, settings, features)
     serving_track: Track = "canary" if plan.canary_action == "apply" else "stable"
     pods = await kube.list_objects("v1", "Pod", namespace, selector_string(owner))
     observed = Observed(
@@ -164,12 +164,14 @@ async def _apply(
     plan: RolloutPlan,
     stable: Manifest | None,
     canary: Manifest | None,
-    image: str,
+    settings: OperatorSettings,
     features: EnrichmentConfig | None = None,
 ) -> tuple[Manifest | None, Manifest | None, RolloutPlan]:
     namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+    image = settings.server_image
     assert plan.stable_ref is not None
-    await kube.apply(render_service(owner))
+    # The Service, selecting the scale-to-zero activator while no replica is Ready (and the activator itself).
+    await apply_routing(owner, spec, plan, stable, canary, settings)
     stable = await _apply_track(owner, spec, "stable", plan.stable_ref, plan.stable_replicas, image, features)
     if plan.canary_action == "apply":
         assert plan.canary_ref is not None

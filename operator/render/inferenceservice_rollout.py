@@ -53,7 +53,9 @@ def desired_total_replicas(spec: InferenceServiceSpec, recommendation: int | Non
     autoscaling's [minReplicas, maxReplicas]. Until it exists, autoscaling holds minReplicas.
     """
     if spec.autoscaling is not None:  # spec.replicas then is the autoscaler's, passed as `recommendation`
-        wanted = spec.autoscaling.min_replicas if recommendation is None else recommendation
+        # Before the autoscaler wrote any replicas, a service allowed to reach zero still starts with one (as
+        # Knative's initial scale): its model is proven to load, and it idles to zero from there.
+        wanted = max(1, spec.autoscaling.min_replicas) if recommendation is None else recommendation
         return max(spec.autoscaling.min_replicas, min(spec.autoscaling.max_replicas, wanted))
     if spec.replicas is not None:
         return spec.replicas
