@@ -55,6 +55,12 @@ SCRAPE_ANNOTATIONS = {
 }
 # Seconds a terminating replica keeps serving while endpoint removal propagates to every proxy.
 DRAIN_SECONDS = 5
+# After SIGTERM the server still answers (not ready, closing keep-alive) this long, then stops accepting.
+SERVER_DRAIN_SECONDS = 1
+# The longest request (streams included) a replica being removed still finishes; the spec has no request timeout.
+REQUEST_GRACE_SECONDS = 30
+# The preStop sleep, the server's drain window, the longest request, and 2 s to stop the data plane and exit.
+TERMINATION_GRACE_SECONDS = DRAIN_SECONDS + SERVER_DRAIN_SECONDS + REQUEST_GRACE_SECONDS + 2
 
 
 class InvalidSpec(ValueError):
@@ -280,7 +286,10 @@ def pod_template(
     server: Manifest = {
         "name": "server",
         "image": image_name,
-        "command": ["python", "-m", "loom.workloads.server", "--config", config_path],
+        "command": [
+            *("python", "-m", "loom.workloads.server", "--config", config_path),
+            *("--drain-seconds", str(SERVER_DRAIN_SECONDS), "--shutdown-timeout", str(REQUEST_GRACE_SECONDS)),
+        ],
         "ports": [{"name": "http", "containerPort": SERVER_PORT, "protocol": "TCP"}],
         "env": env,
         "volumeMounts": server_mounts,
@@ -308,7 +317,7 @@ def pod_template(
         },
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 30 + DRAIN_SECONDS,
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
     }
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)

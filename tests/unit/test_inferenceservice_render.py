@@ -98,13 +98,25 @@ def test_init_container_fetches_into_a_size_limited_cache_and_server_serves_from
     _, deployment = render({**BASE, "cacheSizeLimit": "3Gi"})
     fetch, server = containers(deployment)
     assert fetch["command"] == ["python", "-m", "loom.workloads.server.fetch", "--config", "/etc/loom/server.json"]
-    assert server["command"] == ["python", "-m", "loom.workloads.server", "--config", "/etc/loom/server.json"]
+    assert server["command"][:5] == ["python", "-m", "loom.workloads.server", "--config", "/etc/loom/server.json"]
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     assert volumes["model-cache"] == {"name": "model-cache", "emptyDir": {"sizeLimit": "3Gi"}}
     for container in (fetch, server):
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
         assert mounts["model-cache"] == "/models"
         assert mounts["config"] == "/etc/loom"
+
+
+def test_a_removed_replica_drains_within_its_grace_period() -> None:
+    """preStop sleeps while the endpoint removal propagates; then the server drains 1 s, finishes requests for
+    up to 30 s, and the grace period covers all of it plus time to exit."""
+    _, deployment = render(BASE)
+    _, server = containers(deployment)
+    pod_spec = deployment["spec"]["template"]["spec"]
+    assert server["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
+    flags = server["command"][5:]
+    assert flags == ["--drain-seconds", "1", "--shutdown-timeout", "30"]
+    assert pod_spec["terminationGracePeriodSeconds"] == 5 + 1 + 30 + 2
 
 
 def test_probes_ports_and_service() -> None:

@@ -4,6 +4,9 @@
 runs ``python -m loom.workloads.server.fetch`` as an init step instead). A model that fails to load
 stops the server with exit code 1, so Kubernetes shows a crash loop with the reason in the log
 rather than a pod that is silently never ready.
+
+SIGTERM drains (lifecycle.py): not ready at once, ``--drain-seconds`` more of serving with keep-alive off,
+then no new connections while requests in flight finish (at most ``--shutdown-timeout``), then exit 0.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from .config import ServerConfig
 from .dataplane import DataPlane
 from .fetch import fetch, model_folder
 from .handlers import load_handler_class
+from .lifecycle import Drain, GracefulServer
 
 log = logging.getLogger("loom.workloads.server")
 
@@ -28,11 +32,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Loom model server (Open Inference Protocol v2).")
     parser.add_argument("--config", required=True, help="ServerConfig JSON (the rendered ConfigMap)")
     parser.add_argument("--fetch", action="store_true", help="fetch the model into modelDir first")
-    args = parser.parse_args(argv)
-    config = ServerConfig.from_file(args.config)
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    parser.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=1.0,
+        help="after SIGTERM, keep serving this long (not ready, closing keep-alive) before refusing new connections",
     )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=None,
+        help="then wait at most this long for requests in flight (default: until they finish)",
+    )
+    args = parser.parse_args(argv)
+    if args.drain_seconds < 0 or (args.shutdown_timeout is not None and args.shutdown_timeout < 0):
+        parser.error("--drain-seconds and --shutdown-timeout must be >= 0")
+    config = ServerConfig.from_file(args.config)
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # The predict thread holds the GIL for Python-heavy stretches (a generation loop); with the default
     # 5 ms switch interval the event loop then accepts requests slowly and batches fill poorly.
     sys.setswitchinterval(0.0005)
@@ -41,12 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     folder, version = model_folder(config)
     options = {"device": config.device, **config.handler_options}
     model = load_handler_class(config.handler)(config.model_name, version, options)
-    app = build_app(config, model, folder)
+    drain = Drain(args.drain_seconds)
+    app = build_app(config, model, folder, drain)
     plane: DataPlane = app.state.plane
     if config.metrics_port is not None:
         start_http_server(config.metrics_port, addr=config.host, registry=plane.metrics.registry)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False)
+    server = GracefulServer(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            access_log=False,
+            timeout_graceful_shutdown=args.shutdown_timeout,
+        ),
+        drain,
     )
     failed: list[str] = []
 

@@ -36,6 +36,7 @@ from .errors import (
 )
 from .flow import ApiKeys, RateLimiter
 from .guard import GuardMiddleware
+from .lifecycle import CloseWhileDraining, Drain
 from .metrics import NvmlCollector, ServerMetrics
 from .model import Model
 from .protocol import (
@@ -77,8 +78,9 @@ def _version(request: Request) -> str | None:
 class Routes:
     """The endpoints of one app; each is a few lines around one data-plane call."""
 
-    def __init__(self, plane: DataPlane):
+    def __init__(self, plane: DataPlane, drain: Drain | None = None):
         self.plane = plane
+        self.drain = drain or Drain()
 
     def measured(self, endpoint: str, handler: Endpoint) -> Endpoint:
         """Map errors to JSON responses and count every answer under ``endpoint``."""
@@ -105,7 +107,7 @@ class Routes:
         return JSONResponse({"live": True})
 
     async def ready(self, request: Request) -> Response:
-        ready = self.plane.ready
+        ready = self.plane.ready and not self.drain.active  # draining: the Service should send no more
         return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
     async def server_metadata(self, request: Request) -> Response:
@@ -113,7 +115,7 @@ class Routes:
 
     async def model_ready(self, request: Request) -> Response:
         name = request.path_params["name"]
-        ready = self.plane.model_ready(name, _version(request))
+        ready = self.plane.model_ready(name, _version(request)) and not self.drain.active
         return JSONResponse({"name": name, "ready": ready}, status_code=200 if ready else 503)
 
     async def model_metadata(self, request: Request) -> Response:
@@ -183,10 +185,13 @@ async def _not_allowed(request: Request, exc: Exception) -> Response:
     return error_response(405, f"method {request.method} not allowed on {request.url.path}")
 
 
-def build_app(config: ServerConfig, model: Model, model_folder: Path | None = None) -> Starlette:
+def build_app(
+    config: ServerConfig, model: Model, model_folder: Path | None = None, drain: Drain | None = None
+) -> Starlette:
     """The ASGI app for one model. The model is loaded in the background after startup, so liveness
     answers at once and readiness turns true only once the model is loaded. The data plane is
-    ``app.state.plane``."""
+    ``app.state.plane``; ``drain`` (lifecycle.py) turns readiness off and keep-alive off on SIGTERM."""
+    drain = drain or Drain()
     metrics = ServerMetrics(model.name, gpu=NvmlCollector.create())
     enricher = Enricher(config.features, model.name, metrics.registry) if config.features is not None else None
     plane = DataPlane(model, config.batching, metrics, enricher)
@@ -203,9 +208,9 @@ def build_app(config: ServerConfig, model: Model, model_folder: Path | None = No
     limiter = RateLimiter(config.auth.rate_limit) if config.auth.rate_limit else None
     guard = Middleware(GuardMiddleware, keys=ApiKeys(config.auth), limiter=limiter, metrics=plane.metrics)
     app = Starlette(
-        routes=Routes(plane).table(with_metrics=config.metrics_port is None),
+        routes=Routes(plane, drain).table(with_metrics=config.metrics_port is None),
         lifespan=lifespan,
-        middleware=[guard],
+        middleware=[Middleware(CloseWhileDraining, drain=drain), guard],
         exception_handlers={404: _not_found, 405: _not_allowed},
     )
     app.state.plane = plane
