@@ -44,7 +44,8 @@ FsdpSharding = Literal["full", "hybrid", "none"]
 MixedPrecision = Literal["none", "bf16", "fp16"]
 ZeroStage = Annotated[int, Field(ge=0, le=3)]
 # "package.module:attribute" naming a TrainTask instance, class or zero-argument factory.
-EntrypointRef = Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]
+# Classes spelled out: Go's \w (admission) is ASCII, Python's is Unicode; both sides must accept the same names.
+EntrypointRef = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$")]
 CheckpointUri = Annotated[str, Field(pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")]
 Steps = Annotated[int, Field(ge=1)]
 # Fractions are fine (0.5 = every 30 seconds); the API has always accepted whole minutes, which stay valid.
