@@ -43,19 +43,21 @@ def spec_unchanged(operation: str | None, old: Mapping[str, Any] | None, new: Ma
     return operation == "UPDATE" and old is not None and old.get("spec") == new.get("spec")
 
 
-async def _existing(namespace: str, references: list[Reference]) -> tuple[set[tuple[str, str]], list[str]]:
-    """(kind, name) of the referenced objects that exist, and the lookups that failed (never a rejection)."""
+async def _missing(namespace: str, references: list[Reference]) -> tuple[set[tuple[str, str]], list[str]]:
+    """(kind, name) of the referenced objects known not to exist (or being deleted), and the lookups that failed:
+    those become warnings, never rejections (an API hiccup must not refuse a good object)."""
     wanted = sorted({(r.kind, r.name) for r in references})
     found = await asyncio.gather(
         *(kube.get(API_VERSION, kind, namespace, name) for kind, name in wanted), return_exceptions=True
     )
-    exists, failed = set(), []
+    missing: set[tuple[str, str]] = set()
+    failed: list[str] = []
     for key, result in zip(wanted, found, strict=True):
         if isinstance(result, BaseException):
             failed.append(f"could not check {key[0]} {key[1]!r}: {result}")
-        elif result is not None and not result["metadata"].get("deletionTimestamp"):
-            exists.add(key)
-    return exists, failed
+        elif result is None or result["metadata"].get("deletionTimestamp"):
+            missing.add(key)
+    return missing, failed
 
 
 async def judge(
@@ -77,8 +79,8 @@ async def judge(
     if references is not None:
         wanted = changed(references(new.get("spec") or {}), references((old or {}).get("spec") or {}))
         if wanted:
-            exists, failed = await _existing(namespace, wanted)
-            missing = missing_violations(wanted, exists, namespace)
+            absent, failed = await _missing(namespace, wanted)
+            missing = missing_violations([r for r in wanted if (r.kind, r.name) in absent], namespace)
             warnings.extend(failed)
     rejected, noted = verdict(found, missing, policy)
     warnings.extend(noted)

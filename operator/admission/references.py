@@ -63,10 +63,6 @@ def changed(references: list[Reference], before: list[Reference]) -> list[Refere
     return [r for r in references if (r.field, r.kind, r.name) not in old]
 
 
-def missing_violations(references: list[Reference], exists: set[tuple[str, str]], namespace: str) -> list[Violation]:
-    """The references whose (kind, name) is not in `exists` (what the handler found in the namespace)."""
-    return [
-        Violation(r.field, f"{r.kind} {r.name!r} not found in namespace {namespace!r}")
-        for r in references
-        if (r.kind, r.name) not in exists
-    ]
+def missing_violations(missing: list[Reference], namespace: str) -> list[Violation]:
+    """One violation per reference to an object the handler found missing in the namespace."""
+    return [Violation(r.field, f"{r.kind} {r.name!r} not found in namespace {namespace!r}") for r in missing]
