@@ -33,3 +33,11 @@ namespace gets a RoleBinding.
 {{- define "loom.image" -}}
 {{- printf "%s:%s" .repository .tag -}}
 {{- end -}}
+
+{{/*
+"true" when the replicas elect a leader through Kopf peering: asked for (peering.enabled), or more than one
+replica (two standalone replicas would both reconcile every object).
+*/}}
+{{- define "loom.peering" -}}
+{{- if or .Values.peering.enabled (gt (int .Values.replicas) 1) }}true{{ end -}}
+{{- end -}}
