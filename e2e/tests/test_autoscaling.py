@@ -13,79 +13,28 @@ import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
 from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
-from loom.devstack.cluster.pki import AGENT_NODE_NAME
-from loom.devstack.prometheus import PrometheusEndpoint, ensure_built, prometheus_server
+from loom.devstack.prometheus import PrometheusEndpoint
 from loom.devstack.servers import S3Endpoint
+from loom.e2e.autoscaling import autoscaled, condition, example, get, ready_pods
+from loom.e2e.exporter import Exporter, local_prometheus
 from loom.e2e.pytest_operator import OperatorProcess, apply_crds, operator_namespace_for, operator_process
 from loom.e2e.pytest_services import apply_s3_secret
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "inferenceservice-autoscale-gpu.yaml"
 TIMEOUT_S = 240.0
-
-# dcgm-exporter's series for other pods, as the test sets them (POST /set {"pod": utilisation}). Scraped as its
-# own target, so Prometheus renames its pod/namespace labels to exported_pod/exported_namespace.
-EXPORTER = """
-import http.server, json, os, threading
-ns, values, lock = os.environ["NS"], {}, threading.Lock()
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):
-        update = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        with lock:
-            values.clear(); values.update(update)
-        self.send_response(204); self.end_headers()
-    def do_GET(self):
-        with lock:
-            lines = [f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="GPU-{i}",pod="{p}",namespace="{ns}"}} {v}'
-                     for i, (p, v) in enumerate(sorted(values.items()))]
-        body = ("\\n".join(lines) + "\\n").encode()
-        self.send_response(200); self.send_header("Content-Type", "text/plain; version=0.0.4"); self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-http.server.ThreadingHTTPServer(("", 9400), Handler).serve_forever()
-"""
-
-
-def exporter_pod(namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "dcgm-exporter",
-            "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "9400"},
-        },
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": AGENT_NODE_NAME},
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "exporter",
-                    "image": "python:3.11-slim",
-                    "command": ["python", "-c", EXPORTER],
-                    "env": [{"name": "NS", "value": namespace}],
-                }
-            ],
-        },
-    }
 
 
 @pytest.fixture(scope="module")
 def prometheus(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusEndpoint]:
-    ensure_built()
-    with prometheus_server(
-        tmp_path_factory.mktemp("prometheus"), kubeconfig=cluster.kubeconfig, scrape_interval_s=1.0
-    ) as endpoint:
+    with local_prometheus(cluster, tmp_path_factory.mktemp("prometheus")) as endpoint:
         yield endpoint
 
 
@@ -99,71 +48,6 @@ def autoscaling_operator(
     with operator_process(cluster, log, {"LOOM_PROMETHEUS_URL": prometheus.url}) as handle:
         yield handle
     print(f"[loom operator] log: {log}", file=sys.__stderr__)
-
-
-def get(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
-    return dict(json.loads(cluster.kubectl("get", "inferenceservice", name, "-n", namespace, "-o", "json").stdout))
-
-
-def autoscaled(obj: dict[str, Any]) -> dict[str, Any]:
-    return dict((obj.get("status") or {}).get("autoscaling") or {})
-
-
-def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
-    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == ctype), {})
-
-
-def example(namespace: str, s3: S3Endpoint, uri: str) -> dict[str, Any]:
-    """The example as written, pointed at this stack's S3 and node agent, with the noop handler on CPU."""
-    (obj,) = [d for d in yaml.safe_load_all(EXAMPLE.read_text()) if d]
-    spec = obj["spec"]
-    assert "replicas" not in spec  # the autoscaler's field
-    spec["model"] = {"uri": uri, "endpoint": s3.url, "secretRef": {"name": "s3-credentials"}}
-    spec["handler"] = "noop"
-    spec["gpus"] = 0
-    spec["nodeSelector"] = {"kubernetes.io/hostname": AGENT_NODE_NAME}
-    spec["env"] = [{"name": "AWS_DEFAULT_REGION", "value": s3.region}]
-    spec["autoscaling"]["maxReplicas"] = 2  # two model servers on the agent are enough to show it
-    spec["autoscaling"]["scaleDown"] = {"stabilizationWindowSeconds": 0}  # any wrong scale-down shows at once
-    return dict(obj)
-
-
-class Exporter:
-    def __init__(self, cluster: Cluster, namespace: str) -> None:
-        self.cluster, self.namespace = cluster, namespace
-
-    def start(self) -> None:
-        ns, kubectl = self.namespace, self.cluster.kubectl
-        kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(exporter_pod(ns)))
-        kubectl("wait", "-n", ns, "--for=condition=Ready", "pod/dcgm-exporter", "--timeout=120s")
-        pod = json.loads(kubectl("get", "pod", "dcgm-exporter", "-n", ns, "-o", "json").stdout)
-        self.url = f"http://{pod['status']['podIP']}:9400"
-
-    def publish(self, values: dict[str, float]) -> float:
-        """Set the utilisation per pod; returns when it was set (Unix time)."""
-        wait_until(lambda: self._post(values), timeout=30, what="the exporter answering", interval=0.5)
-        return time.time()
-
-    def _post(self, values: dict[str, float]) -> bool:
-        try:
-            return httpx.post(f"{self.url}/set", json=values, timeout=5, trust_env=False).status_code == 204
-        except httpx.HTTPError:
-            return False
-
-    def stop(self) -> None:
-        self.cluster.kubectl("delete", "pod", "dcgm-exporter", "-n", self.namespace, "--wait=true")
-
-
-def ready_pods(cluster: Cluster, namespace: str, name: str) -> list[str]:
-    pods = json.loads(
-        cluster.kubectl("get", "pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={name}", "-o", "json").stdout
-    )["items"]
-    return sorted(
-        p["metadata"]["name"]
-        for p in pods
-        if not p["metadata"].get("deletionTimestamp")
-        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
-    )
 
 
 def scale_logged(op: OperatorProcess, what: str) -> float:

@@ -117,8 +117,9 @@ def test_load_oscillating_around_the_target_changes_direction_at_most_once_per_w
                 seen.add((int(current["spec"].get("replicas") or 1), float(value)))
         swinging = scale_writes(op.log, namespace, name)
         assert [(w.reason, w.before, w.after) for w in swinging] == [("ScaledUp", 1, 2)], op.log_tail(80)
-        # The operator did see the low phase on two replicas (15 each asks for 1): only the window held them.
-        assert any(replicas == 2 and value <= 20 for replicas, value in seen), seen
+        # The operator did see the low phase at two replicas (15 on each ready one, or 30 on the only ready one
+        # while the other starts: either asks for 1): only the window held them.
+        assert any(replicas == 2 and value <= 30 for replicas, value in seen), seen
 
         # The load stays low: one scale-down, a full window after the last high sample was published.
         publish(30)
