@@ -16,6 +16,8 @@ from loom.workloads.router.conditions import compile_condition
 
 from . import Violation, step_path
 
+ROOT = "root"
+
 
 def _steps(spec: Mapping[str, Any]) -> list[tuple[str, int, Mapping[str, Any]]]:
     return [
@@ -39,7 +41,8 @@ def cycle_violations(spec: Mapping[str, Any]) -> list[Violation]:
     except graphlib.CycleError as error:
         # args[1] lists nodes each of which the next one calls, ending where it started: reversed, the calls.
         cycle: list[str] = list(reversed(error.args[1]))
-        start = min(range(len(cycle) - 1), key=lambda i: list(nodes).index(cycle[i]))  # first in the spec
+        # Told from `root` when it is on the cycle, else from the smallest name (map keys have no order).
+        start = min(range(len(cycle) - 1), key=lambda i: (cycle[i] != ROOT, cycle[i]))
         path = [*cycle[start:-1], *cycle[:start], cycle[start]]
         caller, callee = path[-2], path[-1]
         index = next(i for n, i, step in _steps(spec) if n == caller and step.get("nodeName") == callee)

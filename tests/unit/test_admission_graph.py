@@ -27,7 +27,7 @@ def test_an_acyclic_graph_with_shared_nodes_passes() -> None:
 
 
 def test_a_cycle_is_reported_at_the_step_that_closes_it_in_call_order() -> None:
-    spec = graph(root=[step(serviceName="m"), step(nodeName="a")], a=[step(nodeName="b")], b=[step(nodeName="root")])
+    spec = graph(b=[step(nodeName="root")], a=[step(nodeName="b")], root=[step(serviceName="m"), step(nodeName="a")])
     assert cycle_violations(spec) == [
         Violation(
             "spec.nodes[b].steps[0].nodeName",
@@ -42,8 +42,8 @@ def test_a_node_calling_itself_is_a_cycle() -> None:
     assert "root -> root" in violation.message
 
 
-def test_a_cycle_away_from_root_starts_at_the_node_listed_first() -> None:
-    spec = graph(root=[step(nodeName="x")], x=[step(serviceName="m")], y=[step(nodeName="z")], z=[step(nodeName="y")])
+def test_a_cycle_away_from_root_starts_at_the_smallest_name() -> None:
+    spec = graph(root=[step(nodeName="x")], x=[step(serviceName="m")], z=[step(nodeName="y")], y=[step(nodeName="z")])
     [violation] = cycle_violations(spec)
     assert violation == Violation(
         "spec.nodes[z].steps[0].nodeName",
