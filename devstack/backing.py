@@ -55,6 +55,8 @@ BUCKETS = ("loom-features", "loom-checkpoints", "models", "mlflow")
 # What the FeatureView example reads: the repository's deterministic data set, its newest hour "now" (within ttl).
 FEATURES_BUCKET = "loom-features"
 FEATURES_OBJECTS = {"driver_stats.parquet": "driverStats", "driver_entities.parquet": "entities"}
+# The feature-enriched InferenceService example's model: a linear scorer's weights (loom.workloads.server.tabular).
+MODELS_BUCKET, EXAMPLE_MODEL_PREFIX = "models", "driver-ranker"
 SECRET_NAMESPACES = ("default", MLFLOW_NAMESPACE)
 LABEL = {"app.kubernetes.io/part-of": "loom-devstack"}
 # The node agent runs commands from the project's virtualenv; the image is recorded, never pulled.
@@ -295,6 +297,8 @@ def _serve_s3(port: int, buckets: list[str]) -> None:
         client.create_bucket(Bucket=bucket)
         if bucket == FEATURES_BUCKET:
             _seed_features(client)
+        if bucket == MODELS_BUCKET:
+            _seed_models(client)
     print(f"S3 on :{port} with buckets {', '.join(buckets)}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -314,6 +318,16 @@ def _seed_features(client: Any) -> None:
         written = write(Path(folder), parse_end("now"))
         for key, name in FEATURES_OBJECTS.items():
             client.upload_file(written[name], FEATURES_BUCKET, key)
+
+
+def _seed_models(client: Any) -> None:
+    """The feature-enriched InferenceService example's model (weights as JSON: nothing to train or download)."""
+    import json
+
+    from loom.workloads.server.tabular import EXAMPLE_MODEL, MODEL_FILE
+
+    body = json.dumps(EXAMPLE_MODEL).encode()
+    client.put_object(Bucket=MODELS_BUCKET, Key=f"{EXAMPLE_MODEL_PREFIX}/{MODEL_FILE}", Body=body)
 
 
 def _serve_redis(port: int) -> None:
