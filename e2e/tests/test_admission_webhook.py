@@ -23,7 +23,7 @@ from loom.devstack.cluster.handle import wait_until
 from loom.e2e.helm_operator import InClusterOperator, operator_in_cluster, wait_default_service_account
 from loom.e2e.tests.test_helm_install import training_job, wait_running
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
 API = "loom.dev/v1alpha1"
 
@@ -118,6 +118,24 @@ def test_a_cyclic_graph_is_rejected_with_the_field_path(cluster: Cluster, webhoo
     assert "spec.nodes[a].steps[0].nodeName: nodes form a cycle: root -> a -> root" in message
     assert "spec.nodes[a].steps[0].condition: does not compile" in message
     assert cluster.kubectl("get", "inferencegraph", "loop", "-n", ns, check=False).returncode != 0
+
+
+def test_helm_upgrade_keeps_the_certificate_the_api_server_trusts(
+    cluster: Cluster, webhook_operator: InClusterOperator
+) -> None:
+    """A fresh certificate on upgrade would not match the one the running pod loaded (and Ignore would hide it)."""
+    op, ns = webhook_operator, webhook_operator.watch[0]
+
+    def tls() -> dict[str, str]:
+        secret = json.loads(
+            cluster.kubectl("get", "secret", f"{op.name}-webhook-tls", "-n", op.namespace, "-o", "json").stdout
+        )
+        return dict(secret["data"])
+
+    before = tls()
+    op.upgrade()
+    assert tls() == before
+    denied(apply(cluster, ns, CYCLIC), "inferencegraphs.validate.loom.dev")
 
 
 def test_a_reference_to_a_missing_object_is_rejected(cluster: Cluster, webhook_operator: InClusterOperator) -> None:
