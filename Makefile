@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 UV := $(BIN)/uv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha1sum | cut -c1-12)
 
-.PHONY: demo test venv lint typecheck unit e2e bench crds stack clean
+.PHONY: demo test test-quick venv lint typecheck unit e2e bench crds stack clean
 
 venv: $(STAMP)
 
@@ -43,9 +43,15 @@ stack: venv
 e2e: venv stack
 	$(BIN)/pytest -q e2e
 
+# --durations keeps the slowest tests visible in every CI log: the whole run must fit a 45-minute budget.
 test: venv
 	$(MAKE) lint typecheck
-	$(BIN)/pytest -q tests e2e
+	$(BIN)/pytest -q --durations=30 tests e2e
+
+# While developing: static checks and every test not marked slow, no cluster (a few minutes warm).
+test-quick: venv
+	$(MAKE) lint typecheck
+	$(BIN)/pytest -q -m "not slow and not e2e" tests
 
 crds: venv
 	$(BIN)/loom crds --write crds --write charts/loom/crds

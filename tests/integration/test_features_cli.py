@@ -31,7 +31,7 @@ from loom.workloads.features.config import (
 )
 from loom.workloads.features.testing import driver_view, local_config
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 def free_port() -> int:

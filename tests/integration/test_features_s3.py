@@ -15,7 +15,7 @@ from loom.workloads.features import commands, example_data
 from loom.workloads.features.config import FeaturesConfig
 from loom.workloads.features.testing import driver_view
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 def upload(client: Any, bucket: str, key: str, frame: pd.DataFrame) -> str:

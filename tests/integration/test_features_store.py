@@ -19,7 +19,7 @@ from loom.workloads.features import commands, example_data
 from loom.workloads.features.config import FeaturesConfig, NotFound
 from loom.workloads.features.testing import driver_view, local_config
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 END = example_data.DEFAULT_END
 FEATURES = ["driver_stats:conv_rate", "driver_stats:acc_rate", "driver_stats:avg_daily_trips"]

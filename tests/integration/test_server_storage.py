@@ -28,7 +28,7 @@ from loom.workloads.trainer.checkpoint.manifest import FileEntry, Manifest
 from loom.workloads.trainer.examples import chargpt
 
 # Generous: each step starts a real process (MLflow, uvicorn), slow on a small shared machine.
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 
 def fetch(config: Path, env: dict[str, str]) -> tuple[dict[str, Any], str]:

@@ -18,7 +18,7 @@ from tritonclient.utils import triton_to_np_dtype
 from loom.devstack.servers import free_port
 from loom.workloads.server.testing import model_server
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 class Scorer(torch.nn.Module):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from loom.devstack.servers import MLflowEndpoint, S3Endpoint
 
 
@@ -14,6 +16,7 @@ def test_s3_server_stores_and_returns_objects(s3: S3Endpoint) -> None:
     assert client.get_object(Bucket="services-smoke", Key="a/b.txt")["Body"].read() == b"hello"
 
 
+@pytest.mark.slow  # an MLflow server takes tens of seconds to start
 def test_mlflow_server_records_runs_and_stores_artifacts_in_s3(
     mlflow: MLflowEndpoint, s3: S3Endpoint, tmp_path: Path
 ) -> None:

@@ -21,6 +21,9 @@ from loom.e2e.trainer_harness import TrainerRun, make_config, torchrun_argv, tra
 from loom.workloads.common.s3 import S3Location, download_tree, list_keys
 from loom.workloads.trainer.checkpoint.manifest import Manifest
 
+# Each test trains real ranks for tens of seconds: the quick tier (`make test-quick`) leaves them out.
+pytestmark = pytest.mark.slow
+
 INITIAL_LOSS = math.log(96)  # uniform guess over the example's vocabulary
 
 
