@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -113,10 +114,12 @@ def test_trainingjob_trains_on_a_point_in_time_training_set(
     assert pods == [], pods
 
     cluster.kubectl("apply", "-n", ns, "-f", str(VIEW_FILE))
+    started = time.monotonic()
     done = wait_job(
         cluster, loom_operator, ns, name, "finished", lambda o: o["status"].get("phase") in ("Succeeded", "Failed")
     )
     status = done["status"]
+    print(f"[features] {name} {status['phase']} {time.monotonic() - started:.0f}s after its FeatureView was applied")
     assert status["phase"] == "Succeeded", json.dumps(status, indent=1)
     assert condition(done, "TrainingDataReady")["status"] == "True"
     training = status["trainingData"]
