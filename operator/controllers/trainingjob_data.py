@@ -15,7 +15,9 @@ from ..api.featureview import FeatureViewSpec
 from ..api.trainingjob import TrainingJobSpec
 from ..render.featureview_config import Member, plan_project
 from ..render.featureview_status import job_result
+from ..render.trainingjob import JOB_LABEL
 from ..render.trainingjob_data import (
+    COMPONENT,
     DataObservation,
     data_job_name,
     observe_job,
@@ -51,7 +53,10 @@ async def observe_training_data(job: kube.Manifest, spec: TrainingJobSpec, image
     namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
     output = output_uri(data, namespace, name)
     job_name = data_job_name(name)
-    existing = await kube.get("batch/v1", "Job", namespace, job_name)
+    # Listed by label, not read by name: the operator's RBAC lists Jobs (it never needs `get` on them).
+    selector = f"{JOB_LABEL}={name},app.kubernetes.io/component={COMPONENT}"
+    jobs = await kube.list_objects("batch/v1", "Job", namespace, selector)
+    existing = next((j for j in jobs if j["metadata"]["name"] == job_name), None)
     if existing is None:
         view = await kube.get(API_VERSION, "FeatureView", namespace, data.feature_view)
         waiting = view_not_ready(data, view, output)
