@@ -15,9 +15,12 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from loom.workloads.common.body_limit import BodyLimit
 
 from .conditions import Condition, compile_conditions
 from .config import RouterConfig
@@ -157,7 +160,8 @@ def build_app(
             if upstreams is not None:
                 await upstreams.aclose()
 
-    app = Starlette(routes=routes, lifespan=lifespan)
+    limit = Middleware(BodyLimit, max_bytes=config.max_request_bytes, timeout_s=config.request_body_timeout_s)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[limit])
 
     async def not_found(request: Request, exc: Exception) -> Response:
         return _error(404, f"no route for {request.method} {request.url.path}", "not_found")

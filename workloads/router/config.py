@@ -23,6 +23,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from loom.workloads.common.body_limit import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_BODY_TIMEOUT_S
+
 RouterType = Literal["Sequence", "Switch", "Ensemble", "Splitter"]
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -106,6 +108,12 @@ class RouterConfig(_Camel):
         description="Overall budget of one request (for a stream: until its first event arrives).",
     )
     max_connections: int = Field(100, ge=1, le=10_000, description="Pooled connections per upstream.")
+    max_request_bytes: int = Field(
+        DEFAULT_MAX_REQUEST_BYTES, ge=1024, description="Larger request bodies are refused with 413."
+    )
+    request_body_timeout_s: float = Field(
+        DEFAULT_REQUEST_BODY_TIMEOUT_S, gt=0, le=3600, description="A body not received within this gets 408."
+    )
     host: str = "0.0.0.0"
     port: int = Field(8080, ge=1, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -48,6 +48,8 @@ class Payload:
                 self._doc = json.loads(head)
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise PayloadError(f"body is not valid JSON: {exc}") from exc
+            except RecursionError as exc:  # nesting deeper than the parser's stack: a client error
+                raise PayloadError("body is nested too deeply") from exc
         return self._doc
 
     @property

@@ -22,6 +22,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from loom.workloads.common.body_limit import BodyLimit
+
 from .config import ServerConfig
 from .dataplane import DataPlane
 from .enrichment import Enricher
@@ -210,7 +212,11 @@ def build_app(
     app = Starlette(
         routes=Routes(plane, drain).table(with_metrics=config.metrics_port is None),
         lifespan=lifespan,
-        middleware=[Middleware(CloseWhileDraining, drain=drain), guard],
+        middleware=[
+            Middleware(CloseWhileDraining, drain=drain),
+            guard,
+            Middleware(BodyLimit, max_bytes=config.max_request_bytes, timeout_s=config.request_body_timeout_s),
+        ],
         exception_handlers={404: _not_found, 405: _not_allowed},
     )
     app.state.plane = plane

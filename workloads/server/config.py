@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from loom.workloads.common.body_limit import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_BODY_TIMEOUT_S
+
 # Handlers that ship with the server, by name -> the "module:Class" that implements it (imported only when
 # chosen, by handlers.load_handler_class, so this module stays free of torch). The one list of handler names:
 # the server, the operator's API description and its 'auto' resolution all read it. Anything else must be
@@ -172,6 +174,12 @@ class ServerConfig(_Camel):
     )
     device: Literal["auto", "cpu", "cuda"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    max_request_bytes: int = Field(
+        DEFAULT_MAX_REQUEST_BYTES, ge=1024, description="Larger request bodies are refused with 413."
+    )
+    request_body_timeout_s: float = Field(
+        DEFAULT_REQUEST_BODY_TIMEOUT_S, gt=0, le=3600, description="A body not received within this gets 408."
+    )
 
     @field_validator("model_name")
     @classmethod

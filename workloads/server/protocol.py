@@ -136,6 +136,15 @@ def _from_binary(blob: bytes, datatype: str, shape: tuple[int, ...], name: str) 
     return np.frombuffer(blob, dtype=dtype).reshape(shape).copy()
 
 
+def _parse_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:  # nesting deeper than the parser's stack: a client error, not a server one
+        raise ProtocolError("request body is nested too deeply") from exc
+
+
 def decode_infer_request(body: bytes, header_length: str | None) -> DecodedRequest:
     """Parse an infer request body (JSON, or JSON + binary tensors) into a handler request."""
     try:
@@ -144,10 +153,7 @@ def decode_infer_request(body: bytes, header_length: str | None) -> DecodedReque
         raise ProtocolError("Inference-Header-Content-Length must be an integer") from exc
     if not 0 <= split <= len(body):
         raise ProtocolError("Inference-Header-Content-Length exceeds the body")
-    try:
-        doc = json.loads(body[:split])
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"request body is not valid JSON: {exc}") from exc
+    doc = _parse_json(body[:split])
     if not isinstance(doc, dict):
         raise ProtocolError("request body must be a JSON object")
     raw_inputs = doc.get("inputs")
@@ -338,10 +344,7 @@ class GenerateResponse:
 
 def decode_generate_request(body: bytes) -> GenerateRequest:
     """Parse a generate (or generate_stream) request body."""
-    try:
-        doc = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"request body is not valid JSON: {exc}") from exc
+    doc = _parse_json(body)
     if not isinstance(doc, dict) or not isinstance(doc.get("text_input"), str):
         raise ProtocolError("generate needs a JSON object with a string 'text_input'")
     parameters = doc.get("parameters") or {}
