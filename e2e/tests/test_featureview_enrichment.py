@@ -173,7 +173,8 @@ def test_a_feature_server_outage_is_a_503_and_a_condition(enriched: Enriched) ->
         cluster, enriched.op, ns, "inferenceservice", SERVICE, "FeatureViewNotReady",
         lambda o: condition(o, "RolledOut").get("reason") == "FeatureViewNotReady",
     )  # fmt: skip
-    assert condition(isvc, "Ready")["status"] == "True"  # the server keeps running, and says why it is degraded
+    # The server keeps running, and says why it is degraded.
+    assert (condition(isvc, "Ready")["status"], isvc["status"]["phase"]) == ("True", "Degraded")
 
     def refused() -> httpx.Response | None:
         response = enriched.infer([1001])

@@ -259,7 +259,9 @@ def _phase(
             return "Pending"
         return "Failed" if ready == 0 and loaded.reason in ("FetchFailed", "LoadFailed") else "Loading"
     if rolled.status != "True":
-        return "RollingOut" if rolled.reason not in ("ProgressDeadlineExceeded",) else "Degraded"
+        # Serving, but stuck, or without the FeatureView its requests are enriched from (they may fail meanwhile).
+        stuck = ("ProgressDeadlineExceeded", "FeatureViewNotFound", "FeatureViewNotReady", "FeatureViewMismatch")
+        return "Degraded" if rolled.reason in stuck else "RollingOut"
     return "Ready" if ready >= wanted else "Degraded"
 
 

@@ -343,4 +343,4 @@ async def test_features_wait_for_a_ready_feature_view_then_reach_the_server_conf
     status = await reconcile(api)
     assert api.deployment("gpt") == before
     assert cond(status, "RolledOut") == ("False", "FeatureViewNotReady")
-    assert cond(status, "Ready") == ("True", "Serving")
+    assert (cond(status, "Ready"), status["phase"]) == (("True", "Serving"), "Degraded")
