@@ -61,12 +61,9 @@ async def test_targets_round_robin_wait_and_forget() -> None:
     assert await targets.wait(0.01) is False
 
 
-def test_wake_patch_asks_for_one_replica_only_at_zero_and_tests_the_version_read() -> None:
+def test_wake_patch_asks_for_one_replica_only_at_zero_with_the_version_read_as_precondition() -> None:
     at_zero = {"metadata": {"resourceVersion": "42"}, "spec": {"replicas": 0}}
-    assert wake_patch(at_zero) == [
-        {"op": "test", "path": "/metadata/resourceVersion", "value": "42"},
-        {"op": "add", "path": "/spec/replicas", "value": 1},
-    ]
+    assert wake_patch(at_zero) == {"metadata": {"resourceVersion": "42"}, "spec": {"replicas": 1}}
     never_written = {"metadata": {"resourceVersion": "7"}, "spec": {}}
     assert wake_patch(never_written) is not None
     assert wake_patch({"metadata": {"resourceVersion": "9"}, "spec": {"replicas": 2}}) is None

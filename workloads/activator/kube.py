@@ -1,9 +1,9 @@
 """The activator's two uses of the API server, with the standard `kubernetes` client in threads.
 
 - A list+watch of the model-server pods (label selector), kept in `Targets` as their Ready endpoints.
-- `wake`: read the InferenceService; when it asks for no replica, set one through its scale subresource (a JSON
-  patch that first tests the resourceVersion read, so it never overrides a decision made meanwhile: a conflict
-  means someone else already scaled it).
+- `wake`: read the InferenceService; when it asks for no replica, set one through its scale subresource (a merge
+  patch carrying the resourceVersion read, so it never overrides a decision made meanwhile: a conflict means
+  someone else already wrote it, and the wake loop reads it again).
 
 Its ServiceAccount may only `get` this InferenceService and `patch` its `scale`, and `list`/`watch` pods of the
 namespace (rendered by the operator: loom.operator.render.inferenceservice_activator).
@@ -39,15 +39,12 @@ def api_client() -> kubernetes.client.ApiClient:
     return kubernetes.client.ApiClient()
 
 
-def wake_patch(service: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The scale patch that asks for one replica, or None when the service already asks for some (pure)."""
+def wake_patch(service: dict[str, Any]) -> dict[str, Any] | None:
+    """The scale merge patch that asks for one replica, or None when the service already asks for some (pure).
+    The resourceVersion read is a precondition: the API server answers 409 if anything wrote the object since."""
     if (service.get("spec") or {}).get("replicas"):
         return None
-    version = service["metadata"]["resourceVersion"]
-    return [
-        {"op": "test", "path": "/metadata/resourceVersion", "value": version},
-        {"op": "add", "path": "/spec/replicas", "value": 1},
-    ]
+    return {"metadata": {"resourceVersion": service["metadata"]["resourceVersion"]}, "spec": {"replicas": 1}}
 
 
 class KubeWaker:
@@ -72,7 +69,7 @@ class KubeWaker:
                 self.group, self.version, cfg.namespace, cfg.plural, cfg.service, patch
             )
         except ApiException as exc:
-            if exc.status in (409, 422):  # the object changed since it was read (the test op failed)
+            if exc.status == 409:  # the object changed since it was read
                 log.info("%s/%s changed meanwhile; not scaled by the activator", cfg.namespace, cfg.service)
                 return False
             raise
