@@ -1,5 +1,7 @@
 """High availability on the local stack: the chart with two operator replicas (Kopf peering), exactly one of them
-reconciling; the active pod force-deleted (grace 0); the standby takes over; nothing is created twice.
+reconciling; the active pod force-deleted (grace 0); the standby takes over; its replacement stands by; then
+the new active replica hangs (SIGSTOP) and the replacement takes over once the keep-alive expires; nothing is
+created twice.
 
 Children are counted from watch events (ADDED per name), not from the final list: a child deleted and created
 again by a second replica would leave a correct-looking list behind. "Who reconciles" is read from each replica's
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+import signal
 import threading
 import time
 import urllib.request
@@ -31,10 +35,11 @@ from loom.e2e.tests.test_helm_install import job_phase, training_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
-# Short, so the test is quick; the chart's default is 30 s. The takeover bound is this (a replica that dies
-# without a word) plus one reconcile pass; a replica that exits (SIGTERM) hands over at once.
+# Short, so the test is quick; the chart's default is 30 s. The takeover bound is this (a replica that hangs or
+# dies without a word) plus one reconcile pass; a replica that exits (SIGTERM) hands over at once.
 LIFETIME_S = 10
 CHILD_KINDS = ("pods", "services", "configmaps")
+JOBS = ("before", "during", "after", "stalled")
 
 
 class ChildWatch:
@@ -137,6 +142,20 @@ def reconciled(pod: dict[str, Any]) -> float:
     return metrics(pod).get("loom_reconcile_duration_seconds_count{TrainingJob}", 0.0)
 
 
+def operator_pid(pod_name: str) -> int:
+    """The operator process of a pod the node agent runs on this machine (local stack only)."""
+    needle = f"LOOM_POD_NAME={pod_name}".encode()
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in environ and b"operator" in cmdline:
+            return int(proc.name)
+    raise AssertionError(f"no operator process of pod {pod_name} on this machine")
+
+
 def apply_job(cluster: Cluster, namespace: str, name: str) -> None:
     cluster.kubectl("apply", "--server-side", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(training_job(name)))
 
@@ -193,6 +212,20 @@ def test_the_standby_takes_over_when_the_active_replica_dies(
             wait_until(lambda: job_phase(cluster, ns, "after") == "Running", 90, "job 'after' Running")
             assert reconciled(new) == 0 and metrics(new)["loom_leader"] == 0
             assert leader not in peers(cluster, op)
+
+            # The worst case: the active replica hangs without a word (SIGSTOP: no exit, no keep-alive). The
+            # standby takes over once its keep-alive expires: within the lifetime.
+            hung = operator_pid(standby)
+            os.kill(hung, signal.SIGSTOP)
+            stopped = time.monotonic()
+            try:
+                apply_job(cluster, ns, "stalled")
+                wait_until(lambda: job_phase(cluster, ns, "stalled") == "Running", LIFETIME_S + 60, "takeover")
+                hang_takeover_s = time.monotonic() - stopped
+                assert reconciled(new) > 0 and metrics(new)["loom_leader"] == 1
+            finally:
+                os.kill(hung, signal.SIGKILL)  # never resumed: older, it would lead again
+            print(f"takeover after a hang (SIGSTOP): {hang_takeover_s:.1f}s (lifetime {LIFETIME_S}s)")
             deleted = children.deleted()  # before the clean-up below deletes everything
         except (AssertionError, TimeoutError) as error:
             logs = "\n".join(
@@ -209,8 +242,8 @@ def test_the_standby_takes_over_when_the_active_replica_dies(
     assert children.failure is None, children.failure
     added = children.added()
     expected = {
-        ("pods", f"{job}-worker-{i}") for job in ("before", "during", "after") for i in (0, 1)
-    } | {(kind, f"{job}-{suffix}") for job in ("before", "during", "after") for kind, suffix in
+        ("pods", f"{job}-worker-{i}") for job in JOBS for i in (0, 1)
+    } | {(kind, f"{job}-{suffix}") for job in JOBS for kind, suffix in
          (("services", "workers"), ("configmaps", "trainer"))}  # fmt: skip
     assert expected <= set(added), expected - set(added)
     twice = {key: count for key, count in added.items() if count > 1}
