@@ -47,6 +47,11 @@ def quantity(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else f"{round(value * 1000)}m"
 
 
+def decimal(value: float) -> str:
+    """A number as KEDA's trigger metadata takes it (parsed as a JSON number: "2.5", never a quantity "2500m")."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
 def pods_of(namespace: str, deployments: Sequence[str]) -> PodSelector:
     """Every pod the Deployments create (<deployment>-<template hash>-<5 characters>), whichever is running."""
     if not deployments:
@@ -98,8 +103,8 @@ def render_scaled_object(
         "metadata": {
             "serverAddress": prometheus_url,
             "query": total,
-            "threshold": quantity(config.target),
-            "activationThreshold": quantity(config.activation_threshold),
+            "threshold": decimal(config.target),
+            "activationThreshold": decimal(config.activation_threshold),
         },
     }
     spec: Manifest = {

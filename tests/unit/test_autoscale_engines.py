@@ -7,7 +7,14 @@ import re
 import pytest
 
 from loom.operator.api.inferenceservice import Autoscaling
-from loom.operator.autoscale.engines import EngineError, behavior, quantity, render_hpa, render_scaled_object
+from loom.operator.autoscale.engines import (
+    EngineError,
+    behavior,
+    decimal,
+    quantity,
+    render_hpa,
+    render_scaled_object,
+)
 from loom.operator.autoscale.inferenceservice import scaling_config
 
 META = {"name": "chat", "namespace": "team-a"}
@@ -21,6 +28,8 @@ def config(**fields: object) -> Autoscaling:
 
 def test_quantities_are_exact() -> None:
     assert (quantity(60), quantity(0.5), quantity(2.25), quantity(0)) == ("60", "500m", "2250m", "0")
+    # KEDA reads trigger thresholds as JSON numbers: a quantity's "2250m" would fail there.
+    assert (decimal(60), decimal(0.5), decimal(2.25), decimal(0)) == ("60", "0.5", "2.25", "0")
 
 
 def test_behaviour_speaks_autoscaling_v2() -> None:
