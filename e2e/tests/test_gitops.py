@@ -92,6 +92,17 @@ def passes(op: OperatorProcess) -> float:
     )
 
 
+def objects_metric(op: OperatorProcess) -> dict[tuple[str, str], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        (s.labels["kind"], s.labels["phase"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "loom_objects" and s.value
+    }
+
+
 def resynced(op: OperatorProcess, objects: int, rounds: int = 2) -> None:
     """Wait until the operator has run at least `rounds` passes per object (its periodic resync does)."""
     start = passes(op)
@@ -173,6 +184,13 @@ def test_applying_the_same_manifests_twice_changes_nothing(cluster: Cluster, git
             if condition["status"] == "False":
                 said = health[obj["metadata"]["name"]][1]
                 assert condition["reason"] in said or condition["message"] in said, (said, condition)
+
+        # loom_objects{kind, phase} counts what the API server holds (this operator watches only this namespace).
+        phases: dict[tuple[str, str], float] = {}
+        for obj in parents(cluster, ns):
+            key = (obj["kind"], (obj.get("status") or {}).get("phase") or "Unknown")
+            phases[key] = phases.get(key, 0) + 1
+        wait_until(lambda: objects_metric(op) == phases, 10, f"loom_objects == {phases}")
 
         # JSON logs: every line about these objects names the object (kind, namespace, name).
         lines = [json.loads(line) for line in op.log.read_text().splitlines() if line.startswith("{")]
