@@ -1,6 +1,7 @@
 """A TrainingJob on point-in-time features, on the real local stack: examples/trainingjob-tabular-features.yaml and
 examples/featureview-driver-stats.yaml applied unchanged, next to what `loom dev up` provides (S3 as
-minio.storage.svc seeded with the example data set and its entity dataframe, the Secret s3-credentials).
+minio.storage.svc with the example data set and its entity dataframe, seeded again here as `loom dev up` does,
+the Secret s3-credentials).
 
 The operator (a subprocess) holds the workers back while the FeatureView does not exist (TrainingDataReady=False,
 FeatureViewNotFound), registers the view once it is applied, runs Feast's historical retrieval in one Job, and
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from loom.devstack import backing
 from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
 from loom.e2e.pytest_operator import OperatorProcess
+from loom.workloads.features import example_data
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -100,6 +103,14 @@ def test_trainingjob_trains_on_a_point_in_time_training_set(
     s3 = services.s3_client()
     for item in s3.list_objects_v2(Bucket=bucket, Prefix=prefix + "/").get("Contents", []):
         s3.delete_object(Bucket=bucket, Key=item["Key"])
+    # The example data set as `loom dev up` seeds it, written again together (another test may have rewritten
+    # the statistics alone with a newer end, and the entity rows must lie within their range).
+    end = example_data.parse_end("now")
+    with tempfile.TemporaryDirectory() as folder:
+        written = example_data.write(Path(folder), end)
+        for key, what in backing.FEATURES_OBJECTS.items():
+            s3.upload_file(written[what], backing.FEATURES_BUCKET, key)
+    seeded = s3.head_object(Bucket=backing.FEATURES_BUCKET, Key="driver_stats.parquet")["ETag"]
 
     # The job first: without its FeatureView it waits, says why, and starts nothing.
     cluster.kubectl("apply", "-n", ns, "-f", str(JOB_FILE))
@@ -140,7 +151,10 @@ def test_trainingjob_trains_on_a_point_in_time_training_set(
     # Point-in-time correct: exactly the entity rows, in order, each with the value it would have had then.
     got = s3_parquet(services, output)
     entities = s3_parquet(services, data["entityDataframe"])
-    stats = s3_parquet(services, "s3://loom-features/driver_stats.parquet")
+    stats = example_data.driver_stats(end)
+    rewritten = s3.head_object(Bucket=backing.FEATURES_BUCKET, Key="driver_stats.parquet")["ETag"] != seeded
+    assert not rewritten, "another test rewrote s3://loom-features/driver_stats.parquet while this one ran"
+    pd.testing.assert_frame_equal(entities, example_data.entity_rows(end), check_dtype=False)
     assert training["rows"] == len(got) == len(entities)
     assert got["driver_id"].tolist() == entities["driver_id"].tolist()
     assert (got["event_timestamp"] == entities["event_timestamp"]).all()
