@@ -90,7 +90,9 @@ def install_crds(cluster: Cluster, progress: Progress = print) -> None:
     established = '{.status.conditions[?(@.type=="Established")].status}'
 
     def is_established(name: str) -> bool:
-        if cluster.kubectl("get", f"crd/{name}", "-o", f"jsonpath={established}").stdout == "True":
+        # check=False: right after the apply the CRD has no conditions yet, and kubectl's jsonpath filter
+        # fails on a missing list instead of printing nothing.
+        if cluster.kubectl("get", f"crd/{name}", "-o", f"jsonpath={established}", check=False).stdout == "True":
             return True
         # The API server establishes a CRD on an add or update event only: one whose establishing was cut short
         # by a stop (etcd keeps it "Installing") stays so until it changes. Any update queues it again.
