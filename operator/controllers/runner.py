@@ -41,9 +41,11 @@ from typing import Any, Generic, TypeVar
 
 import kopf
 
+from .. import kube
 from ..api import GROUP, VERSION
 from ..observability import reconciling
 from .leadership import LEADERSHIP
+from .refusal import report_refusal
 
 log = logging.getLogger("loom.operator.runner")
 
@@ -95,9 +97,12 @@ class Runner:
             except TimeoutError:
                 outcome.failed("timeout")
                 log.error("reconciling %s %s/%s took over %gs; abandoned", self.kind, namespace, name, self.timeout_s)
-            except Exception:
+            except Exception as exc:
                 outcome.failed("exception")
                 log.exception("reconciling %s %s/%s failed", self.kind, namespace, name)
+                refused = kube.refusal(exc)
+                if refused is not None:  # a child the API server refuses: the object says so (refusal.py)
+                    await report_refusal(self.kind, namespace, name, refused)
 
     def forget(self, namespace: str, name: str) -> None:
         """The object was deleted: a pass queued behind the running one is dropped."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +83,18 @@ class NotFound(Exception):
     pass
 
 
+def refusal(exc: BaseException) -> str | None:
+    """The API server's message when it refused a request as invalid (400, 422), else None. A pass that renders a
+    child the API server refuses fails the same way every time: its object must say so in a condition."""
+    if not isinstance(exc, ApiException) or exc.status not in (400, 422):
+        return None
+    try:
+        message = json.loads(exc.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or exc.reason)
+
+
 class Conflict(Exception):
     pass
 
@@ -131,6 +144,25 @@ def _call(
     return json.loads(data) if data else None
 
 
+# A parameter keeps the kubernetes client from re-encoding the body (it json.dumps anything sent as exactly
+# application/apply-patch+yaml); the API server ignores it.
+APPLY_CONTENT_TYPE = "application/apply-patch+yaml; charset=utf-8"
+# A JSON surrogate pair, not preceded by an escaped backslash.
+_SURROGATE_PAIR = re.compile(r"(?<!\\)((?:\\\\)*)\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})")
+
+
+def _yaml_escape(match: re.Match[str]) -> str:
+    high, low = int(match.group(2), 16), int(match.group(3), 16)
+    return f"{match.group(1)}\\U{0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00):08x}"
+
+
+def apply_body(manifest: Manifest) -> bytes:
+    """JSON for a server-side apply, which the API server parses as YAML: a character outside the BMP (an emoji in a
+    description) is written as YAML's 32-bit escape, since YAML refuses JSON's surrogate-pair escapes (400, and the
+    object was never reconciled)."""
+    return _SURROGATE_PAIR.sub(_yaml_escape, json.dumps(manifest)).encode("ascii")
+
+
 async def apply(manifest: Manifest, *, subresource: str | None = None, force: bool = True) -> Manifest:
     """Server-side apply `manifest` (create or converge) under Loom's field manager."""
     res = resource(manifest["apiVersion"], manifest["kind"])
@@ -138,7 +170,7 @@ async def apply(manifest: Manifest, *, subresource: str | None = None, force: bo
     path = res.path(meta.get("namespace"), meta["name"], subresource)
     query = [("fieldManager", FIELD_MANAGER), ("force", "true" if force else "false")]
     result = await asyncio.to_thread(
-        _call, "PATCH", path, body=manifest, query=query, content_type="application/apply-patch+yaml"
+        _call, "PATCH", path, body=apply_body(manifest), query=query, content_type=APPLY_CONTENT_TYPE
     )
     assert result is not None
     return result
