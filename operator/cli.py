@@ -10,6 +10,8 @@ import click
 
 
 @click.group()
+# The installed distribution's version (the images run `loom --version` as their smoke test).
+@click.version_option(package_name="loom", prog_name="loom")
 def main() -> None:
     """Loom: a Kubernetes-native MLOps operator."""
 
