@@ -9,10 +9,12 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
+import pytest
 import uvicorn
 from aiohttp import test_utils, web
 from prometheus_client import generate_latest
 
+from loom.workloads.activator import hold
 from loom.workloads.activator.app import build_admin_app, build_app
 from loom.workloads.activator.config import ActivatorConfig
 from loom.workloads.activator.hold import Holder
@@ -149,10 +151,16 @@ async def test_beyond_the_cap_on_held_requests_the_answer_is_503_at_once() -> No
         assert act.sample("loom_activator_requests_total", outcome="overloaded") == 1
 
 
-async def test_a_body_over_the_byte_cap_is_refused_with_413() -> None:
+async def test_a_body_over_the_byte_cap_is_refused_with_413_declared_or_streamed() -> None:
+    async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: counted as it arrives
+        for _ in range(4):
+            yield b"x" * 1024
+
     async with activator(FakeWaker(), Targets(), max_held_bytes=2048) as act, httpx.AsyncClient(trust_env=False) as c:
-        response = await c.post(f"{act.url}/v2/models/chat/infer", content=b"x" * 4096, timeout=10)
-    assert response.status_code == 413
+        declared = await c.post(f"{act.url}/v2/models/chat/infer", content=b"x" * 4096, timeout=10)
+        streamed = await c.post(f"{act.url}/v2/models/chat/infer", content=chunked(), timeout=10)
+    assert (declared.status_code, streamed.status_code) == (413, 413)
+    assert act.sample("loom_activator_requests_total", outcome="too_large") == 2
 
 
 async def test_a_stream_is_relayed_event_by_event_not_buffered() -> None:
@@ -209,3 +217,28 @@ async def test_admin_app_serves_health_and_metrics() -> None:
         text = (await client.get("/metrics")).text
     assert 'loom_activator_held_requests{service="ml/chat"} 0.0' in text
     assert b"loom_activator_wakes_total" in generate_latest(metrics.registry)
+
+
+async def test_a_wake_refused_by_the_api_is_asked_again_while_requests_are_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(hold, "WAKE_RETRY_S", 0.05)
+
+    class FlakyWaker(FakeWaker):
+        async def wake(self) -> bool:
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("the API server is unreachable")
+            if self.calls == 2 and self.then is not None:
+                self.then()
+                return True
+            return False
+
+    async with model(echo) as endpoint:
+        targets = Targets()
+        waker = FlakyWaker(then=lambda: targets.set([endpoint]))
+        async with activator(waker, targets) as act, httpx.AsyncClient(trust_env=False) as client:
+            response = await client.post(f"{act.url}/x", content=b"held", timeout=10)
+    assert response.status_code == 200 and response.json()["body"] == "held"
+    assert waker.calls == 2
+    assert act.sample("loom_activator_wakes_total") == 1

@@ -44,6 +44,20 @@ def _path(request: Request) -> str:
     return (raw + (b"?" + query if query else b"")).decode("latin-1")
 
 
+async def _read_capped(request: Request, cap: int) -> bytes | None:
+    """The body, or None as soon as it is known to exceed `cap` bytes (never read whole into memory)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def _client_gone(request: Request) -> None:
     """Returns when the caller disconnects (the body was read, so the next ASGI message is the disconnect)."""
     while True:
@@ -79,11 +93,11 @@ def build_app(
         arrived = clock()
         deadline = arrived + config.timeout_seconds
         try:
-            body = await request.body()
+            body = await _read_capped(request, config.max_held_bytes)
         except ClientDisconnect:
             metrics.outcome("client_gone")
             return Response(status_code=499)
-        if len(body) > config.max_held_bytes:
+        if body is None:
             metrics.outcome("too_large")
             return _error(413, f"request body over {config.max_held_bytes} bytes", "activator_too_large")
         headers = request_headers(request.headers.items(), request.client.host if request.client else None)
