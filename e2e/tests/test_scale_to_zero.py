@@ -183,6 +183,9 @@ def test_scales_to_zero_holds_and_wakes_streams_through_and_bounds_the_wait(
                 return obj["spec"].get("replicas") == 0 and scaled.get("lastScaleReason") == "ScaledToZero"
 
             stack.until(at_zero, "scaled to zero after the idle period (and reported)")
+            # Once woken it should stay up while this test looks at it: a longer idle period from now on.
+            patch = {"spec": {"autoscaling": {"idleSeconds": 60}}}
+            cluster.kubectl("patch", "inferenceservice", good, "-n", namespace, "--type=merge", "-p", json.dumps(patch))
             stack.until(lambda: not stack.pods(good, "server"), "no model server left")
             stack.until(lambda: stack.routed_to(good) == "activator", "the Service routed to the activator")
             activator_ip = stack.until(lambda: stack.ready_ip(good, "activator"), "the activator ready")
