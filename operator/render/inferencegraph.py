@@ -36,8 +36,13 @@ COMPONENT = "router"
 ROUTER_PORT = 8080
 CONFIG_DIR = "/etc/loom"
 CONFIG_FILE = "router.json"
-# Seconds a terminating router keeps serving while endpoint removal propagates to every proxy.
+# Seconds a terminating router keeps serving while endpoint removal propagates to every proxy (the preStop sleep).
 DRAIN_SECONDS = 5
+# After SIGTERM the router still answers (not ready, closing keep-alive) this long, then stops accepting
+# (loom.workloads.common.lifecycle, as the model server).
+ROUTER_DRAIN_SECONDS = 1
+# After the requests in flight: time to close the upstream pools and exit.
+EXIT_SECONDS = 2
 # The overall budget of one graph request; a per-step timeout above it raises it (a step may take that long).
 DEFAULT_DEADLINE_MS = 60_000
 
@@ -132,6 +137,11 @@ def observe_service(body: Manifest) -> ServiceRef:
 # ------------------------------------------------------------------------------------------- router config
 
 
+def deadline_ms(spec: InferenceGraphSpec) -> int:
+    """The budget of one graph request: the default, or the per-step timeout where that is longer."""
+    return max(DEFAULT_DEADLINE_MS, spec.router.timeout_ms)
+
+
 def _nodes(spec: InferenceGraphSpec) -> dict[str, NodeConfig]:
     return {
         name: NodeConfig(
@@ -187,7 +197,7 @@ def router_config(
         "nodes": nodes,
         "services": upstreams,
         "step_timeout_ms": spec.router.timeout_ms,
-        "deadline_ms": max(DEFAULT_DEADLINE_MS, spec.router.timeout_ms),
+        "deadline_ms": deadline_ms(spec),
         "port": ROUTER_PORT,
     }
     candidate = RouterConfig.model_construct(**fields)  # unvalidated: graph_problems lists every problem
@@ -202,7 +212,7 @@ def router_config(
             nodes=nodes,
             services=upstreams,
             step_timeout_ms=spec.router.timeout_ms,
-            deadline_ms=max(DEFAULT_DEADLINE_MS, spec.router.timeout_ms),
+            deadline_ms=deadline_ms(spec),
             port=ROUTER_PORT,
         )
     except ValidationError as exc:  # e.g. a graph name the router cannot serve as a model name
@@ -243,10 +253,15 @@ def _probe(path: str, period: int, failures: int) -> Manifest:
 def render_deployment(owner: Manifest, spec: InferenceGraphSpec, config_json: str, image: str) -> Manifest:
     name = owner["metadata"]["name"]
     config_path = f"{CONFIG_DIR}/{CONFIG_FILE}"
+    # A request in flight may take the whole graph deadline: SIGTERM lets it finish within the grace period.
+    request_grace = deadline_ms(spec) // 1000 + 1
     router: Manifest = {
         "name": "router",
         "image": spec.router.image or image,
-        "command": ["python", "-m", "loom.workloads.router", "--config", config_path],
+        "command": [
+            "python", "-m", "loom.workloads.router", "--config", config_path,
+            "--drain-seconds", str(ROUTER_DRAIN_SECONDS), "--shutdown-timeout", str(request_grace),
+        ],
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
         "readinessProbe": _probe("/v2/health/ready", period=2, failures=2),
@@ -283,7 +298,9 @@ def render_deployment(owner: Manifest, spec: InferenceGraphSpec, config_json: st
                     },
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
-                    "terminationGracePeriodSeconds": 30 + DRAIN_SECONDS,
+                    # preStop sleep, drain window, the longest request, and time to close and exit.
+                    "terminationGracePeriodSeconds": DRAIN_SECONDS + ROUTER_DRAIN_SECONDS + request_grace
+                    + EXIT_SECONDS,
                 },
             },
         },

@@ -3,6 +3,10 @@
 A config that does not validate, or a condition that does not compile, stops the router at once
 with exit code 2 and every problem in the log (the controller reports the same problems as a
 condition before it ever renders such a config).
+
+SIGTERM drains as the model server does (loom.workloads.common.lifecycle): not ready at once, ``--drain-seconds``
+more of serving with keep-alive off, then no new connections while requests and streams in flight finish (at most
+``--shutdown-timeout``), exit 0.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import sys
 import uvicorn
 from pydantic import ValidationError
 
+from loom.workloads.common.lifecycle import Drain, GracefulServer
+
 from .app import build_app
 from .conditions import ConditionsError, compile_conditions
 from .config import RouterConfig
@@ -24,7 +30,21 @@ log = logging.getLogger("loom.workloads.router")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Loom InferenceGraph router (Open Inference Protocol v2).")
     parser.add_argument("--config", required=True, help="RouterConfig JSON (the rendered ConfigMap)")
+    parser.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=1.0,
+        help="after SIGTERM, keep serving this long (not ready, closing keep-alive) before refusing new connections",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=None,
+        help="then wait at most this long for requests in flight (default: until they finish)",
+    )
     args = parser.parse_args(argv)
+    if args.drain_seconds < 0 or (args.shutdown_timeout is not None and args.shutdown_timeout < 0):
+        parser.error("--drain-seconds and --shutdown-timeout must be >= 0")
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         config = RouterConfig.from_file(args.config)
@@ -33,9 +53,18 @@ def main(argv: list[str] | None = None) -> int:
         log.error("invalid router config %s: %s", args.config, exc)
         return 2
     logging.getLogger().setLevel(config.log_level.upper())
-    app = build_app(config, conditions=conditions)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level, access_log=False)
+    drain = Drain(args.drain_seconds)
+    app = build_app(config, conditions=conditions, drain=drain)
+    server = GracefulServer(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level=config.log_level,
+            access_log=False,
+            timeout_graceful_shutdown=args.shutdown_timeout,
+        ),
+        drain,
     )
     server.run()
     return 0

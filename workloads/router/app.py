@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from loom.workloads.common.body_limit import BodyLimit
+from loom.workloads.common.lifecycle import CloseWhileDraining, Drain
 
 from .conditions import Condition, compile_conditions
 from .config import RouterConfig
@@ -51,9 +52,12 @@ def build_app(
     caller: Caller | None = None,
     engine: GraphEngine | None = None,
     conditions: dict[tuple[str, int], Condition] | None = None,
+    drain: Drain | None = None,
 ) -> Starlette:
     """The ASGI app for one graph. ``caller`` defaults to pooled HTTP clients for ``config.services``
-    (closed on shutdown); ``engine`` may be given whole, e.g. with a seeded RNG in tests."""
+    (closed on shutdown); ``engine`` may be given whole, e.g. with a seeded RNG in tests. ``drain``
+    (loom.workloads.common.lifecycle) turns readiness and keep-alive off on SIGTERM."""
+    drain = drain or Drain()
     graph = config.graph_name
     metrics = engine.metrics if engine is not None else RouterMetrics(graph)
     upstreams: Upstreams | None = None
@@ -104,8 +108,11 @@ def build_app(
     async def live(request: Request) -> Response:
         return JSONResponse({"live": True})
 
+    def is_ready() -> bool:
+        return ready["value"] and not drain.active  # draining: the Service should send no more
+
     async def health_ready(request: Request) -> Response:
-        return JSONResponse({"ready": ready["value"]}, status_code=200 if ready["value"] else 503)
+        return JSONResponse({"ready": is_ready()}, status_code=200 if is_ready() else 503)
 
     async def server_metadata(request: Request) -> Response:
         return JSONResponse({"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS})
@@ -116,7 +123,7 @@ def build_app(
         return JSONResponse({"name": graph, "versions": [], "platform": "loom-graph", "inputs": [], "outputs": []})
 
     async def model_ready(request: Request) -> Response:
-        return JSONResponse({"name": graph, "ready": ready["value"]}, status_code=200 if ready["value"] else 503)
+        return JSONResponse({"name": graph, "ready": is_ready()}, status_code=200 if is_ready() else 503)
 
     async def infer(request: Request) -> Response:
         outcome = await execute(request, "infer")
@@ -161,7 +168,9 @@ def build_app(
                 await upstreams.aclose()
 
     limit = Middleware(BodyLimit, max_bytes=config.max_request_bytes, timeout_s=config.request_body_timeout_s)
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[limit])
+    app = Starlette(
+        routes=routes, lifespan=lifespan, middleware=[Middleware(CloseWhileDraining, drain=drain), limit]
+    )
 
     async def not_found(request: Request, exc: Exception) -> Response:
         return _error(404, f"no route for {request.method} {request.url.path}", "not_found")
