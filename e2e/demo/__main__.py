@@ -1,0 +1,5 @@
+import sys
+
+from loom.e2e.demo.runner import main
+
+sys.exit(main())

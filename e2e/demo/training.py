@@ -1,0 +1,118 @@
+"""Part 3: examples/trainingjob-fsdp-chargpt.yaml trains on 2 FSDP workers; the demo SIGKILLs one worker's trainer
+mid-run (as a crash or an OOM kill would) and the job resumes from its newest S3 checkpoint. The progress bar is
+the TrainingJob's status (step/total, loss, throughput, ETA, restarts), read every second."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from typing import Any
+
+import psutil
+
+from loom.devstack.cluster.paths import AGENT_STATE_DIR
+
+from .stage import Demo, Outcome, example
+from .ui import TrainingView
+
+FILE = "trainingjob-fsdp-chargpt.yaml"
+KILL_AT_CHECKPOINT = 60  # the step of the checkpoint that must exist before a worker is killed
+TIMEOUT_S = 1200
+
+
+def clear_checkpoints(demo: Demo, uri: str) -> None:
+    """A new TrainingJob resumes from the newest checkpoint under its URI, also one a previous demo left: start
+    from nothing there, as on a fresh `loom dev up`."""
+    assert demo.services is not None
+    bucket, prefix = uri.removeprefix("s3://").split("/", 1)
+    s3 = demo.services.s3_client()
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        for item in page.get("Contents", []):
+            s3.delete_object(Bucket=bucket, Key=item["Key"])
+
+
+def kill_worker(demo: Demo, pod_name: str) -> bool:
+    """SIGKILL the trainer processes of one worker pod (the node agent runs them as local processes)."""
+    pod = demo.get("pod", pod_name)
+    if not pod:
+        return False
+    pid_file = AGENT_STATE_DIR / "pods" / pod["metadata"]["uid"] / "c" / "trainer" / "pid"
+    try:
+        main = psutil.Process(int(pid_file.read_text()))
+        victims = [main, *main.children(recursive=True)]
+    except (OSError, ValueError, psutil.Error):
+        return False
+    for proc in victims:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signal.SIGKILL)
+    return True
+
+
+def view(status: dict[str, Any]) -> TrainingView:
+    progress = status.get("progress") or {}
+    return TrainingView(
+        phase=status.get("phase") or "Pending",
+        step=progress.get("step") or 0,
+        total=progress.get("totalSteps") or 0,
+        loss=progress.get("loss"),
+        throughput=progress.get("samplesPerSecond"),
+        eta=progress.get("eta"),
+        restarts=status.get("restarts") or 0,
+    )
+
+
+def run(demo: Demo) -> Outcome:
+    (doc,) = example(FILE)
+    name, spec = doc["metadata"]["name"], doc["spec"]
+    clear_checkpoints(demo, spec["checkpoint"]["uri"])
+    demo.apply_file(FILE)
+    demo.ui.info(
+        f"kubectl apply -f examples/{FILE}: {spec['workers']['replicas']} {spec['engine'].upper()} workers, "
+        f"{spec['maxSteps']} steps, checkpoint every {spec['checkpoint']['everySteps']} to {spec['checkpoint']['uri']}"
+    )
+    killed_at: float | None = None
+    kill_step = resumed_from = 0
+    recovered_s: float | None = None
+    started = time.monotonic()
+    status: dict[str, Any] = {}
+    with demo.ui.training(f"TrainingJob {name}") as bar:
+        while time.monotonic() - started < TIMEOUT_S:
+            status = demo.get("trainingjob", name).get("status") or {}
+            current = view(status)
+            bar.update(current)
+            if current.phase in ("Succeeded", "Failed"):
+                break
+            checkpoint = (status.get("checkpoint") or {}).get("step") or 0
+            if killed_at is None and checkpoint >= KILL_AT_CHECKPOINT and kill_worker(demo, f"{name}-worker-1"):
+                killed_at, kill_step, resumed_from = time.monotonic(), current.step, checkpoint
+                bar.note(
+                    f"[kill] SIGKILL to the trainer of {name}-worker-1 at step {current.step}: "
+                    f"Loom must resume from the step-{checkpoint} checkpoint"
+                )
+            elif killed_at is not None and recovered_s is None and current.restarts > 0 and current.step > kill_step:
+                recovered_s = time.monotonic() - killed_at
+                bar.note(
+                    f"[resumed] restart {current.restarts}: training again past step {kill_step} "
+                    f"{recovered_s:.0f}s after the kill"
+                )
+            time.sleep(1)
+    if status.get("phase") != "Succeeded":
+        raise RuntimeError(f"TrainingJob {name} ended {status.get('phase')}: {status.get('conditions')}")
+    final = view(status)
+    final.loss = final.loss if final.loss is not None else float("nan")
+    mlflow = status.get("mlflow") or {}
+    demo.facts.update(
+        training=name,
+        run_id=mlflow.get("runId"),
+        run_url=mlflow.get("url"),
+        resumed_from=resumed_from,
+        kill_step=kill_step,
+        checkpoint=(status.get("checkpoint") or {}).get("latest"),
+    )
+    recovered = f"{recovered_s:.0f}s" if recovered_s is not None else "?"
+    return Outcome(
+        f"TrainingJob {name} Succeeded: {final.step} steps, final loss {final.loss:.3f}, {final.restarts} restart "
+        f"(worker killed at step {kill_step}, resumed from the step-{resumed_from} checkpoint)",
+        f"loss {final.loss:.2f}, back {recovered} after the kill",
+    )

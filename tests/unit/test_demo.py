@@ -1,0 +1,69 @@
+"""The demo's pure parts: its plain (non-terminal) output, the status it reads, the challenger it derives from an
+example, and the loss picture it draws."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from rich.console import Console
+
+from loom.e2e.demo import graph, pictures, training
+from loom.e2e.demo.stage import example
+from loom.e2e.demo.ui import TrainingView, Ui
+
+
+def plain_ui() -> tuple[Ui, io.StringIO]:
+    out = io.StringIO()
+    return Ui(Console(file=out, force_terminal=False, width=200)), out
+
+
+def test_plain_progress_prints_a_line_per_tenth_phase_or_restart_only() -> None:
+    ui, out = plain_ui()
+    with ui.training("TrainingJob chargpt") as bar:
+        for step in range(0, 101):
+            bar.update(TrainingView(phase="Running", step=step, total=100, loss=2.0 - step / 100, restarts=0))
+        bar.update(TrainingView(phase="Restarting", step=100, total=100, loss=1.0, restarts=1))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 12  # tenths 0..10, then the restart
+    assert lines[0].strip().startswith("step 0/100  Running")
+    assert "loss  1.500" in lines[5] and "restarts 0" in lines[5]
+    assert "Restarting" in lines[-1] and lines[-1].rstrip().endswith("restarts 1")
+    assert "\x1b[" not in out.getvalue()  # no colours in CI logs
+
+
+def test_view_reads_the_trainingjob_status_and_waits_on_missing_fields() -> None:
+    assert training.view({}) == TrainingView(phase="Pending", step=0, total=0)
+    status = {
+        "phase": "Running",
+        "restarts": 1,
+        "progress": {"step": 70, "totalSteps": 200, "loss": 2.25, "samplesPerSecond": 512.0, "eta": "1m5s"},
+    }
+    seen = training.view(status)
+    assert (seen.step, seen.total, seen.loss, seen.throughput, seen.eta, seen.restarts) == (
+        70,
+        200,
+        2.25,
+        512.0,
+        "1m5s",
+        1,
+    )
+    assert "loss  2.250" in seen.fields() and "ETA  1m5s" in seen.fields()
+
+
+def test_the_challenger_is_the_serving_example_renamed_for_the_graph() -> None:
+    (graph_doc,) = example(graph.FILE)
+    names = {step["serviceName"] for step in graph_doc["spec"]["nodes"]["root"]["steps"]}
+    (served,) = example("inferenceservice-chargpt-from-trainingjob.yaml")
+    doc = graph.challenger()
+    assert names == {served["metadata"]["name"], doc["metadata"]["name"]}
+    assert doc["spec"]["model"] == served["spec"]["model"] and doc["spec"]["replicas"] == 1
+    assert served["metadata"]["name"] == "chargpt-current"  # the example file itself is unchanged
+
+
+def test_loss_picture_is_a_png_with_both_attempts(tmp_path: Path) -> None:
+    first = [{"step": s, "value": 3.0 - s / 100, "timestamp": s} for s in range(1, 71)]
+    again = [{"step": s, "value": 2.5 - s / 200, "timestamp": 1000 + s} for s in range(61, 201)]
+    out = tmp_path / "loss.png"
+    pictures.plot_loss(first + again, kill_step=70, resumed_from=60, title="loss", out=out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
