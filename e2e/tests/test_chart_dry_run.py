@@ -1,0 +1,122 @@
+"""charts/loom rendered with `helm template` for the default values and for every values file in charts/loom/ci/
+(the maximal one turns every option on), each accepted by the real API server in a server-side dry run.
+
+The ServiceMonitor of the maximal values is checked against the Prometheus Operator's own CRD, taken from its Go
+module (like KEDA's in loom.devstack.cluster.keda): installed for real when the cluster lacks it, as are the
+chart's CRDs, so the dry run validates every object against a real schema. Nothing else is created.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from loom.devstack.cluster import Cluster
+from loom.devstack.cluster.handle import wait_until
+from loom.e2e.helm_operator import CHART, helm
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator"
+PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
+SERVICEMONITOR_CRD = "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml"
+CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
+
+
+def servicemonitor_crd() -> Path:
+    """The ServiceMonitor CRD file in Go's module cache (downloaded and checksum-verified by `go mod download`)."""
+    go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
+    assert go, "the Go toolchain (it builds the local stack) is needed to fetch the ServiceMonitor CRD"
+    module = f"{PROMETHEUS_OPERATOR_MODULE}@{PROMETHEUS_OPERATOR_VERSION}"
+    found = subprocess.run(
+        [go, "mod", "download", "-json", module],
+        capture_output=True, text=True, cwd=tempfile.gettempdir(), check=False, timeout=120,
+    )  # fmt: skip
+    info: dict[str, Any] = json.loads(found.stdout or "{}")
+    assert found.returncode == 0 and "Dir" in info, f"go mod download {module}: {info.get('Error') or found.stderr}"
+    return Path(info["Dir"]) / SERVICEMONITOR_CRD
+
+
+def ensure_crd(cluster: Cluster, path: Path) -> None:
+    """Install a CRD for real unless the cluster has it already (the shared stack keeps what it has)."""
+    name = yaml.safe_load(path.read_text())["metadata"]["name"]
+    if cluster.kubectl("get", "crd", name, check=False).returncode == 0:
+        return
+    cluster.kubectl("apply", "--server-side", "-f", str(path))
+
+    def established() -> bool:
+        crd = json.loads(cluster.kubectl("get", "crd", name, "-o", "json").stdout)
+        return any(
+            c["type"] == "Established" and c["status"] == "True" for c in crd.get("status", {}).get("conditions", [])
+        )
+
+    wait_until(established, timeout=30, what=f"CRD {name} established")
+
+
+@pytest.fixture(scope="module")
+def crds(cluster: Cluster) -> None:
+    for path in sorted((CHART / "crds").glob("*.yaml")):
+        ensure_crd(cluster, path)
+    ensure_crd(cluster, servicemonitor_crd())
+
+
+_rendered: dict[tuple[Path, ...], str] = {}
+
+
+def render(cluster: Cluster, *values: Path) -> str:
+    """`helm template` output, rendered once per values files for the whole module."""
+    if values not in _rendered:
+        extra = [arg for v in values for arg in ("-f", str(v))]
+        args = ("template", "dry", str(CHART), "-n", "default", "--include-crds", *extra)
+        _rendered[values] = helm(cluster, *args).stdout
+    return _rendered[values]
+
+
+def documents(rendered: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(rendered) if d]
+
+
+@pytest.mark.parametrize("values", [None, *CI_VALUES], ids=lambda v: "defaults" if v is None else v.name)
+def test_lint_and_server_side_dry_run(cluster: Cluster, crds: None, values: Path | None) -> None:
+    files = [] if values is None else [values]
+    if values is not None:  # the default values are linted in test_helm_install.py
+        lint = helm(cluster, "lint", "--strict", str(CHART), "-f", str(values))
+        assert "0 chart(s) failed" in lint.stdout, lint.stdout
+    rendered = render(cluster, *files)
+    result = cluster.kubectl("apply", "--dry-run=server", "--server-side", "-f", "-", stdin=rendered, check=False)
+    assert result.returncode == 0, result.stderr
+    # kubectl names every object the API server accepted; none was left out.
+    accepted = result.stdout.count("serverside-applied (server dry run)")
+    assert accepted == len(documents(rendered)), result.stdout
+
+
+def test_the_maximal_values_render_every_optional_object(cluster: Cluster) -> None:
+    docs = documents(render(cluster, CHART / "ci" / "max-values.yaml"))
+    kinds = sorted(d["kind"] for d in docs)
+    for kind in ("ServiceMonitor", "PodDisruptionBudget", "ClusterKopfPeering", "ValidatingWebhookConfiguration"):
+        assert kind in kinds, kinds
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["LOOM_FEATURES_IMAGE"] == "registry.example/loom/features:1.2.3"
+    assert env["LOOM_PROMETHEUS_URL"] == "http://prometheus-operated.monitoring:9090"
+    assert env["LOOM_LOG_FORMAT"] == "json" and env["LOOM_LOG_LEVEL"] == "DEBUG"
+    assert env["LOOM_AUTOSCALE_INTERVAL_S"] == "10" and env["NO_PROXY"] == ".svc,.cluster.local"
+    assert deployment["spec"]["replicas"] == 2
+    # One dashboard ConfigMap per file, in the namespace Grafana's sidecar watches, with its label.
+    dashboards = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    assert set(dashboards) == {f"dry-operator-dashboard-{n}" for n in ("autoscaling", "serving", "training")}
+    for cm in dashboards.values():
+        assert cm["metadata"]["namespace"] == "kube-public"
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        (key, text), *_ = cm["data"].items()
+        assert json.loads(text)["uid"] == key.removesuffix(".json")
+    # The default values render none of the optional objects.
+    default_kinds = {d["kind"] for d in documents(render(cluster))}
+    assert not default_kinds & {"ServiceMonitor", "PodDisruptionBudget", "ClusterKopfPeering", "ConfigMap"}
