@@ -127,7 +127,7 @@ def crd_for(kind: Kind) -> Schema:
     subresources: Schema = {"status": {}}
     if kind.scale:
         subresources["scale"] = {
-            "specReplicasPath": ".spec.replicas",
+            "specReplicasPath": kind.scale_replicas_path,
             "statusReplicasPath": ".status.replicas",
             "labelSelectorPath": ".status.selector",
         }

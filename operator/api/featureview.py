@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .common import ApiModel, S3Credentials, SecretKeySelector, StatusBase, cel, validations
+from .inferenceservice import Autoscaling, AutoscalingStatus
 
 FeatureDtype = Literal[
     "Int32",
@@ -159,7 +160,47 @@ class Store(ApiModel):
 
 
 class FeatureServer(ApiModel):
+    """The project's Feast feature server. One server serves every view of a project: its replicas are the most any
+    view asks for, and its autoscaling is the oldest view's that sets one (the others' are ignored, said in their
+    status)."""
+
+    model_config = validations(
+        cel(
+            "!has(self.autoscaling) || self.autoscaling.minReplicas >= 1",
+            "the feature server does not scale to zero: autoscaling.minReplicas must be >= 1",
+            field_path=".autoscaling.minReplicas",
+        ),
+        cel(
+            "!has(self.autoscaling) || !has(self.autoscaling.engine) || self.autoscaling.engine == 'builtin'",
+            "the feature server is autoscaled by engine builtin only",
+            field_path=".autoscaling.engine",
+        ),
+        cel(
+            "!has(self.autoscaling) || self.autoscaling.metric == 'prometheus'",
+            "the feature server scales on metric prometheus (a PromQL query, e.g. over Feast's own metrics)",
+            field_path=".autoscaling.metric",
+        ),
+    )
+
     replicas: int = Field(1, ge=0, le=100, description="Feast feature server replicas of the project.")
+    autoscaling: Autoscaling | None = Field(
+        None,
+        description="Scale the project's feature server on a PromQL query (metric prometheus), as an "
+        "InferenceService's autoscaling (engine builtin, minReplicas >= 1); replicas are then the autoscaler's.",
+    )
+
+    @model_validator(mode="after")
+    def _server_autoscaling(self) -> FeatureServer:
+        # The CEL rules above, for objects that never went through admission (tests, renders).
+        a = self.autoscaling
+        if a is not None:
+            if a.min_replicas < 1:
+                raise ValueError("the feature server does not scale to zero: autoscaling.minReplicas must be >= 1")
+            if a.engine != "builtin":
+                raise ValueError("the feature server is autoscaled by engine builtin only")
+            if a.metric != "prometheus":
+                raise ValueError("the feature server scales on metric prometheus (a PromQL query)")
+        return self
 
 
 class FeatureViewSpec(ApiModel):
@@ -216,6 +257,9 @@ class FeatureViewStatus(StatusBase):
     url: str | None = Field(None, description="Feast feature server URL (POST /get-online-features).")
     last_materialization: LastMaterialization | None = None
     next_materialization: str | None = Field(None, description="Next scheduled run (RFC 3339).")
+    autoscaling: AutoscalingStatus | None = Field(
+        None, description="The project feature server's autoscaler (on the view whose autoscaling is in force)."
+    )
 
 
 class FeatureView(ApiModel):

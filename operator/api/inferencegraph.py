@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .common import ApiModel, DnsName, StatusBase, cel, validations
+from .inferenceservice import Autoscaling, AutoscalingStatus
 
 RouterType = Literal["Sequence", "Switch", "Ensemble", "Splitter"]
 GraphPhase = Literal["Pending", "Ready", "Degraded", "Failed"]
@@ -49,10 +50,58 @@ class GraphNode(ApiModel):
     steps: list[GraphStep] = Field(min_length=1, max_length=32)
 
 
+# Metrics the router has: its own request series (the model server's names, labelled with the graph) and a user's
+# PromQL. It holds no queue and no GPU.
+ROUTER_METRICS = ("concurrency", "requests-per-second", "prometheus")
+
+
 class GraphRouter(ApiModel):
-    replicas: int = Field(1, ge=1, le=100)
+    model_config = validations(
+        cel(
+            "!has(self.autoscaling) || self.autoscaling.minReplicas >= 1",
+            "the router does not scale to zero: autoscaling.minReplicas must be >= 1",
+            field_path=".autoscaling.minReplicas",
+        ),
+        cel(
+            "!has(self.autoscaling) || !has(self.autoscaling.engine) || self.autoscaling.engine == 'builtin'",
+            "the router is autoscaled by engine builtin only (keda and hpa are for InferenceServices)",
+            field_path=".autoscaling.engine",
+        ),
+        cel(
+            "!has(self.autoscaling) || !has(self.autoscaling.metric) || self.autoscaling.metric in "
+            + "[" + ", ".join(f"'{m}'" for m in ROUTER_METRICS) + "]",
+            "the router scales on concurrency, requests-per-second or prometheus",
+            field_path=".autoscaling.metric",
+        ),
+    )
+
+    replicas: int = Field(
+        1,
+        ge=1,
+        le=100,
+        description="Router replicas. With autoscaling it is the autoscaler's (the scale subresource writes it, "
+        "kept within min/maxReplicas): leave it out of manifests.",
+    )
     timeout_ms: int = Field(30000, ge=1, le=600000, description="Per-step timeout.")
     image: str | None = None
+    autoscaling: Autoscaling | None = Field(
+        None,
+        description="Scale the router on its own request metrics (concurrency, requests-per-second) or a PromQL "
+        "query, as an InferenceService's autoscaling (engine builtin, minReplicas >= 1).",
+    )
+
+    @model_validator(mode="after")
+    def _router_autoscaling(self) -> GraphRouter:
+        # The CEL rules above, for objects that never went through admission (tests, renders).
+        a = self.autoscaling
+        if a is not None:
+            if a.min_replicas < 1:
+                raise ValueError("the router does not scale to zero: autoscaling.minReplicas must be >= 1")
+            if a.engine != "builtin":
+                raise ValueError("the router is autoscaled by engine builtin only (keda and hpa: InferenceServices)")
+            if a.metric not in ROUTER_METRICS:
+                raise ValueError("the router scales on concurrency, requests-per-second or prometheus")
+        return self
 
 
 class InferenceGraphSpec(ApiModel):
@@ -92,8 +141,10 @@ class NodeStatus(ApiModel):
 class InferenceGraphStatus(StatusBase):
     phase: GraphPhase | None = None
     url: str | None = Field(None, description="Where clients call the graph: http://<graph>.<namespace>.svc.")
-    replicas: int = 0
+    replicas: int = Field(0, description="Router replicas running (scale subresource).")
     ready_replicas: int = Field(0, description="Router replicas ready.")
+    selector: str | None = Field(None, description="Label selector of the router pods (scale subresource).")
+    autoscaling: AutoscalingStatus | None = None
     services: str | None = Field(None, description="Referenced InferenceServices ready, e.g. 2/3.")
     nodes: list[NodeStatus] = Field(default_factory=list, description="Per node and step readiness.")
 

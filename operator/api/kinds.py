@@ -32,6 +32,8 @@ class Kind:
     status: type[StatusBase]
     columns: tuple[PrinterColumn, ...]
     scale: bool = False
+    # The scale subresource's spec path (a JSON path under .spec; the router's replicas for InferenceGraph).
+    scale_replicas_path: str = ".spec.replicas"
     categories: tuple[str, ...] = field(default=("loom",))
 
 
@@ -96,8 +98,13 @@ INFERENCE_GRAPH = Kind(
         PHASE,
         PrinterColumn("Ready", ".status.readyReplicas", "integer", description="Router replicas ready"),
         PrinterColumn("Services", ".status.services", description="Referenced InferenceServices ready"),
+        PrinterColumn("Desired", ".status.autoscaling.desiredReplicas", "integer", description="Autoscaler wants"),
+        PrinterColumn("Metric", ".status.autoscaling.metricValue", "number", priority=1),
         AGE,
     ),
+    # The builtin autoscaler (or `kubectl scale`) writes the router's replicas here, as for an InferenceService.
+    scale=True,
+    scale_replicas_path=".spec.router.replicas",
 )
 
 FEATURE_VIEW = Kind(

@@ -34,7 +34,7 @@ def register(settings: OperatorSettings) -> None:
             placeholder.register(kind)
         else:
             importlib.import_module(f"{__name__}.{module_name}").register(settings)
-    # The builtin autoscaler of InferenceServices (writes replicas through the scale subresource).
+    # The builtin autoscaler of InferenceServices, InferenceGraph routers and FeatureView servers (one loop per kind).
     from . import autoscaler
 
     autoscaler.register(settings)

@@ -1,6 +1,8 @@
-"""The builtin autoscaler: for every InferenceService with `autoscaling.engine: builtin`, every few seconds, read
-its metric from Prometheus, run the pure decision (loom.operator.autoscale.decision) and write the replicas
-through the InferenceService's scale subresource, as an HPA does.
+"""The builtin autoscaler: for every autoscaled object (InferenceService, InferenceGraph router, FeatureView server;
+engine builtin), every few seconds, read its metric from Prometheus, run the pure decision
+(loom.operator.autoscale.decision) and write the replicas through a scale subresource, as an HPA does. What differs
+per kind (where autoscaling is declared, which pods, where replicas are written) is a small adapter
+(autoscaler_kinds.py); one loop per kind, each with its own index.
 
 - One loop for all autoscaled objects (a Kopf index says which), started once like the runner's resync: no
   timer, so no finalizer. A round decides every object once and the next round starts `autoscale_interval_s`
@@ -40,7 +42,8 @@ import kopf
 from pydantic import ValidationError
 
 from ..api import GROUP, VERSION
-from ..api.inferenceservice import Autoscaling, AutoscalingStatus, InferenceServiceSpec, InferenceServiceStatus
+from ..api.common import Condition
+from ..api.inferenceservice import Autoscaling, AutoscalingStatus, InferenceServiceSpec
 from ..autoscale.decision import Decision, MetricUnavailable, MetricValue, Observation, ScalingState, decide
 from ..autoscale.engines import (
     HPA_API_VERSION,
@@ -62,9 +65,10 @@ from ..autoscale.inferenceservice import (
 from ..autoscale.prometheus import PrometheusClient
 from ..kube import client as kube
 from ..observability import object_context
-from ..render.inferenceservice import deployment_name, selector_string
+from ..render.inferenceservice import deployment_name
 from ..render.kit import Event, Manifest, child_metadata, owner_of, set_condition
 from ..settings import OperatorSettings
+from .autoscaler_kinds import ADAPTERS, INFERENCE_SERVICE, KindAdapter, Target
 from .events import post_events
 from .leadership import LEADERSHIP
 from .runner import DueIndex, Key
@@ -74,16 +78,21 @@ log = logging.getLogger("loom.operator.autoscaler")
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "InferenceService"
 PLURAL = "inferenceservices"
-INDEX_ID = "loom_autoscaled_inferenceservices"
+INDEX_ID = "loom_autoscaled_inferenceservices"  # index_id(INFERENCE_SERVICE)
+
+
+def index_id(adapter: KindAdapter) -> str:
+    return f"loom_autoscaled_{adapter.plural}"
+
+
 FIELD_MANAGER = "loom-autoscaler"
 # A decision whose write lost a race is taken again from a fresh read, at most this often per round.
 ATTEMPTS = 3
 
 
-def autoscaled(spec: Any) -> bool:
+def autoscaled(spec: Any, adapter: KindAdapter = INFERENCE_SERVICE) -> bool:
     """Whether an object with this spec (a raw dict, as the index sees it) is autoscaled, by any engine."""
-    autoscaling = (spec or {}).get("autoscaling") if isinstance(spec, dict) else None
-    return isinstance(autoscaling, dict)
+    return isinstance(spec, dict) and adapter.autoscaling(spec) is not None
 
 
 def engine_object(
@@ -127,8 +136,17 @@ class Memory:
 
 
 class Autoscaler:
-    def __init__(self, settings: OperatorSettings, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        settings: OperatorSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+        adapter: KindAdapter = INFERENCE_SERVICE,
+        prometheus: Callable[[], PrometheusClient | None] | None = None,
+    ) -> None:
         self.settings = settings
+        self.adapter = adapter
+        self._shared_client = prometheus
         self._clock = clock
         self._memory: dict[Key, Memory] = {}
         self._task: asyncio.Task[None] | None = None
@@ -163,7 +181,7 @@ class Autoscaler:
             try:
                 due = [key for key, flags in list(index.items()) if any(flags)]
             except Exception:  # an index changing under us: take the next round
-                log.exception("reading the autoscaled InferenceServices failed")
+                log.exception("reading the autoscaled %ss failed", self.adapter.kind)
                 due = list(self._memory)
             if await LEADERSHIP.leads():  # a replica standing by (Kopf peering) decides nothing
                 await self.round(due)
@@ -177,7 +195,7 @@ class Autoscaler:
 
     async def _bounded(self, namespace: str, name: str) -> None:
         try:
-            with object_context(KIND, namespace, name):  # its log lines name the object
+            with object_context(self.adapter.kind, namespace, name):  # its log lines name the object
                 await asyncio.wait_for(self.step(namespace, name), timeout=self.settings.reconcile_timeout_s)
         except TimeoutError:
             log.error("autoscaling %s/%s took over %gs; abandoned", namespace, name, self.settings.reconcile_timeout_s)
@@ -193,6 +211,8 @@ class Autoscaler:
                 log.info("autoscaling %s/%s: the object changed while deciding; deciding again", namespace, name)
 
     def _client(self) -> PrometheusClient | None:
+        if self._prometheus is None and self._shared_client is not None:
+            return self._shared_client()
         if self._prometheus is None and self.settings.prometheus_url:
             self._prometheus = PrometheusClient(self.settings.prometheus_url)
         return self._prometheus
@@ -216,19 +236,17 @@ class Autoscaler:
 
     async def _decide(self, namespace: str, name: str) -> None:
         key = (namespace, name)
-        body = await kube.get(API_VERSION, KIND, namespace, name)
+        kind = self.adapter.kind
+        body = await kube.get(API_VERSION, kind, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             self._memory.pop(key, None)
             return
-        try:
-            spec = InferenceServiceSpec.model_validate(body.get("spec") or {})
-        except ValidationError:
-            return  # the reconcile pass reports an invalid spec
-        autoscaling = spec.autoscaling
-        if autoscaling is None:
+        target = await self.adapter.target(body)
+        if target is None:  # not autoscaled (or invalid: the reconcile pass says so, or another object speaks)
             self._memory.pop(key, None)
             return
-        owner = owner_of(body, KIND)
+        autoscaling = target.autoscaling
+        owner = owner_of(body, kind)
         uid = str(body["metadata"]["uid"])
         memory = self._memory.get(key)
         if memory is not None and memory.uid != uid:
@@ -238,8 +256,8 @@ class Autoscaler:
             self._memory[key] = memory
         if autoscaling.engine != "builtin":
             return  # KEDA or the HPA writes the replicas
-        current = current_replicas(spec)
-        pods = await kube.list_objects("v1", "Pod", namespace, selector_string(owner))
+        current = target.current_replicas
+        pods = await kube.list_objects("v1", "Pod", namespace, target.selector)
         ready = ready_pod_names(pods)
         now = self._clock()
         metric = await self._observe(autoscaling, namespace, ready, now)
@@ -250,18 +268,12 @@ class Autoscaler:
         decision = decide(scaling_config(autoscaling), state, observation)
         resource_version = body["metadata"]["resourceVersion"]
         if decision.changed:
-            scale = await kube.merge_patch(
-                API_VERSION,
-                KIND,
-                namespace,
-                name,
-                {"metadata": {"resourceVersion": resource_version}, "spec": {"replicas": decision.desired_replicas}},
-                subresource="scale",
-                field_manager=FIELD_MANAGER,
-            )
-            resource_version = scale["metadata"]["resourceVersion"]
+            written = await self._write_replicas(namespace, target, decision.desired_replicas)
+            if (target.scale_kind, target.scale_name) == (kind, name):
+                resource_version = written  # the scale write changed this object
             log.info(
-                "autoscaling %s/%s: %s %d -> %d: %s",
+                "autoscaling %s %s/%s: %s %d -> %d: %s",
+                kind,
                 namespace,
                 name,
                 decision.reason,
@@ -272,12 +284,33 @@ class Autoscaler:
         reported = await self._report(body, autoscaling, decision, resource_version, memory.reported)
         self._memory[key] = Memory(uid, decision.state, reported=reported)
 
+    async def _write_replicas(self, namespace: str, target: Target, replicas: int) -> str:
+        """Write `replicas` through the target's scale subresource (resourceVersion as a precondition: a race is a
+        Conflict, decided again); the resourceVersion after the write."""
+        scale = await kube.merge_patch(
+            target.scale_api_version,
+            target.scale_kind,
+            namespace,
+            target.scale_name,
+            {"metadata": {"resourceVersion": target.scale_resource_version}, "spec": {"replicas": replicas}},
+            subresource="scale",
+            field_manager=FIELD_MANAGER,
+        )
+        return str(scale["metadata"]["resourceVersion"])
+
     async def _converge_engine(
         self, body: Manifest, owner: Manifest, autoscaling: Autoscaling, memory: Memory | None
     ) -> Memory:
         """Apply engine keda's or hpa's object, delete the other engines' (once per engine switch and restart)."""
         meta = body["metadata"]
         uid = str(meta["uid"])
+        if not self.adapter.engines:
+            if autoscaling.engine == "builtin":
+                return Memory(uid)  # no engine objects exist for this kind
+            problem = f"engine {autoscaling.engine} is for InferenceServices only; {self.adapter.kind} uses builtin"
+            if memory is None or memory.problem != problem:
+                post_events(body, [Event("Warning", "AutoscalingInvalid", problem)])
+            return Memory(uid, engine="invalid", problem=problem)
         try:
             wanted, stale = engine_object(owner, autoscaling, self.settings)
         except (EngineError, ValueError) as exc:
@@ -318,16 +351,13 @@ class Autoscaler:
     ) -> AutoscalingStatus:
         """Write status.autoscaling and MetricsAvailable where they changed; post the decision's events."""
         meta = body["metadata"]
-        try:
-            previous = InferenceServiceStatus.model_validate(body.get("status") or {})
-        except ValidationError:
-            previous = InferenceServiceStatus()
-        before = next((c for c in previous.conditions if c.type == METRICS_AVAILABLE), None)
+        previous_autoscaling, previous_conditions = _previous(body.get("status") or {})
+        before = next((c for c in previous_conditions if c.type == METRICS_AVAILABLE), None)
         after = metrics_condition(autoscaling.metric, decision, meta.get("generation"))
-        conditions = set_condition(list(previous.conditions), after)
-        status = autoscaling_status(autoscaling, decision, reported or previous.autoscaling)
+        conditions = set_condition(list(previous_conditions), after)
+        status = autoscaling_status(autoscaling, decision, reported or previous_autoscaling)
         patch: Manifest = {}
-        if status != previous.autoscaling:
+        if status != previous_autoscaling:
             # Every field, unset ones as null: a merge patch removes what is no longer known (the value in an outage).
             patch["autoscaling"] = status.model_dump(by_alias=True, mode="json")
         if before is None or (before.status, before.reason, before.message) != (
@@ -340,7 +370,7 @@ class Autoscaler:
             try:
                 await kube.merge_patch(
                     API_VERSION,
-                    KIND,
+                    self.adapter.kind,
                     meta["namespace"],
                     meta["name"],
                     {"metadata": {"resourceVersion": resource_version}, "status": patch},
@@ -355,21 +385,52 @@ class Autoscaler:
         return status
 
 
+def _previous(status: Manifest) -> tuple[AutoscalingStatus | None, list[Condition]]:
+    """status.autoscaling and the conditions as written (the same fields on every autoscaled kind); what does not
+    parse (another version wrote it) is started afresh."""
+    try:
+        autoscaling = AutoscalingStatus.model_validate(status["autoscaling"]) if status.get("autoscaling") else None
+    except ValidationError:
+        autoscaling = None
+    conditions: list[Condition] = []
+    for raw in status.get("conditions") or []:
+        try:
+            conditions.append(Condition.model_validate(raw))
+        except ValidationError:
+            continue
+    return autoscaling, conditions
+
+
 def _who(meta: Manifest) -> tuple[str, str]:
     return str(meta["namespace"]), str(meta["name"])
 
 
-def register(settings: OperatorSettings) -> Autoscaler:
-    autoscaler = Autoscaler(settings)
+def register(settings: OperatorSettings) -> list[Autoscaler]:
+    """One autoscaler loop per kind (InferenceService, InferenceGraph, FeatureView), sharing one Prometheus client."""
+    shared: list[PrometheusClient] = []
+
+    def prometheus() -> PrometheusClient | None:
+        if not shared and settings.prometheus_url:
+            shared.append(PrometheusClient(settings.prometheus_url))
+        return shared[0] if shared else None
+
+    return [_register_kind(settings, adapter, prometheus) for adapter in ADAPTERS]
+
+
+def _register_kind(
+    settings: OperatorSettings, adapter: KindAdapter, prometheus: Callable[[], PrometheusClient | None]
+) -> Autoscaler:
+    autoscaler = Autoscaler(settings, adapter=adapter, prometheus=prometheus)
+    index = index_id(adapter)
 
     # Which objects the builtin engine scales; an object that stops being one (or is deleted) leaves the index,
     # and the next round forgets it.
-    @kopf.index(GROUP, VERSION, PLURAL, id=INDEX_ID)
+    @kopf.index(GROUP, VERSION, adapter.plural, id=index)
     async def _autoscaled(
         namespace: str | None, name: str | None, spec: Any, **kwargs: Any
     ) -> dict[tuple[str, str], bool]:
-        autoscaler.start(kwargs.get(INDEX_ID))
-        if not autoscaled(dict(spec or {})):
+        autoscaler.start(kwargs.get(index))
+        if not autoscaled(dict(spec or {}), adapter):
             return {}
         return {(str(namespace), str(name)): True}
 

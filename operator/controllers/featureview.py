@@ -191,7 +191,10 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
     if plan.members:
         await kube.apply(render_config_map(namespace, plan, [m.name for m in plan.members] + pending))
         await kube.apply(render_service(namespace, plan))
-        await kube.apply(render_deployment(namespace, plan, image))
+        # The live replicas: the autoscaler's to keep while the project's server is autoscaled.
+        live = await kube.get("apps/v1", "Deployment", namespace, object_name)
+        live_replicas = ((live or {}).get("spec") or {}).get("replicas")
+        await kube.apply(render_deployment(namespace, plan, image, None if live is None else int(live_replicas or 0)))
 
     # The view's own children.
     rejection = plan.rejected.get(name)

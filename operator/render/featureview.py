@@ -363,9 +363,24 @@ def _probe(period: int, failures: int) -> Manifest:
     }
 
 
-def render_deployment(namespace: str, plan: ProjectPlan, image: str) -> Manifest:
+def server_replicas(plan: ProjectPlan, live_replicas: int | None) -> int:
+    """The feature server's replicas. Not autoscaled: the most any view of the project asks for. Autoscaled (the
+    oldest view in the project's config that sets server.autoscaling; the others' are ignored): what the
+    autoscaler last wrote to the Deployment (`live_replicas`), kept within that view's min/maxReplicas, or
+    minReplicas before the Deployment exists."""
+    autoscaling = next((m.spec.server.autoscaling for m in plan.members if m.spec.server.autoscaling), None)
+    if autoscaling is None:
+        if not plan.members:
+            return plan.primary.spec.server.replicas
+        return max(m.spec.server.replicas for m in plan.members)
+    wanted = autoscaling.min_replicas if live_replicas is None else live_replicas
+    return max(autoscaling.min_replicas, min(autoscaling.max_replicas, wanted))
+
+
+def render_deployment(namespace: str, plan: ProjectPlan, image: str, live_replicas: int | None = None) -> Manifest:
     """`feast serve` for the project. The config hash in the template rolls the pods when the store or a view
-    changes; readiness is Feast's GET /health; startup allows a slow Feast import (tens of seconds)."""
+    changes; readiness is Feast's GET /health; startup allows a slow Feast import (tens of seconds).
+    live_replicas: the existing Deployment's spec.replicas (kept while the server is autoscaled)."""
     container = {
         "name": CONTAINER,
         "image": image,
@@ -380,7 +395,7 @@ def render_deployment(namespace: str, plan: ProjectPlan, image: str) -> Manifest
     }
     pod_labels = {**project_labels(plan.project, "feature-server"), **server_selector(plan.project)}
     pod_spec = _pod_spec(namespace, plan, container, "Always")
-    replicas = max(m.spec.server.replicas for m in plan.members) if plan.members else plan.primary.spec.server.replicas
+    replicas = server_replicas(plan, live_replicas)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -137,6 +137,15 @@ def observe_service(body: Manifest) -> ServiceRef:
 # ------------------------------------------------------------------------------------------- router config
 
 
+def router_replicas(spec: InferenceGraphSpec) -> int:
+    """The router's replicas: spec.router.replicas, which the autoscaler writes through the InferenceGraph's scale
+    subresource when router.autoscaling is set, kept within its min/maxReplicas (the spec may have moved them)."""
+    replicas, autoscaling = spec.router.replicas, spec.router.autoscaling
+    if autoscaling is None:
+        return replicas
+    return max(autoscaling.min_replicas, min(autoscaling.max_replicas, replicas))
+
+
 def deadline_ms(spec: InferenceGraphSpec) -> int:
     """The budget of one graph request: the default, or the per-step timeout where that is longer."""
     return max(DEFAULT_DEADLINE_MS, spec.router.timeout_ms)
@@ -276,7 +285,7 @@ def render_deployment(owner: Manifest, spec: InferenceGraphSpec, config_json: st
         "kind": "Deployment",
         "metadata": child_metadata(owner, deployment_name(name), COMPONENT),
         "spec": {
-            "replicas": spec.router.replicas,
+            "replicas": router_replicas(spec),
             "selector": {"matchLabels": router_selector(owner)},
             # A new router is up and ready before an old one goes: a graph change drops no request.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},

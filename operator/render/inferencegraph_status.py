@@ -20,7 +20,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..api.inferencegraph import GraphPhase, GraphStep, InferenceGraphSpec, InferenceGraphStatus, NodeStatus, StepStatus
-from .inferencegraph import GraphProblem, ServiceRef, graph_url, hard_services, referenced_services
+from .inferencegraph import (
+    GraphProblem,
+    ServiceRef,
+    graph_url,
+    hard_services,
+    referenced_services,
+    selector_string,
+)
 from .kit import Condition, Event, Manifest, condition_events, set_condition
 
 
@@ -191,8 +198,11 @@ def compute_status(
         url=graph_url(owner),
         replicas=_int(deployment, "replicas"),
         ready_replicas=ready_replicas,
+        selector=selector_string(owner),  # the scale subresource's labelSelectorPath
         services=f"{ready_services}/{len(wanted)}",
         nodes=nodes,
+        # Written by the autoscaler (controllers/autoscaler.py); carried so this pass never clears it.
+        autoscaling=previous.autoscaling if previous else None,
     )
     return status, condition_events(old, conditions, WARNING_REASONS)
 

@@ -103,6 +103,8 @@ def test_every_rule_says_why_it_is_there() -> None:
         ("loom.dev", "trainingjobs", {"get", "list", "watch", "patch"}),
         ("loom.dev", "inferenceservices/status", {"patch"}),
         ("loom.dev", "inferenceservices/scale", {"patch"}),
+        ("loom.dev", "inferencegraphs/scale", {"patch"}),
+        ("apps", "deployments/scale", {"patch"}),
         ("", "pods", {"list", "watch", "create", "patch", "delete"}),
         ("", "services", {"create", "patch", "delete"}),
         ("", "configmaps", {"create", "patch", "delete"}),
