@@ -30,7 +30,9 @@ from typing import Any
 import pytest
 import yaml
 
+from loom.devstack.cluster.paths import AGENT_STATE_DIR
 from loom.devstack.servers import free_port
+from loom.e2e.secrets_scan import record_namespace
 from loom.operator.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -168,6 +170,8 @@ def operator_namespace_for(cluster: Any, op: OperatorProcess) -> Iterator[str]:
     try:
         yield name
     finally:
+        with cluster.api_client() as api:  # its events and pod logs go with it
+            record_namespace(api, name, AGENT_STATE_DIR / "logs")
         # Loom objects go first, while the operator still runs: one whose kind keeps a Kopf finalizer would
         # otherwise hold the namespace in Terminating forever once the operator has stopped.
         cluster.kubectl("delete", "loom", "--all", "-n", name, "--timeout=60s", check=False)

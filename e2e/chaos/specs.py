@@ -11,22 +11,26 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import random
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from loom.operator.api.crd import crd_for
+from loom.operator.api.crd import crd_filename, crd_for
 from loom.operator.api.kinds import KINDS, Kind
 
+CRDS = Path(__file__).resolve().parents[2] / "crds"
 Schema = dict[str, Any]
-Path = tuple[str | int, ...]
+FieldPath = tuple[str | int, ...]
 
 # Generated collections and strings stay small: admission cost grows with size, and the interesting bugs are in
 # the shapes, not the lengths (the mutations test the length limits separately).
@@ -44,9 +48,29 @@ def kind_named(name: str) -> Kind:
 
 
 def spec_schema(kind: Kind) -> Schema:
-    """The openAPIV3Schema of `spec` exactly as the generated CRD declares it to the API server."""
-    root = crd_for(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    return dict(root["properties"]["spec"])
+    """The openAPIV3Schema of `spec` exactly as the API server has it: the CRD in crds/ (generated from the models,
+    checked against them by tests/unit/test_crds.py), so a model change not yet generated cannot skew the fuzz."""
+    path = CRDS / crd_filename(kind)
+    crd = yaml.safe_load(path.read_text()) if path.is_file() else crd_for(kind)
+    return dict(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"])
+
+
+@functools.cache
+def cel_messages(kind_name: str) -> tuple[str, ...]:
+    """The messages of every CEL rule (x-kubernetes-validations) in a kind's spec schema."""
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            found.extend(str(rule["message"]) for rule in node.get("x-kubernetes-validations", []) if "message" in rule)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(spec_schema(kind_named(kind_name)))
+    return tuple(found)
 
 
 def from_schema(schema: Schema) -> st.SearchStrategy[Any]:
@@ -109,7 +133,8 @@ def _object(schema: Schema) -> st.SearchStrategy[Any]:
 def _string(schema: Schema) -> st.SearchStrategy[str]:
     low, high = schema.get("minLength", 0), schema.get("maxLength", 10**6)
     if "pattern" in schema:
-        return st.from_regex(schema["pattern"], fullmatch=True).filter(lambda s: low <= len(s) <= high)
+        pattern: str = schema["pattern"]  # a str pattern draws str
+        return st.from_regex(pattern, fullmatch=True).filter(lambda s: low <= len(s) <= high)
     return st.text(
         alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")),
         min_size=low,
@@ -150,19 +175,29 @@ def _repair_inferenceservice(spec: dict[str, Any], rnd: random.Random) -> None:
         if key != keep:
             del model[key]
     model.setdefault(keep, "s3://models/fuzz")
-    auto = spec.get("autoscaling")
-    if auto is not None:
-        if auto.get("minReplicas", 1) > auto["maxReplicas"]:
-            auto["minReplicas"] = auto["maxReplicas"]
-        if auto.get("metric", "concurrency") == "prometheus":
-            auto.setdefault("query", "sum(up)")
-        else:
-            auto.pop("query", None)
-        if auto.get("minReplicas", 1) != 0:
-            auto.pop("idleSeconds", None)
+    if spec.get("autoscaling") is not None:
+        _repair_autoscaling(spec["autoscaling"])
+
+
+def _repair_autoscaling(auto: dict[str, Any]) -> None:
+    if auto.get("minReplicas", 1) > auto["maxReplicas"]:
+        auto["minReplicas"] = auto["maxReplicas"]
+    if auto.get("metric", "concurrency") == "prometheus":
+        auto.setdefault("query", "sum(up)")
+    else:
+        auto.pop("query", None)
+    if auto.get("minReplicas", 1) != 0:
+        auto.pop("idleSeconds", None)
 
 
 def _repair_inferencegraph(spec: dict[str, Any], rnd: random.Random) -> None:
+    auto = (spec.get("router") or {}).get("autoscaling")
+    if auto is not None:  # the router's own rules: never to zero, engine builtin, its own metrics
+        auto["minReplicas"] = max(1, auto.get("minReplicas", 1))
+        auto["engine"] = "builtin"
+        if auto.get("metric", "concurrency") not in ("concurrency", "requests-per-second", "prometheus"):
+            auto["metric"] = "concurrency"
+        _repair_autoscaling(auto)
     nodes: dict[str, Any] = spec["nodes"]
     if "root" not in nodes:
         nodes["root"] = nodes.pop(next(iter(nodes)))
@@ -206,12 +241,12 @@ REPAIRS: dict[str, Callable[[dict[str, Any], random.Random], None]] = {
 @dataclass(frozen=True)
 class Mutation:
     name: str
-    path: Path  # where the object was changed (for unknown-field: the object that gained the field)
+    path: FieldPath  # where the object was changed (for unknown-field: the object that gained the field)
     # The structural schema alone refuses it: admission must reject it and name the field.
     schema_breaking: bool
 
 
-def _nodes(doc: Any, schema: Schema, path: Path = ()) -> list[tuple[Path, Any, Schema]]:
+def _nodes(doc: Any, schema: Schema, path: FieldPath = ()) -> list[tuple[FieldPath, Any, Schema]]:
     """Every (path, value, schema) of the document, the root included."""
     out = [(path, doc, schema)]
     if isinstance(doc, dict):
@@ -226,7 +261,7 @@ def _nodes(doc: Any, schema: Schema, path: Path = ()) -> list[tuple[Path, Any, S
     return out
 
 
-def _set(doc: Any, path: Path, value: Any) -> None:
+def _set(doc: Any, path: FieldPath, value: Any) -> None:
     for part in path[:-1]:
         doc = doc[part]
     doc[path[-1]] = value
@@ -269,7 +304,7 @@ def _free(schema: Schema) -> bool:
     return bool(schema.get("x-kubernetes-int-or-string") or schema.get("x-kubernetes-preserve-unknown-fields"))
 
 
-def _applies(op: str, path: Path, value: Any, sub: Schema) -> bool:
+def _applies(op: str, path: FieldPath, value: Any, sub: Schema) -> bool:
     if op == "wrong-type":
         return bool(path) and not _free(sub) and sub.get("type") in _TYPES
     if op == "out-of-range":
@@ -313,7 +348,7 @@ def mutate(spec: dict[str, Any], schema: Schema, rnd: random.Random) -> tuple[di
     raise AssertionError("no mutation applies")  # unreachable: unknown-field always applies to the root
 
 
-def k8s_path(path: Path) -> str:
+def k8s_path(path: FieldPath) -> str:
     """A field path as the API server writes it in errors: spec.workers.replicas, spec.env[0].name."""
     out = "spec"
     for part in path:

@@ -34,6 +34,8 @@ from loom.devstack.cluster import Cluster, StackConfig, current, down, up
 from loom.devstack.cluster.build import build, is_built
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.lifecycle import join_session, leave_session
+from loom.devstack.cluster.paths import AGENT_STATE_DIR
+from loom.e2e.secrets_scan import record_namespace
 
 HERE = Path(__file__).resolve().parent
 
@@ -46,6 +48,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _in_this_tier(item):
             item.add_marker(pytest.mark.e2e)
+    # The secrets scan looks at what every other test left behind: it runs last (a stable sort keeps the rest).
+    items.sort(key=lambda item: Path(str(item.path)).name == "test_secrets_scan.py")
 
 
 def _progress(line: str) -> None:
@@ -107,6 +111,7 @@ def namespace(kube_api: client.ApiClient) -> Iterator[str]:
     # The service-account controller creates it asynchronously; pods are refused until it exists.
     wait_until(default_service_account, timeout=30, what=f"ServiceAccount default in {name}")
     yield name
+    record_namespace(kube_api, name, AGENT_STATE_DIR / "logs")  # its events and pod logs go with it
     try:
         core.delete_namespace(name)
     except ApiException as err:

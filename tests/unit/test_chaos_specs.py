@@ -87,3 +87,21 @@ def test_tame_keeps_pods_on_kwok_and_replicas_small() -> None:
     service = tame(Case("InferenceService", {"replicas": 7, "autoscaling": {"maxReplicas": 9, "minReplicas": 4}}, None),
                    KWOK_TOLERATION)
     assert service["replicas"] == 2 and service["autoscaling"] == {"maxReplicas": 2, "minReplicas": 2}
+
+
+def test_a_valid_object_refused_only_by_cel_rules_is_no_problem_but_a_schema_refusal_is() -> None:
+    from loom.e2e.chaos.admission import Outcome, problem, refused_by_cel
+
+    valid = Case("InferenceService", {"model": {"uri": "s3://m/x"}}, None)
+    cel = 'InferenceService.loom.dev "s" is invalid: [spec.model: Invalid value: "object": set exactly one of uri, ' \
+          'mlflow or fromTrainingJob, spec.autoscaling.minReplicas: Invalid value: "object": minReplicas must be <= ' \
+          "maxReplicas]"
+    schema = 'TrainingJob.loom.dev "t" is invalid: spec.entrypoint.module: Invalid value: "QŢČ:zT": ' \
+             "spec.entrypoint.module in body should match '^[A-Za-z_]'"
+    by_cel = Outcome(valid, "s", False, 422, cel)
+    assert refused_by_cel(by_cel) and problem(by_cel) is None
+    by_schema = Outcome(Case("TrainingJob", {}, None), "t", False, 422, schema)
+    assert not refused_by_cel(by_schema)
+    assert "refused a valid object" in (problem(by_schema) or "")
+    mixed = Outcome(valid, "s", False, 422, cel[:-1] + ", spec.replicas: Invalid value: 5000: must be <= 1000]")
+    assert not refused_by_cel(mixed)
