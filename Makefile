@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 UV := $(BIN)/uv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha1sum | cut -c1-12)
 
-.PHONY: demo test test-quick venv lint typecheck unit e2e bench crds stack clean
+.PHONY: demo test test-quick venv lint typecheck unit e2e bench crds stack clean chaos
 
 venv: $(STAMP)
 
@@ -58,6 +58,10 @@ crds: venv
 
 demo: venv
 	$(BIN)/python -m loom.e2e.demo
+
+# The chaos suite at report scale (bench/chaos.py; scenarios in e2e/chaos): prints each scenario's figures.
+chaos: venv stack
+	$(BIN)/python bench/chaos.py
 
 bench: venv
 	@set -e; for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f; done
