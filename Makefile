@@ -66,5 +66,12 @@ chaos: venv stack
 bench: venv
 	@set -e; for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f; done
 
+# The images in images/ built for real, without a Docker engine or a pulled base image (buildah FROM a Debian
+# base made here by mmdebstrap; images/build.sh). Not part of `make test`. IMAGES="operator server trainer" for all.
+IMAGES ?= operator
+.PHONY: images
+images:
+	bash images/build.sh $(IMAGES)
+
 clean:
 	rm -rf $(VENV) .state

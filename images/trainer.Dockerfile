@@ -1,17 +1,22 @@
 # Trainer image: torch + deepspeed + the trainer workload. Models and data never live in the image.
+# BASE: see operator.Dockerfile.
 ARG BASE=python:3.11-slim
 FROM ${BASE} AS build
+# The folder operator/ in /src would shadow the stdlib module `operator` for any python started there.
+ENV PYTHONSAFEPATH=1
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY operator operator
 COPY workloads workloads
-RUN pip install --no-cache-dir 'torch>=2.5,<3' && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+# torch first: deepspeed's source distribution imports it while it builds (hence no build isolation for it).
+RUN python3 -m venv /opt/loom && /opt/loom/bin/pip install --no-cache-dir --disable-pip-version-check \
+      'torch>=2.5,<3' setuptools wheel \
+ && /opt/loom/bin/pip install --no-cache-dir --disable-pip-version-check --no-build-isolation '.[train]' \
+ && /opt/loom/bin/pip uninstall -y -q pip
 
 FROM ${BASE}
 RUN useradd --uid 1000 --create-home loom
-COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir 'torch>=2.5,<3' \
- && pip install --no-cache-dir --no-build-isolation "$(ls /wheels/*.whl)[train]" && rm -rf /wheels
+COPY --from=build /opt/loom /opt/loom
 USER 1000
-ENV PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
+ENV PATH=/opt/loom/bin:$PATH PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
 ENTRYPOINT ["torchrun"]
