@@ -28,6 +28,8 @@ from ..render.inferencegraph import (
     referenced_services,
     render_router,
     router_config,
+    service_conflict,
+    service_name,
 )
 from ..render.inferencegraph_status import Observed, compute_status
 from ..render.kit import Manifest, owner_of, status_patch
@@ -67,7 +69,11 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
                     services[ref.name] = ref
         config, problem = router_config(owner, spec, services)
         if config is not None:
+            existing = await kube.get("v1", "Service", namespace, service_name(name))
+            problem = service_conflict(owner, existing)
             for manifest in render_router(owner, spec, config, settings.router_image):
+                if manifest["kind"] == "Service" and problem is not None:
+                    continue  # another object's Service: reported, never taken over
                 applied = await kube.apply(manifest)
                 if manifest["kind"] == "Deployment":
                     deployment = applied

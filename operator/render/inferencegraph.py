@@ -46,7 +46,7 @@ EXIT_SECONDS = 2
 # The overall budget of one graph request; a per-step timeout above it raises it (a step may take that long).
 DEFAULT_DEADLINE_MS = 60_000
 
-ProblemReason = Literal["InvalidGraph", "ServiceNotFound"]
+ProblemReason = Literal["InvalidGraph", "ServiceNotFound", "ServiceNameConflict"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,25 @@ class GraphProblem:
 
 def service_name(name: str) -> str:
     return name
+
+
+def service_conflict(owner: Manifest, existing: Manifest | None) -> GraphProblem | None:
+    """The graph's Service name (the graph's own name) taken by another object's Service, e.g. an InferenceService
+    of the same name in the namespace: the graph then leaves that Service alone and reports ServiceNameConflict
+    instead of fighting over it (both are applied under one field manager, so each apply would take it back)."""
+    if existing is None:
+        return None
+    uid = owner["metadata"]["uid"]
+    refs = (existing.get("metadata") or {}).get("ownerReferences") or []
+    controller = next((r for r in refs if r.get("controller")), None)
+    if controller is None or controller.get("uid") == uid:
+        return None  # ours, or nobody's (left behind): ours to apply
+    name = service_name(owner["metadata"]["name"])
+    return GraphProblem(
+        "ServiceNameConflict",
+        f"Service {name} belongs to {controller.get('kind')} {controller.get('name')}: an InferenceGraph and an "
+        "InferenceService of one name in one namespace would share it; rename the InferenceGraph",
+    )
 
 
 def deployment_name(name: str) -> str:

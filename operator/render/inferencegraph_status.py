@@ -217,4 +217,6 @@ def _phase(invalid: bool, available: bool, stuck: str | None, ready: bool, all_s
     return "Pending"
 
 
-WARNING_REASONS = {"InvalidGraph", "ServiceNotFound", "ServiceNotReady", "ProgressDeadlineExceeded"}
+WARNING_REASONS = {
+    "InvalidGraph", "ServiceNotFound", "ServiceNotReady", "ProgressDeadlineExceeded", "ServiceNameConflict",
+}

@@ -106,7 +106,7 @@ def test_every_rule_says_why_it_is_there() -> None:
         ("loom.dev", "inferencegraphs/scale", {"patch"}),
         ("apps", "deployments/scale", {"patch"}),
         ("", "pods", {"list", "watch", "create", "patch", "delete"}),
-        ("", "services", {"create", "patch", "delete"}),
+        ("", "services", {"get", "create", "patch", "delete"}),
         ("", "configmaps", {"create", "patch", "delete"}),
         ("", "events", {"create"}),
         ("apps", "deployments", {"get", "list", "watch", "create", "patch", "delete"}),

@@ -130,3 +130,32 @@ def test_services_named_reads_a_raw_spec_without_failing() -> None:
     assert controller.services_named(SPEC) == {"a", "b"}
     assert controller.services_named({"nodes": {"root": {"steps": [{"nodeName": "x"}, "junk"]}}}) == set()
     assert controller.services_named(None) == set()
+
+
+async def test_a_service_of_the_same_name_owned_by_an_inferenceservice_is_left_alone_and_reported(
+    api: FakeApi,
+) -> None:
+    """An InferenceService `bot` in the namespace already has the Service `bot`: the graph never takes it over (one
+    field manager applies both, so each apply would take it back); it says so in Ready and a Warning event."""
+    api.put("InferenceService", "a", {"model": {"uri": "s3://m/a"}}, READY)
+    api.put("InferenceService", "b", {"model": {"uri": "s3://m/b"}}, READY)
+    api.put("InferenceGraph", "bot", SPEC)
+    isvc_owner = {"apiVersion": "loom.dev/v1alpha1", "kind": "InferenceService", "name": "bot", "uid": "uid-isvc",
+                  "controller": True}  # fmt: skip
+    theirs = {"apiVersion": "v1", "kind": "Service",
+              "metadata": {"name": "bot", "namespace": "ml", "ownerReferences": [isvc_owner]},
+              "spec": {"selector": {"app.kubernetes.io/name": "inferenceservice"}}}  # fmt: skip
+    api.objects[("v1", "Service", "ml", "bot")] = copy.deepcopy(theirs)
+    got = await status(api)
+    assert api.objects[("v1", "Service", "ml", "bot")] == theirs  # untouched
+    assert "Service/bot" not in api.applied and "Deployment/bot-router" in api.applied
+    ready = next(c for c in got["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ServiceNameConflict")
+    assert "InferenceService bot" in ready["message"] and "rename the InferenceGraph" in ready["message"]
+    assert ("Warning", "ServiceNameConflict") in api.events
+
+    # The InferenceService goes (its Service with it): the graph applies its own and serves.
+    del api.objects[("v1", "Service", "ml", "bot")]
+    api.router_available()
+    got = await status(api)
+    assert "Service/bot" in api.applied and reasons(got)["Ready"] == "Serving"
