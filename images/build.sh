@@ -5,7 +5,7 @@
 # packages by mmdebstrap (minbase + python3 + venv + CA certificates), with the host's own apt sources.
 # pip still installs Loom's Python dependencies from the package index while the images build.
 #
-# Usage: images/build.sh [operator|server|trainer ...]   (default: operator)
+# Usage: images/build.sh [operator|server|trainer|features ...]   (default: operator)
 # Then the operator image is started once (`loom --version`, as the image's non-root user) and the sizes are
 # printed and written to $STATE/report.txt. Needs: apt-get install buildah mmdebstrap.
 # Images stay in $STATE/storage (buildah --root); copy one out with e.g.
@@ -35,7 +35,7 @@ BUILDAH=(buildah --root "$STATE/storage" --runroot "$STATE/run" --storage-driver
 export BUILDAH_ISOLATION=chroot
 now() { date +%s; }
 REPORT=$STATE/report.txt
-: >"$REPORT"
+echo "== $(date -u +%FT%TZ) images/build.sh ${NAMES[*]}" >>"$REPORT"
 log() { echo "images: $*" | tee -a "$REPORT"; }
 
 # The host's apt sources (a deb822 file or a sources.list): no mirror is named here.
@@ -84,15 +84,24 @@ for name in "${NAMES[@]}"; do
   log "built localhost/loom/$name:$VERSION in $(( $(now) - start )) s"
 done
 
-if printf '%s\n' "${NAMES[@]}" | grep -qx operator; then
-  # Started once: the image's own user and PATH, an empty environment besides the image's.
-  ctr=$("${BUILDAH[@]}" from --pull=never "localhost/loom/operator:$VERSION")
+# Each image started once, as its own user with its own PATH: the operator's CLI answers, the workloads import.
+smoke() {
+  case $1 in
+    operator) echo "loom --version" ;;
+    server) echo "python -c 'import torch, loom.workloads.server.app; print(\"torch\", torch.__version__)'" ;;
+    features) echo "python -c 'import feast, loom.workloads.features; print(\"feast\", feast.__version__)'" ;;
+    trainer) echo "python -c 'import torch, deepspeed, loom.workloads.trainer; print(\"torch\", torch.__version__)'" ;;
+  esac
+}
+for name in "${NAMES[@]}"; do
+  ctr=$("${BUILDAH[@]}" from --pull=never "localhost/loom/$name:$VERSION")
   trap '"${BUILDAH[@]}" rm "$ctr" >/dev/null 2>&1 || true' EXIT
-  version=$("${BUILDAH[@]}" run --isolation chroot "$ctr" -- loom --version)
+  said=$("${BUILDAH[@]}" run --isolation chroot "$ctr" -- sh -c "$(smoke "$name")")
   uid=$("${BUILDAH[@]}" run --isolation chroot "$ctr" -- id -u)
-  log "operator image runs: '$version' as uid $uid"
-  [ "$uid" != 0 ] || { echo "images: the operator image runs as root" >&2; exit 1; }
-fi
+  log "$name image runs: '$said' as uid $uid"
+  [ "$uid" != 0 ] || { echo "images: the $name image runs as root" >&2; exit 1; }
+  "${BUILDAH[@]}" rm "$ctr" >/dev/null
+done
 
 log "sizes:"
 "${BUILDAH[@]}" images --format '{{.Name}}:{{.Tag}} {{.Size}}' | tee -a "$REPORT"
