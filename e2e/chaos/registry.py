@@ -34,6 +34,7 @@ SCENARIO_MODULES = (
     "loom.e2e.chaos.churn",
     "loom.e2e.chaos.storage",
     "loom.e2e.chaos.control_plane",
+    "loom.e2e.chaos.serving",
 )
 
 
