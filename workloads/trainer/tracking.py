@@ -145,7 +145,14 @@ def choose_run_id(given: str | None, from_checkpoint: str | None) -> str | None:
 
 
 class MLflowTracker:
-    """MLflow logging through the client API, batched (one request per flush, not per metric)."""
+    """MLflow logging through the client API, batched (one request per flush, not per metric).
+
+    Metrics and tags are sent by a background thread, so training never waits on MLflow: while the server is down
+    (longer than the client's own retries) they stay queued (at most MAX_PENDING metrics, the oldest dropped and
+    counted) and go out once it answers again; `end` says what could not be sent."""
+
+    MAX_PENDING = 100_000
+    FLUSH_EVERY_S = 5.0
 
     def __init__(self, spec: MLflowSpec, run_id: str | None, run_name: str | None = None) -> None:
         from mlflow.tracking import MlflowClient
@@ -158,7 +165,15 @@ class MLflowTracker:
             run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
         self.run_id: str = run_id
         self.pending: list[Any] = []
-        self.last_flush = time.monotonic()
+        self.tags: dict[str, str] = {}
+        self.lost = 0  # metrics dropped while MLflow was unreachable and the queue full
+        self.unreachable_since: float | None = None
+        self.lock = threading.Lock()  # the training loop and the checkpoint thread both log
+        self.send_lock = threading.Lock()  # one sender at a time: the background thread or a final flush
+        self.wake = threading.Event()
+        self.stopped = threading.Event()
+        self.sender = threading.Thread(target=self._send_forever, name="loom-mlflow", daemon=True)
+        self.sender.start()
 
     def log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -173,26 +188,74 @@ class MLflowTracker:
         from mlflow.entities import Metric
 
         timestamp = int(time.time() * 1000)
-        self.pending.extend(Metric(k, float(v), timestamp, step) for k, v in metrics.items())
-        if len(self.pending) >= 200 or time.monotonic() - self.last_flush > 5:
-            self.flush()
+        with self.lock:
+            self.pending.extend(Metric(k, float(v), timestamp, step) for k, v in metrics.items())
+            if len(self.pending) > self.MAX_PENDING:
+                dropped = len(self.pending) - self.MAX_PENDING
+                del self.pending[:dropped]
+                self.lost += dropped
+            full = len(self.pending) >= 200
+        if full:
+            self.wake.set()
 
-    def flush(self) -> None:
-        while self.pending:
-            batch, self.pending = self.pending[:1000], self.pending[1000:]
-            self.client.log_batch(self.run_id, metrics=batch)
-        self.last_flush = time.monotonic()
+    def _send_forever(self) -> None:
+        while not self.stopped.is_set():
+            self.wake.wait(self.FLUSH_EVERY_S)
+            self.wake.clear()
+            if not self.stopped.is_set():
+                self.flush()
+
+    def flush(self) -> bool:
+        """Send the queued tags and metrics; False (they stay queued) while MLflow cannot be reached."""
+        with self.send_lock:
+            try:
+                while True:
+                    with self.lock:
+                        tags, self.tags = self.tags, {}
+                        batch = self.pending[:1000]
+                    for key, value in tags.items():
+                        try:
+                            self.client.set_tag(self.run_id, key, value)
+                        except Exception:
+                            with self.lock:
+                                self.tags.setdefault(key, value)  # unless a newer value came meanwhile
+                            raise
+                    if not batch:
+                        break
+                    self.client.log_batch(self.run_id, metrics=batch)
+                    with self.lock:
+                        del self.pending[: len(batch)]
+            except Exception as error:  # MLflow down or failing: tracking waits, training does not
+                if self.unreachable_since is None:
+                    self.unreachable_since = time.monotonic()
+                    log.warning("MLflow unreachable; metrics stay queued and are sent once it answers: %s", error)
+                return False
+            if self.unreachable_since is not None:
+                log.warning("MLflow reachable again after %.0f s; queued metrics sent",
+                            time.monotonic() - self.unreachable_since)
+                self.unreachable_since = None
+            return True
 
     def set_tag(self, key: str, value: str) -> None:
-        self.client.set_tag(self.run_id, key, value)
+        with self.lock:
+            self.tags[key] = value
+        self.wake.set()
 
     def log_artifacts(self, folder: Path, artifact_path: str) -> None:
         self.client.log_artifacts(self.run_id, str(folder), artifact_path)
 
     def end(self, status: str) -> None:
-        self.flush()
+        self.stopped.set()
+        self.wake.set()
+        self.sender.join(timeout=60)
+        sent = self.flush()
+        with self.lock:
+            unsent, lost = len(self.pending) + len(self.tags), self.lost
+        if not sent or lost:
+            log.error("MLflow tracking incomplete: %d metrics dropped while it was unreachable, %d metrics/tags "
+                      "never sent", lost, unsent)
         # A run the operator created is terminated by the operator; ours we close.
-        if not os.environ.get("MLFLOW_RUN_ID"):
+        if sent and not os.environ.get("MLFLOW_RUN_ID"):
             self.client.set_terminated(self.run_id, status=status)
 
 
