@@ -6,11 +6,14 @@ Test scale: 2 kills in one run, 5 s outages; `make chaos` runs 20 kills and 20 s
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from loom.devstack.servers import MLflowEndpoint, S3Endpoint
 from loom.e2e.chaos.storage import kill_during_upload, mlflow_outage, s3_outage
+from loom.workloads.trainer.config import MLflowSpec
+from loom.workloads.trainer.tracking import MLflowTracker
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -40,3 +43,59 @@ def test_mlflow_down_during_training_training_steps_on_and_tracking_catches_up(
     assert figures["problems"] == [], figures
     assert figures["connections_reset"] > 0
     assert figures["steps_logged"] == 60  # every step's loss, those logged while it was down included
+
+
+class _FlakyMLflow:
+    """An MlflowClient stand-in that fails while `down`."""
+
+    def __init__(self) -> None:
+        self.down = True
+        self.metrics: list[tuple[str, int]] = []
+        self.tags: dict[str, str] = {}
+
+    def _check(self) -> None:
+        if self.down:
+            raise ConnectionError("connection reset by peer")
+
+    def log_batch(self, run_id: str, metrics: list[Any]) -> None:
+        self._check()
+        self.metrics += [(m.key, m.step) for m in metrics]
+
+    def set_tag(self, run_id: str, key: str, value: str) -> None:
+        self._check()
+        self.tags[key] = value
+
+    def set_terminated(self, run_id: str, status: str) -> None:
+        self._check()
+
+
+def test_tracker_queues_while_mlflow_is_unreachable_and_sends_everything_once_it_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    tracker = MLflowTracker(MLflowSpec(tracking_uri="http://127.0.0.1:9"), run_id="run-1")
+    fake = _FlakyMLflow()
+    tracker.client = fake  # type: ignore[assignment]
+    for step in range(1, 4):
+        tracker.log_metrics({"loss": 1.0 / step}, step)  # never raises, whatever MLflow does
+    tracker.set_tag("loom.checkpoint.latest", "s3://b/step-3")
+    assert tracker.flush() is False and len(tracker.pending) == 3 and fake.metrics == []
+    fake.down = False
+    assert tracker.flush() is True
+    assert fake.metrics == [("loss", 1), ("loss", 2), ("loss", 3)]
+    assert fake.tags == {"loom.checkpoint.latest": "s3://b/step-3"} and tracker.pending == []
+    tracker.end("FINISHED")
+
+
+def test_tracker_drops_the_oldest_metrics_past_its_bound_and_counts_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.setattr(MLflowTracker, "MAX_PENDING", 5)
+    tracker = MLflowTracker(MLflowSpec(tracking_uri="http://127.0.0.1:9"), run_id="run-1")
+    fake = _FlakyMLflow()
+    tracker.client = fake  # type: ignore[assignment]
+    for step in range(1, 9):
+        tracker.log_metrics({"loss": 0.5}, step)
+    assert tracker.lost == 3
+    fake.down = False
+    tracker.end("FINISHED")
+    assert [step for _, step in fake.metrics] == [4, 5, 6, 7, 8]
