@@ -115,8 +115,9 @@ def test_a_removed_replica_drains_within_its_grace_period() -> None:
     pod_spec = deployment["spec"]["template"]["spec"]
     assert server["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
     flags = server["command"][5:]
-    assert flags == ["--drain-seconds", "1", "--shutdown-timeout", "30"]
-    assert pod_spec["terminationGracePeriodSeconds"] == 5 + 1 + 30 + 2
+    # The drain outlasts clients' idle keep-alive expiry (httpx 5 s): no idle connection is closed under a client.
+    assert flags == ["--drain-seconds", "6", "--shutdown-timeout", "30"]
+    assert pod_spec["terminationGracePeriodSeconds"] == 5 + 6 + 30 + 2
 
 
 def test_probes_ports_and_service() -> None:
