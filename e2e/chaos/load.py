@@ -43,6 +43,9 @@ class OpenLoopLoad:
     rps: float
     max_s: float
     keep_alive: bool = True
+    # Idle kept-alive connections are dropped by the client after this long: well inside the model server's drain
+    # window (6 s), so the server never closes an idle connection under a request (that race loses the request).
+    keepalive_expiry_s: float = 2.0
     timeout_s: float = 15.0
     phase: str = "before"
     outcomes: list[Outcome] = field(default_factory=list)
@@ -71,7 +74,11 @@ class OpenLoopLoad:
             self.outcomes.append(outcome)
 
     async def _main(self) -> None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None if self.keep_alive else 0)
+        limits = httpx.Limits(
+            max_connections=None,
+            max_keepalive_connections=None if self.keep_alive else 0,
+            keepalive_expiry=self.keepalive_expiry_s,
+        )
         async with httpx.AsyncClient(trust_env=False, timeout=self.timeout_s, limits=limits) as http:
             tasks: set[asyncio.Task[None]] = set()
             start = time.monotonic()

@@ -184,7 +184,7 @@ def _setting(run: Run) -> Iterator[tuple[Any, str, Any, str]]:
 
 @scenario("serving-load", "steady load through a rollout, a canary promotion and a scale-down: no failed request")
 def serving_load_scenario(run: Run) -> Figures:
-    rate, before, bound = (60.0, 3.0, 150.0) if run.scale == "test" else (200.0, 10.0, 300.0)
+    rate, before, bound = (50.0, 3.0, 150.0) if run.scale == "test" else (200.0, 10.0, 300.0)
     with _setting(run) as (op, ns, s3, bucket):
         return serving_load(run.cluster, op, ns, s3, bucket, rps=rate, before_s=before, max_s=bound)
 
