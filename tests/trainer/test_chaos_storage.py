@@ -22,6 +22,7 @@ def test_a_rank_killed_during_checkpoint_upload_never_resumes_torn_nor_loses_mor
     s3: S3Endpoint, bucket: str, tmp_path: Path
 ) -> None:
     figures = kill_during_upload(s3, bucket, tmp_path, kills=2, seed=15)
+    print(f"rank killed during checkpoint upload: {figures}")
     assert figures["problems"] == [], figures
     assert figures["kills"] == 2
     assert figures["resumed_from_checkpoint_being_written"] + figures["resumed_from_previous_checkpoint"] == 2
@@ -31,6 +32,7 @@ def test_s3_down_during_training_training_steps_on_and_the_next_checkpoint_lands
     s3: S3Endpoint, bucket: str, tmp_path: Path
 ) -> None:
     figures = s3_outage(s3, bucket, tmp_path, down_s=5)
+    print(f"S3 outage: {figures}")
     assert figures["problems"] == [], figures
     assert figures["connections_reset"] > 0  # the trainer did try S3 while it was down
     assert figures["first_commit_after_s3_returned"] >= figures["down_at_step"]
@@ -40,6 +42,7 @@ def test_mlflow_down_during_training_training_steps_on_and_tracking_catches_up(
     s3: S3Endpoint, mlflow: MLflowEndpoint, bucket: str, tmp_path: Path
 ) -> None:
     figures = mlflow_outage(s3, mlflow, bucket, tmp_path, down_s=5, max_steps=60)
+    print(f"MLflow outage: {figures}")
     assert figures["problems"] == [], figures
     assert figures["connections_reset"] > 0
     assert figures["steps_logged"] == 60  # every step's loss, those logged while it was down included
