@@ -175,3 +175,52 @@ def record_namespace(api: Any, namespace: str, agent_logs: Path | None = None) -
         SESSION.texts += len(texts)
     except Exception as error:  # recorded, and reported by the final test
         SESSION.errors.append(f"{namespace}: {type(error).__name__}: {error}"[:300])
+
+
+# Several test sessions can share one stack (`make test` runs the e2e tier in pytest-xdist workers, then the
+# `serial` tests): each session, when it ends, scans its own logs with the secrets it saw and leaves its findings
+# (hints only, never a secret) here; the final test reads and clears them.
+def shared_dir() -> Path:
+    from loom.devstack.cluster.paths import STATE_DIR
+
+    return STATE_DIR / "secrets-scan"
+
+
+def finish_session(own_logs: Iterable[Path]) -> None:
+    """At the end of a session that recorded namespaces: scan its own logs (operators' logs under its temp dir,
+    the stack's) with every secret it saw, and leave the session's findings for the final test."""
+    if not SESSION.namespaces:
+        return
+    try:
+        SESSION.findings += scan(log_texts(*own_logs), SESSION.secrets | KNOWN_SECRETS)
+    except Exception as error:
+        SESSION.errors.append(f"session logs: {type(error).__name__}: {error}"[:300])
+    import os
+
+    folder = shared_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {
+        "findings": [str(f) for f in SESSION.findings],
+        "namespaces": SESSION.namespaces,
+        "texts": SESSION.texts,
+        "errors": SESSION.errors,
+    }
+    (folder / f"session-{os.getpid()}.json").write_text(json.dumps(record))
+
+
+def take_shared_records() -> tuple[list[str], int, list[str]]:
+    """Findings, namespaces scanned and errors that other (finished) sessions left; the files are removed."""
+    findings: list[str] = []
+    errors: list[str] = []
+    namespaces = 0
+    folder = shared_dir()
+    for path in sorted(folder.glob("session-*.json")) if folder.exists() else []:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        findings += record.get("findings", [])
+        errors += record.get("errors", [])
+        namespaces += int(record.get("namespaces", 0))
+        path.unlink(missing_ok=True)
+    return findings, namespaces, errors

@@ -34,8 +34,8 @@ from loom.devstack.cluster import Cluster, StackConfig, current, down, up
 from loom.devstack.cluster.build import build, is_built
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.lifecycle import join_session, leave_session
-from loom.devstack.cluster.paths import AGENT_STATE_DIR
-from loom.e2e.secrets_scan import record_namespace
+from loom.devstack.cluster.paths import AGENT_STATE_DIR, LOG_DIR
+from loom.e2e.secrets_scan import finish_session, record_namespace
 
 HERE = Path(__file__).resolve().parent
 
@@ -74,6 +74,14 @@ def _up_with_one_retry() -> Cluster:
         _progress(f"stack start failed ({str(error).splitlines()[0]}); stopping it and trying once more")
         down(progress=_progress)
         return up(StackConfig.from_env(), progress=_progress, started_by="pytest")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _secrets_scan_of_this_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """When the session ends: its operators' logs and the stack's, scanned with the secrets its namespaces held
+    (the final test, e2e/tests/test_secrets_scan.py, may run in a later session: see loom.e2e.secrets_scan)."""
+    yield
+    finish_session([tmp_path_factory.getbasetemp(), LOG_DIR, AGENT_STATE_DIR / "logs"])
 
 
 @pytest.fixture(scope="session")
