@@ -74,9 +74,10 @@ def run(demo: Demo) -> Outcome:
     killed_at: float | None = None
     kill_step = resumed_from = 0
     recovered_s: float | None = None
+    restarted_with: int | None = None
     started = time.monotonic()
     status: dict[str, Any] = {}
-    with demo.ui.training(f"TrainingJob {name}") as bar:
+    with demo.ui.training(name) as bar:
         while time.monotonic() - started < TIMEOUT_S:
             status = demo.get("trainingjob", name).get("status") or {}
             current = view(status)
@@ -87,10 +88,19 @@ def run(demo: Demo) -> Outcome:
             if killed_at is None and checkpoint >= KILL_AT_CHECKPOINT and kill_worker(demo, f"{name}-worker-1"):
                 killed_at, kill_step, resumed_from = time.monotonic(), current.step, checkpoint
                 bar.note(
-                    f"[kill] SIGKILL to the trainer of {name}-worker-1 at step {current.step}: "
-                    f"Loom must resume from the step-{checkpoint} checkpoint"
+                    f"[kill] SIGKILL to the trainer of {name}-worker-1 at step {current.step} "
+                    f"(newest checkpoint reported: step {checkpoint})"
                 )
-            elif killed_at is not None and recovered_s is None and current.restarts > 0 and current.step > kill_step:
+            elif killed_at is not None and current.restarts > 0 and restarted_with is None:
+                # The newest complete checkpoint when Loom restarted the gang is the one the workers load.
+                restarted_with = resumed_from = checkpoint
+            elif (
+                killed_at is not None
+                and restarted_with is not None
+                and recovered_s is None
+                and current.phase == "Running"
+                and current.step > kill_step
+            ):
                 recovered_s = time.monotonic() - killed_at
                 bar.note(
                     f"[resumed] restart {current.restarts}: training again past step {kill_step} "

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 
@@ -29,7 +29,7 @@ class TrainingView:
         loss = f"{self.loss:.3f}" if self.loss is not None else "-"
         speed = f"{self.throughput:,.0f}/s" if self.throughput else "-"
         eta = self.eta or "-"
-        return f"{self.phase:<10} loss {loss:>6}  {speed:>9}  ETA {eta:>5}  restarts {self.restarts}"
+        return f"{self.phase:<10} loss {loss:>5} {speed:>7} ETA {eta:>5} restarts {self.restarts}"
 
 
 class Ui:
@@ -88,10 +88,9 @@ class TrainingBar:
         self.view = TrainingView()
         self.progress = Progress(
             TextColumn(f"  {title}"),
-            BarColumn(),
+            BarColumn(bar_width=12),
             MofNCompleteColumn(),
             TextColumn("{task.fields[status]}"),
-            TimeElapsedColumn(),
             console=ui.console,
         )
         self.task = self.progress.add_task(title, total=None, status="")
@@ -109,7 +108,8 @@ class TrainingBar:
             self.ui.console.print(f"  step {view.step}/{view.total or '?'}  {view.fields()}")
 
     def note(self, text: str) -> None:
-        (self.progress.console if self.ui.live else self.ui.console).print(f"  {text}", soft_wrap=True)
+        # markup=False: "[kill]" is text here, not a rich style tag.
+        (self.progress.console if self.ui.live else self.ui.console).print(f"  {text}", soft_wrap=True, markup=False)
 
     def close(self) -> None:
         pass

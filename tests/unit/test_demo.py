@@ -27,7 +27,7 @@ def test_plain_progress_prints_a_line_per_tenth_phase_or_restart_only() -> None:
     lines = out.getvalue().splitlines()
     assert len(lines) == 12  # tenths 0..10, then the restart
     assert lines[0].strip().startswith("step 0/100  Running")
-    assert "loss  1.500" in lines[5] and "restarts 0" in lines[5]
+    assert "loss 1.500" in lines[5] and "restarts 0" in lines[5]
     assert "Restarting" in lines[-1] and lines[-1].rstrip().endswith("restarts 1")
     assert "\x1b[" not in out.getvalue()  # no colours in CI logs
 
@@ -48,7 +48,7 @@ def test_view_reads_the_trainingjob_status_and_waits_on_missing_fields() -> None
         "1m5s",
         1,
     )
-    assert "loss  2.250" in seen.fields() and "ETA  1m5s" in seen.fields()
+    assert "loss 2.250" in seen.fields() and "ETA  1m5s" in seen.fields()
 
 
 def test_the_challenger_is_the_serving_example_renamed_for_the_graph() -> None:
