@@ -6,8 +6,8 @@ Invariants the scenario measures (the e2e test asserts them, `make chaos` prints
   reconciled by an operator nobody kills;
 - no child is ever created twice while its owner exists: a watch started before the first object is created (list,
   then watch from the list's resourceVersion, so no event falls in a gap) records every uid ever ADDED per child
-  kind and name; children re-created by a pass racing the owner's deletion are reported apart
-  (`recreated_after_owner_deleted`) and must be collected like the rest;
+  kind and name; nor re-created after its owner was deleted (`recreated_after_owner_deleted`, reported apart: a pass
+  that read its object just before the deletion; kube.apply re-checks the owner right before each apply);
 - no orphan remains once the objects are deleted (with the operator killed once more during the deletion).
 
 Pods land on kwok nodes (simulated) or are refused (graph routers, see kwok_only), so the storm is about the
@@ -344,14 +344,17 @@ def churn(cluster: Any, workdir: Path, objects: int, kills: int, seed: int | Non
             figures["operator_kills"] = killed + 1
             figures["children_created"] = creations.creations()
             twice = creations.created_twice()
-        # A pass that read its object just before the deletion may still apply a child the garbage collector has
-        # just removed: created again, owned by a uid that is gone, and collected again (the orphan check above
-        # holds it to that). Reported apart; a second creation while the owner lived is a failure.
+        # A pass that read its object just before the deletion used to apply a child the garbage collector had just
+        # removed: created again, owned by a uid that is gone, and collected again. kube.apply now checks the owner
+        # right before each apply, so both kinds of second creation are failures, reported apart.
         cut = figures["deletion_started"][:19]
         figures["created_twice"] = {k: v for k, v in twice.items() if v[-1][:19] < cut}
         figures["recreated_after_owner_deleted"] = {k: v for k, v in twice.items() if v[-1][:19] >= cut}
         if figures["created_twice"]:
             problems.append(f"children created more than once while their owner existed: {figures['created_twice']}")
+        if figures["recreated_after_owner_deleted"]:
+            problems.append(f"children re-created after their owner was deleted: "
+                            f"{figures['recreated_after_owner_deleted']}")
         figures["per_kind"] = dict(Counter(o["kind"] for o in storm))
     figures["problems"] = problems
     return figures

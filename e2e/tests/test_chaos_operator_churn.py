@@ -22,6 +22,7 @@ def test_objects_converge_to_the_calm_state_with_nothing_created_twice_and_no_or
     print(f"operator churn: {figures}")
     assert figures["problems"] == [], f"{figures}\noperator log: {tmp_path / 'operator-churn.log'}"
     assert figures["created_twice"] == {}
+    assert figures["recreated_after_owner_deleted"] == {}
     assert figures["operator_kills"] == 3
     # Every object's children were seen being created (4 TrainingJobs alone have 2 pods, a Service and a ConfigMap
     # each), so the watch really saw the storm.

@@ -199,6 +199,8 @@ class Autoscaler:
                 await asyncio.wait_for(self.step(namespace, name), timeout=self.settings.reconcile_timeout_s)
         except TimeoutError:
             log.error("autoscaling %s/%s took over %gs; abandoned", namespace, name, self.settings.reconcile_timeout_s)
+        except kube.OwnerGone:  # deleted while deciding: kube.apply refused to re-create its engine object
+            log.info("autoscaling %s/%s: deleted while deciding; abandoned", namespace, name)
         except Exception:
             log.exception("autoscaling %s/%s failed", namespace, name)
 

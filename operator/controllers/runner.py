@@ -94,6 +94,10 @@ class Runner:
         with reconciling(self.kind, namespace, name) as outcome:
             try:
                 await asyncio.wait_for(self._reconcile(namespace, name), timeout=self.timeout_s)
+            except kube.OwnerGone as gone:
+                # The object was deleted while the pass ran (it read the object before): nothing to converge, and
+                # nothing wrong. kube.apply refused to re-create its child (see there); the pass simply ends.
+                log.info("%s %s/%s was deleted during its pass; abandoned it (%s)", self.kind, namespace, name, gone)
             except TimeoutError:
                 outcome.failed("timeout")
                 log.error("reconciling %s %s/%s took over %gs; abandoned", self.kind, namespace, name, self.timeout_s)

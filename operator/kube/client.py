@@ -99,6 +99,11 @@ class Conflict(Exception):
     pass
 
 
+class OwnerGone(Exception):
+    """A child's controlling owner no longer exists (404, or a namesake with another uid): the pass that rendered
+    the child read its owner before the owner was deleted, and must stop applying (the runner ends it quietly)."""
+
+
 _client: kubernetes.client.ApiClient | None = None
 
 
@@ -163,9 +168,49 @@ def apply_body(manifest: Manifest) -> bytes:
     return _SURROGATE_PAIR.sub(_yaml_escape, json.dumps(manifest)).encode("ascii")
 
 
+def _controller(manifest: Manifest) -> Manifest | None:
+    """The manifest's controlling ownerReference, when it names a kind Loom knows (shared children, owned by
+    several objects none of which controls them, have none)."""
+    for ref in manifest["metadata"].get("ownerReferences") or []:
+        if ref.get("controller") and (ref.get("apiVersion"), ref.get("kind")) in RESOURCES:
+            return dict(ref)
+    return None
+
+
+# Owner checks in flight, per (namespace, owner uid): applies started together (a TrainingJob's pods, gathered)
+# share one GET instead of sending one each. An entry lives only while its GET runs.
+_checking: dict[tuple[str | None, str], asyncio.Future[bool]] = {}
+
+
+async def _owner_exists(namespace: str | None, ref: Manifest) -> bool:
+    key = (namespace, str(ref["uid"]))
+    pending = _checking.get(key)
+    if pending is not None:
+        return await asyncio.shield(pending)
+
+    async def check() -> bool:
+        owner = await get(ref["apiVersion"], ref["kind"], namespace, ref["name"])
+        return owner is not None and owner["metadata"].get("uid") == ref["uid"]
+
+    task = asyncio.ensure_future(check())
+    _checking[key] = task
+    task.add_done_callback(lambda _: _checking.pop(key, None))
+    return await asyncio.shield(task)
+
+
 async def apply(manifest: Manifest, *, subresource: str | None = None, force: bool = True) -> Manifest:
-    """Server-side apply `manifest` (create or converge) under Loom's field manager."""
+    """Server-side apply `manifest` (create or converge) under Loom's field manager.
+
+    A child (a manifest with a controlling ownerReference) is applied only while its owner still exists, same uid:
+    a pass reads its object once, then may take seconds to reach its applies, and an apply after the owner's
+    deletion re-creates a child the garbage collector had just removed (found by the operator-churn chaos test).
+    Raises OwnerGone instead. Checked right before each apply, so the window left is one round trip (an owner
+    deleted between this GET and the PATCH); the garbage collector closes it, removing a child whose owner's uid
+    is gone."""
     res = resource(manifest["apiVersion"], manifest["kind"])
+    owner = None if subresource else _controller(manifest)
+    if owner is not None and not await _owner_exists(manifest["metadata"].get("namespace"), owner):
+        raise OwnerGone(f"{owner['kind']} {manifest['metadata'].get('namespace')}/{owner['name']} uid {owner['uid']}")
     meta = manifest["metadata"]
     path = res.path(meta.get("namespace"), meta["name"], subresource)
     query = [("fieldManager", FIELD_MANAGER), ("force", "true" if force else "false")]

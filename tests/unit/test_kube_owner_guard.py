@@ -1,0 +1,111 @@
+"""kube.apply re-checks a child's owner right before applying it: a pass that read its object just before the
+object was deleted must not re-create a child the garbage collector has just removed (found by the operator-churn
+chaos test). The API server is an in-memory fake behind the client's single HTTP entry point (`_call`), and the
+runner ends such a pass quietly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from loom.operator import kube
+from loom.operator.controllers.runner import Runner
+from loom.operator.kube import client
+
+pytestmark = pytest.mark.timeout(30)
+
+OWNER_PATH = "/apis/loom.dev/v1alpha1/namespaces/ml/inferenceservices/bot"
+OWNER = {"apiVersion": "loom.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": "bot", "uid": "u1"}}
+
+
+def child(name: str, uid: str = "u1", controller: bool = True) -> dict[str, Any]:
+    ref = {"apiVersion": "loom.dev/v1alpha1", "kind": "InferenceService", "name": "bot", "uid": uid,
+           "controller": controller, "blockOwnerDeletion": True}  # fmt: skip
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "ml", "ownerReferences": [ref]}, "data": {}}  # fmt: skip
+
+
+class FakeServer:
+    """Objects by path; records every (method, path) it was sent."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, Any] = {OWNER_PATH: OWNER}
+        self.calls: list[tuple[str, str]] = []
+
+    def __call__(self, method: str, path: str, **_: Any) -> Any:
+        self.calls.append((method, path))
+        if method == "GET":
+            if path not in self.objects:
+                raise client.NotFound(path)
+            return self.objects[path]
+        self.objects[path] = {"metadata": {"name": path.rsplit("/", 1)[-1]}}
+        return self.objects[path]
+
+    def patched(self) -> list[str]:
+        return [path for method, path in self.calls if method == "PATCH"]
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> FakeServer:
+    fake = FakeServer()
+    monkeypatch.setattr(client, "_call", fake)
+    return fake
+
+
+async def test_a_child_is_applied_after_one_get_of_its_live_owner(server: FakeServer) -> None:
+    await kube.apply(child("bot-config"))
+    assert server.calls == [("GET", OWNER_PATH), ("PATCH", "/api/v1/namespaces/ml/configmaps/bot-config")]
+
+
+async def test_a_deleted_owner_stops_the_apply(server: FakeServer) -> None:
+    del server.objects[OWNER_PATH]
+    with pytest.raises(kube.OwnerGone, match="InferenceService ml/bot uid u1"):
+        await kube.apply(child("bot-config"))
+    assert server.patched() == []
+
+
+async def test_a_namesake_owner_with_another_uid_stops_the_apply(server: FakeServer) -> None:
+    # Deleted and created again under the same name: the child rendered for the old one must not be applied.
+    server.objects[OWNER_PATH] = {**OWNER, "metadata": {"name": "bot", "uid": "u2"}}
+    with pytest.raises(kube.OwnerGone):
+        await kube.apply(child("bot-config", uid="u1"))
+    assert server.patched() == []
+
+
+async def test_objects_without_a_controlling_owner_are_applied_without_a_check(server: FakeServer) -> None:
+    del server.objects[OWNER_PATH]
+    shared = child("project-config", controller=False)  # a FeatureView project child: owned by several, none controls
+    plain = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "free", "namespace": "ml"}}
+    await kube.apply(shared)
+    await kube.apply(plain)
+    assert [method for method, _ in server.calls] == ["PATCH", "PATCH"]
+
+
+async def test_applies_started_together_share_one_owner_check(server: FakeServer) -> None:
+    await asyncio.gather(*(kube.apply(child(f"bot-{i}")) for i in range(4)))
+    assert server.calls.count(("GET", OWNER_PATH)) == 1
+    assert len(server.patched()) == 4
+    # Sequential applies check again each time: the window left is one round trip, not the whole pass.
+    await kube.apply(child("bot-0"))
+    assert server.calls.count(("GET", OWNER_PATH)) == 2
+
+
+async def test_a_pass_whose_object_is_deleted_midway_ends_quietly(
+    server: FakeServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def one_pass(namespace: str, name: str) -> None:
+        await kube.apply(child("bot-config"))
+        del server.objects[OWNER_PATH]  # the object is deleted while its pass runs
+        await kube.apply(child("bot-deployment"))
+        raise AssertionError("the pass went on after its owner was deleted")
+
+    runner = Runner("InferenceService", one_pass, interval_s=3600, timeout_s=30)
+    with caplog.at_level(logging.DEBUG, logger="loom.operator.runner"):
+        await runner.trigger("ml", "bot")
+    assert server.patched() == ["/api/v1/namespaces/ml/configmaps/bot-config"]  # the second child never created
+    runner_lines = [r for r in caplog.records if r.name == "loom.operator.runner"]
+    assert [r.levelno for r in runner_lines] == [logging.INFO]
+    assert "deleted during its pass" in runner_lines[0].getMessage()
