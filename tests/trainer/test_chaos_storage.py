@@ -5,6 +5,7 @@ Test scale: 1 kill in one run, 5 s outages; `make chaos` runs 20 kills and 20 s 
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +103,31 @@ def test_tracker_drops_the_oldest_metrics_past_its_bound_and_counts_them(monkeyp
     fake.down = False
     tracker.end("FINISHED")
     assert [step for _, step in fake.metrics] == [4, 5, 6, 7, 8]
+
+
+def test_an_outage_outlasting_the_training_is_waited_for_a_bounded_while_at_the_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.setattr(MLflowTracker, "FINAL_FLUSH_S", 10.0)
+    tracker = MLflowTracker(MLflowSpec(tracking_uri="http://127.0.0.1:9"), run_id="run-1")
+    fake = _FlakyMLflow()
+    tracker.client = fake  # type: ignore[assignment]
+    for step in range(1, 4):
+        tracker.log_metrics({"loss": 1.0 / step}, step)
+    threading.Timer(1.5, lambda: setattr(fake, "down", False)).start()  # MLflow returns after training ended
+    tracker.end("FINISHED")
+    assert [step for _, step in fake.metrics] == [1, 2, 3] and tracker.pending == []
+
+
+def test_an_outage_longer_than_the_final_wait_gives_up_and_keeps_what_was_not_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.setattr(MLflowTracker, "FINAL_FLUSH_S", 1.5)
+    tracker = MLflowTracker(MLflowSpec(tracking_uri="http://127.0.0.1:9"), run_id="run-1")
+    fake = _FlakyMLflow()
+    tracker.client = fake  # type: ignore[assignment]
+    tracker.log_metrics({"loss": 1.0}, 1)
+    tracker.end("FINISHED")  # returns: the job's end is never held hostage by MLflow
+    assert fake.metrics == [] and len(tracker.pending) == 1

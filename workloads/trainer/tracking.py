@@ -153,6 +153,7 @@ class MLflowTracker:
 
     MAX_PENDING = 100_000
     FLUSH_EVERY_S = 5.0
+    FINAL_FLUSH_S = 30.0  # at the end of training, how long an outage may still last without losing anything
 
     def __init__(self, spec: MLflowSpec, run_id: str | None, run_name: str | None = None) -> None:
         from mlflow.tracking import MlflowClient
@@ -249,6 +250,14 @@ class MLflowTracker:
         self.wake.set()
         self.sender.join(timeout=60)
         sent = self.flush()
+        # Training is over, but what it measured is still queued: an outage that outlasts the training gets a
+        # bounded while to end, so a short one at the end loses nothing.
+        deadline = time.monotonic() + self.FINAL_FLUSH_S
+        if not sent:
+            log.warning("MLflow unreachable at the end of training; retrying for up to %.0f s", self.FINAL_FLUSH_S)
+        while not sent and time.monotonic() < deadline:
+            time.sleep(1.0)
+            sent = self.flush()
         with self.lock:
             unsent, lost = len(self.pending) + len(self.tags), self.lost
         if not sent or lost:
