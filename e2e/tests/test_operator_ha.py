@@ -138,6 +138,13 @@ def metrics(pod: dict[str, Any], port: int = 8081) -> dict[str, float]:
     return values
 
 
+def leads(pod: dict[str, Any]) -> bool:
+    """True once the replica's loom_leader gauge says it leads. Kopf resumes its handlers the moment the peering
+    allows; the gauge follows on the leadership check's next round (seconds later), so it is waited for."""
+    wait_until(lambda: metrics(pod)["loom_leader"] == 1, 30, f"loom_leader 1 on {pod['metadata']['name']}")
+    return True
+
+
 def reconciled(pod: dict[str, Any]) -> float:
     return metrics(pod).get("loom_reconcile_duration_seconds_count{TrainingJob}", 0.0)
 
@@ -187,7 +194,7 @@ def test_the_standby_takes_over_when_the_active_replica_dies(
             apply_job(cluster, ns, "before")
             wait_until(lambda: job_phase(cluster, ns, "before") == "Running", 90, "job 'before' Running")
             # Exactly one replica reconciles: the standby has run no pass at all and says it stands by.
-            assert reconciled(by_name[leader]) > 0 and metrics(by_name[leader])["loom_leader"] == 1
+            assert reconciled(by_name[leader]) > 0 and leads(by_name[leader])
             assert reconciled(by_name[standby]) == 0 and metrics(by_name[standby])["loom_leader"] == 0
             # Kopf ran no handler there either (it starts paused and stays so while an older peer lives).
             assert "Handler '" not in cluster.kubectl("logs", standby, "-n", op.namespace).stdout
@@ -199,7 +206,7 @@ def test_the_standby_takes_over_when_the_active_replica_dies(
             wait_until(lambda: job_phase(cluster, ns, "during") == "Running", LIFETIME_S + 60, "takeover")
             takeover_s = time.monotonic() - killed
             print(f"\ntakeover: job created at the kill Running after {takeover_s:.1f}s (lifetime {LIFETIME_S}s)")
-            assert reconciled(by_name[standby]) > 0 and metrics(by_name[standby])["loom_leader"] == 1
+            assert reconciled(by_name[standby]) > 0 and leads(by_name[standby])
 
             # The Deployment's replacement pod comes up younger: it stands by and reconciles nothing.
             def replacement() -> dict[str, Any] | None:
@@ -222,7 +229,7 @@ def test_the_standby_takes_over_when_the_active_replica_dies(
                 apply_job(cluster, ns, "stalled")
                 wait_until(lambda: job_phase(cluster, ns, "stalled") == "Running", LIFETIME_S + 60, "takeover")
                 hang_takeover_s = time.monotonic() - stopped
-                assert reconciled(new) > 0 and metrics(new)["loom_leader"] == 1
+                assert reconciled(new) > 0 and leads(new)
             finally:
                 os.kill(hung, signal.SIGKILL)  # never resumed: older, it would lead again
             print(f"takeover after a hang (SIGSTOP): {hang_takeover_s:.1f}s (lifetime {LIFETIME_S}s)")
