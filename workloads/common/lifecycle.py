@@ -18,6 +18,7 @@ A second SIGTERM ends the drain window early (still graceful); SIGINT keeps uvic
 
 from __future__ import annotations
 
+import argparse
 import logging
 import signal
 import time
@@ -27,6 +28,27 @@ import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
+
+
+def add_drain_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--drain-seconds` and `--shutdown-timeout`, as the operator renders them for both servers."""
+    parser.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=1.0,
+        help="after SIGTERM, keep serving this long (not ready, closing keep-alive) before refusing new connections",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=None,
+        help="then wait at most this long for requests in flight (default: until they finish)",
+    )
+
+
+def check_drain_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.drain_seconds < 0 or (args.shutdown_timeout is not None and args.shutdown_timeout < 0):
+        parser.error("--drain-seconds and --shutdown-timeout must be >= 0")
 
 
 class Drain:

@@ -18,7 +18,7 @@ import sys
 import uvicorn
 from pydantic import ValidationError
 
-from loom.workloads.common.lifecycle import Drain, GracefulServer
+from loom.workloads.common.lifecycle import Drain, GracefulServer, add_drain_arguments, check_drain_arguments
 
 from .app import build_app
 from .conditions import ConditionsError, compile_conditions
@@ -30,21 +30,9 @@ log = logging.getLogger("loom.workloads.router")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Loom InferenceGraph router (Open Inference Protocol v2).")
     parser.add_argument("--config", required=True, help="RouterConfig JSON (the rendered ConfigMap)")
-    parser.add_argument(
-        "--drain-seconds",
-        type=float,
-        default=1.0,
-        help="after SIGTERM, keep serving this long (not ready, closing keep-alive) before refusing new connections",
-    )
-    parser.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=None,
-        help="then wait at most this long for requests in flight (default: until they finish)",
-    )
+    add_drain_arguments(parser)
     args = parser.parse_args(argv)
-    if args.drain_seconds < 0 or (args.shutdown_timeout is not None and args.shutdown_timeout < 0):
-        parser.error("--drain-seconds and --shutdown-timeout must be >= 0")
+    check_drain_arguments(parser, args)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         config = RouterConfig.from_file(args.config)

@@ -23,7 +23,7 @@ from .config import ServerConfig
 from .dataplane import DataPlane
 from .fetch import fetch, model_folder
 from .handlers import load_handler_class
-from .lifecycle import Drain, GracefulServer
+from .lifecycle import Drain, GracefulServer, add_drain_arguments, check_drain_arguments
 
 log = logging.getLogger("loom.workloads.server")
 
@@ -32,21 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Loom model server (Open Inference Protocol v2).")
     parser.add_argument("--config", required=True, help="ServerConfig JSON (the rendered ConfigMap)")
     parser.add_argument("--fetch", action="store_true", help="fetch the model into modelDir first")
-    parser.add_argument(
-        "--drain-seconds",
-        type=float,
-        default=1.0,
-        help="after SIGTERM, keep serving this long (not ready, closing keep-alive) before refusing new connections",
-    )
-    parser.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=None,
-        help="then wait at most this long for requests in flight (default: until they finish)",
-    )
+    add_drain_arguments(parser)
     args = parser.parse_args(argv)
-    if args.drain_seconds < 0 or (args.shutdown_timeout is not None and args.shutdown_timeout < 0):
-        parser.error("--drain-seconds and --shutdown-timeout must be >= 0")
+    check_drain_arguments(parser, args)
     config = ServerConfig.from_file(args.config)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # The predict thread holds the GIL for Python-heavy stretches (a generation loop); with the default

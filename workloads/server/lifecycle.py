@@ -3,6 +3,12 @@ InferenceGraph router uses too."""
 
 from __future__ import annotations
 
-from loom.workloads.common.lifecycle import CloseWhileDraining, Drain, GracefulServer
+from loom.workloads.common.lifecycle import (
+    CloseWhileDraining,
+    Drain,
+    GracefulServer,
+    add_drain_arguments,
+    check_drain_arguments,
+)
 
-__all__ = ["CloseWhileDraining", "Drain", "GracefulServer"]
+__all__ = ["CloseWhileDraining", "Drain", "GracefulServer", "add_drain_arguments", "check_drain_arguments"]
