@@ -4,7 +4,9 @@ CEL sees one object at a time and cannot compile CEL, so these live here, as pur
 (camelCase dicts, already checked against the CRD schema and its CEL rules when the webhook is called), each
 returning `Violation`s (field path, readable message):
 
-- `graph`: an InferenceGraph whose nodes call each other in a cycle; step conditions that do not compile.
+- `graph`: what the InferenceGraph controller would report as GraphValid=False (the same function): nodes that
+  call each other in a cycle, step conditions that do not compile, the router's structural rules (Splitter
+  weights, unique Ensemble step names, ...).
 - `immutability`: TrainingJob fields that cannot change once the job has started.
 - `references`: InferenceGraph steps naming InferenceServices, an InferenceService naming a TrainingJob or a
   FeatureView, that do not exist. Warned about by default, rejected on request (GitOps: see that module).

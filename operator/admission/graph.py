@@ -1,73 +1,58 @@
-"""InferenceGraph checks CEL cannot do: cycles between nodes, and step conditions that do not compile.
+"""InferenceGraph checks CEL cannot do: everything the controller would report as GraphValid=False.
 
-The CRD's CEL rules already require a `root` node and that every `nodeName` names a node of the graph; they
-cannot follow the calls transitively (a cycle would make the router recurse until the request's deadline) and
-cannot compile the conditions the router evaluates (compiled here with the router's own `compile_condition`, the
-same library and the same variable rules, so what admission accepts the router can run).
+The CRD's CEL rules already require a `root` node, that every `nodeName` names a node of the graph and that
+Splitter weights are set and sum to 100; they cannot follow the calls transitively (a cycle would make the router
+recurse until the request's deadline), compile the conditions the router evaluates, or apply the router's own
+step model (unique Ensemble step names, weights only on Splitter steps, no condition on a Splitter step, ...).
+Nothing is checked here that is not checked there: the spec goes through the operator's API model and then
+`render.inferencegraph.graph_issues_of`, the very function whose result the controller reports in status (the
+router's `graph_issues` and its CEL compiler), so what admission accepts the controller renders and the router
+runs. Each problem keeps its place as a field path.
 """
 
 from __future__ import annotations
 
-import graphlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from loom.workloads.router.conditions import compile_condition
+from pydantic import ValidationError
 
+from loom.workloads.router.config import GraphIssue
+
+from ..api.inferencegraph import InferenceGraphSpec
+from ..render.inferencegraph import graph_issues_of
 from . import Violation, step_path
 
-ROOT = "root"
+# Fields of the spec that are maps: the key that follows one is written in brackets, as the API server does.
+_MAPS = frozenset({"nodes"})
 
 
-def _steps(spec: Mapping[str, Any]) -> list[tuple[str, int, Mapping[str, Any]]]:
-    return [
-        (name, index, step)
-        for name, node in (spec.get("nodes") or {}).items()
-        for index, step in enumerate((node or {}).get("steps") or [])
-    ]
+def spec_path(loc: Sequence[int | str]) -> str:
+    """A pydantic error location under `spec` (wire names) as a field path: `spec.nodes[root].steps[0].weight`."""
+    path = "spec"
+    for i, part in enumerate(loc):
+        if isinstance(part, int) or (i > 0 and loc[i - 1] in _MAPS):
+            path += f"[{part}]"
+        else:
+            path += f".{part}"
+    return path
 
 
-def cycle_violations(spec: Mapping[str, Any]) -> list[Violation]:
-    """A cycle of `nodeName` calls (one, reported at the step that closes it), or nothing."""
-    nodes = spec.get("nodes") or {}
-    calls: dict[str, set[str]] = {name: set() for name in nodes}
-    for name, _, step in _steps(spec):
-        target = step.get("nodeName")
-        if isinstance(target, str) and target in nodes:  # a name outside the graph is CEL's to refuse
-            calls[name].add(target)
-    try:
-        # graphlib reads the mapping as node -> its predecessors: a callee comes "before" its caller.
-        graphlib.TopologicalSorter(calls).prepare()
-    except graphlib.CycleError as error:
-        # args[1] lists nodes each of which the next one calls, ending where it started: reversed, the calls.
-        cycle: list[str] = list(reversed(error.args[1]))
-        # Told from `root` when it is on the cycle, else from the smallest name (map keys have no order).
-        start = min(range(len(cycle) - 1), key=lambda i: (cycle[i] != ROOT, cycle[i]))
-        path = [*cycle[start:-1], *cycle[:start], cycle[start]]
-        caller, callee = path[-2], path[-1]
-        index = next(i for n, i, step in _steps(spec) if n == caller and step.get("nodeName") == callee)
-        return [
-            Violation(
-                step_path(caller, index, "nodeName"),
-                f"nodes form a cycle: {' -> '.join(path)}; a step may not call a node that leads back to it",
-            )
-        ]
-    return []
-
-
-def condition_violations(spec: Mapping[str, Any]) -> list[Violation]:
-    """Every step condition that does not compile, with the library's message."""
-    problems = []
-    for name, index, step in _steps(spec):
-        expression = step.get("condition")
-        if expression is None:
-            continue
-        try:
-            compile_condition(expression)
-        except ValueError as error:
-            problems.append(Violation(step_path(name, index, "condition"), f"does not compile: {error}"))
-    return problems
+def issue_path(issue: GraphIssue) -> str:
+    """Where a graph problem is: the step field, the node's steps, or the nodes."""
+    if issue.node is None:
+        return "spec.nodes"
+    if issue.step is None:
+        return f"spec.nodes[{issue.node}].steps"
+    if issue.field is None:
+        return f"spec.nodes[{issue.node}].steps[{issue.step}]"
+    return step_path(issue.node, issue.step, issue.field)
 
 
 def graph_violations(spec: Mapping[str, Any]) -> list[Violation]:
-    return cycle_violations(spec) + condition_violations(spec)
+    """Every problem of the graph, each at its field path; empty for a graph the controller would render."""
+    try:
+        model = InferenceGraphSpec.model_validate(spec)
+    except ValidationError as error:  # the CRD's schema normally refuses these first
+        return [Violation(spec_path(e["loc"]), str(e["msg"])) for e in error.errors()]
+    return [Violation(issue_path(issue), issue.message) for issue in graph_issues_of(model)]

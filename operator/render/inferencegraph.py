@@ -12,7 +12,8 @@ InferenceServices it calls are never touched.
 
 What admission (the CRD's CEL rules) cannot check is checked here and comes back as a `GraphProblem`, which the
 status reports as a condition: steps naming InferenceServices that do not exist (yet), cycles and the other
-structural problems of `graph_problems`, and CEL conditions that do not compile. A graph with a problem renders
+structural problems of `graph_issues`, and CEL conditions that do not compile (`graph_issues_of`, which the
+admission webhook applies too, so such a graph is refused before it is stored). A graph with a problem renders
 nothing new; the router already running (if any) keeps serving the last good graph.
 """
 
@@ -23,11 +24,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import ValidationError
+from pydantic.alias_generators import to_camel
 
 from loom.workloads.router.conditions import condition_problems
-from loom.workloads.router.config import NodeConfig, RouterConfig, StepConfig, UpstreamConfig, graph_problems
+from loom.workloads.router.config import GraphIssue, NodeConfig, RouterConfig, StepConfig, UpstreamConfig, graph_issues
 
-from ..api.inferencegraph import InferenceGraphSpec
+from ..api.inferencegraph import GraphStep, InferenceGraphSpec
 from .inferenceservice import CONFIG_HASH_ANNOTATION, SERVICE_PORT, config_hash, service_url
 from .kit import Manifest, child_metadata, labels, restricted_security_context
 
@@ -170,25 +172,60 @@ def deadline_ms(spec: InferenceGraphSpec) -> int:
     return max(DEFAULT_DEADLINE_MS, spec.router.timeout_ms)
 
 
+def _step(step: GraphStep) -> StepConfig:
+    return StepConfig(
+        name=step.name,
+        service_name=step.service_name,
+        node_name=step.node_name,
+        data=step.data,
+        condition=step.condition,
+        weight=step.weight,
+        dependency=step.dependency,
+    )
+
+
 def _nodes(spec: InferenceGraphSpec) -> dict[str, NodeConfig]:
     return {
-        name: NodeConfig(
-            router_type=node.router_type,
-            steps=[
-                StepConfig(
-                    name=step.name,
-                    service_name=step.service_name,
-                    node_name=step.node_name,
-                    data=step.data,
-                    condition=step.condition,
-                    weight=step.weight,
-                    dependency=step.dependency,
-                )
-                for step in node.steps
-            ],
-        )
+        name: NodeConfig(router_type=node.router_type, steps=[_step(step) for step in node.steps])
         for name, node in spec.nodes.items()
     }
+
+
+def graph_issues_of(spec: InferenceGraphSpec) -> list[GraphIssue]:
+    """Every problem that makes the graph InvalidGraph, each with its place: the router's own checks (its step
+    model, `graph_issues`, the CEL compiler) on the config the router would get. What the controller reports as
+    GraphValid=False and what the admission webhook refuses (operator/admission/graph.py) is this one list.
+    Whether the named InferenceServices exist is not judged here (placeholders stand in for all of them)."""
+    issues: list[GraphIssue] = []
+    for name, node in spec.nodes.items():
+        for index, step in enumerate(node.steps):
+            try:
+                _step(step)
+            except ValidationError as exc:
+                for error in exc.errors():
+                    field = to_camel(str(error["loc"][0])) if error["loc"] else None
+                    issues.append(GraphIssue(str(error["msg"]), name, index, field, f"node {name!r} step {index}"))
+    if issues:
+        return issues
+    placeholders = {
+        name: UpstreamConfig(url=f"http://{name}:{SERVICE_PORT}", model_name=name) for name in referenced_services(spec)
+    }
+    try:
+        nodes = _nodes(spec)
+    except ValidationError as exc:  # a node's step count (the CRD's schema bounds it the same way)
+        return [GraphIssue(_validation_message(exc))]
+    candidate = RouterConfig.model_construct(nodes=nodes, services=placeholders)  # unvalidated: list every problem
+    structural: list[GraphIssue] = graph_issues(candidate)
+    return structural + [
+        GraphIssue(
+            f"does not compile: {p.message}",
+            p.node,
+            p.step,
+            "condition",
+            f"node {p.node!r} step {p.step} ({p.step_name}): condition {p.expression!r}",
+        )
+        for p in condition_problems(candidate)
+    ]
 
 
 def _upstream(ref: ServiceRef) -> UpstreamConfig:
@@ -206,34 +243,15 @@ def router_config(
 ) -> tuple[RouterConfig | None, GraphProblem | None]:
     """The router's config, or why there is none. Structural and CEL problems are reported before missing
     InferenceServices (fixing the spec is the user's next step either way; a missing service may just be late)."""
-    namespace = owner["metadata"]["namespace"]
-    try:
-        nodes = _nodes(spec)
-    except ValidationError as exc:
-        return None, GraphProblem("InvalidGraph", _validation_message(exc))
+    issues = graph_issues_of(spec)
+    if issues:
+        return None, GraphProblem("InvalidGraph", "; ".join(str(issue) for issue in issues))
+    nodes = _nodes(spec)
     wanted = referenced_services(spec)
     missing = [name for name in wanted if name not in services]
-    # Placeholders for missing services, so the structure is judged on its own.
-    upstreams = {
-        name: _upstream(services[name])
-        if name in services
-        else UpstreamConfig(url=f"http://{name}.{namespace}.svc:{SERVICE_PORT}", model_name=name)
-        for name in wanted
-    }
-    fields = {
-        "graph_name": owner["metadata"]["name"],
-        "nodes": nodes,
-        "services": upstreams,
-        "step_timeout_ms": spec.router.timeout_ms,
-        "deadline_ms": deadline_ms(spec),
-        "port": ROUTER_PORT,
-    }
-    candidate = RouterConfig.model_construct(**fields)  # unvalidated: graph_problems lists every problem
-    problems = graph_problems(candidate) + [str(p) for p in condition_problems(candidate)]
-    if problems:
-        return None, GraphProblem("InvalidGraph", "; ".join(problems))
     if missing:
         return None, GraphProblem("ServiceNotFound", f"InferenceService(s) not found: {', '.join(missing)}")
+    upstreams = {name: _upstream(services[name]) for name in wanted}
     try:
         config = RouterConfig(
             graph_name=owner["metadata"]["name"],

@@ -6,17 +6,20 @@ into the router's ConfigMap (JSON, camelCase); the router reads it back with
 without starlette, aiohttp or the CEL library installed.
 
 The structural checks of a graph (root exists, references resolve, no cycles, Splitter weights,
-unique Ensemble step names) run when the model is built; :func:`graph_problems` returns them as a
-list of readable messages so the controller can report them as a condition. Compiling the CEL
-conditions needs the CEL library and lives in :mod:`loom.workloads.router.conditions`.
+unique Ensemble step names) run when the model is built; :func:`graph_issues` returns them with their
+place (node, step, field), :func:`graph_problems` as readable messages: the controller reports those as a
+condition, the operator's admission webhook refuses the same problems with their field paths (one source).
+Compiling the CEL conditions needs the CEL library and lives in :mod:`loom.workloads.router.conditions`.
 
 Secrets never travel through this object: the router forwards the caller's API key to the steps.
 """
 
 from __future__ import annotations
 
+import graphlib
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -144,66 +147,95 @@ class RouterConfig(_Camel):
         return self.model_dump_json(by_alias=True, indent=2)
 
 
+@dataclass(frozen=True)
+class GraphIssue:
+    """One structural problem of a graph and where it is: the node, the step index and the step field (wire
+    name) it concerns, each None where it is about the node's steps together or the whole graph. ``str()`` is
+    the message the controller's status shows (it names the place in words); the admission webhook turns the
+    place into a field path (``spec.nodes[<node>].steps[<i>].<field>``) and shows ``message``."""
+
+    message: str
+    node: str | None = None
+    step: int | None = None
+    field: str | None = None
+    where: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}" if self.where else self.message
+
+
 def graph_problems(config: RouterConfig) -> list[str]:
     """Structural problems of the graph, each a message naming the node and step; empty when sound."""
-    problems: list[str] = []
+    return [str(issue) for issue in graph_issues(config)]
+
+
+def graph_issues(config: RouterConfig) -> list[GraphIssue]:
+    """Structural problems of the graph, each with its place; empty when sound."""
+    problems: list[GraphIssue] = []
     if ROOT not in config.nodes:
-        problems.append(f"nodes must contain a node named {ROOT!r}")
+        problems.append(GraphIssue(f"nodes must contain a node named {ROOT!r}"))
     for node_name, node in config.nodes.items():
         where = f"node {node_name!r}"
         for index, step in enumerate(node.steps):
             at = f"{where} step {index} ({step.label})"
+            found: list[tuple[str, str]] = []  # (step field, message)
             if step.node_name is not None and step.node_name not in config.nodes:
-                problems.append(f"{at}: nodeName {step.node_name!r} is not a node of this graph")
+                found.append(("nodeName", f"nodeName {step.node_name!r} is not a node of this graph"))
             if step.service_name is not None and step.service_name not in config.services:
-                problems.append(f"{at}: serviceName {step.service_name!r} has no entry in services")
+                found.append(("serviceName", f"serviceName {step.service_name!r} has no entry in services"))
             if node.router_type == "Splitter":
                 if step.weight is None:
-                    problems.append(f"{at}: every Splitter step needs a weight")
+                    found.append(("weight", "every Splitter step needs a weight"))
                 if step.condition is not None:
-                    problems.append(f"{at}: a Splitter step takes no condition (the weights choose)")
+                    found.append(("condition", "a Splitter step takes no condition (the weights choose)"))
             elif step.weight is not None:
-                problems.append(f"{at}: weight only applies to Splitter steps")
+                found.append(("weight", "weight only applies to Splitter steps"))
+            problems.extend(GraphIssue(message, node_name, index, field, at) for field, message in found)
         if node.router_type == "Splitter" and all(s.weight is not None for s in node.steps):
             total = sum(s.weight or 0 for s in node.steps)
             if total != 100:
-                problems.append(f"{where}: Splitter weights must sum to 100, they sum to {total}")
+                problems.append(
+                    GraphIssue(f"Splitter weights must sum to 100, they sum to {total}", node_name, where=where)
+                )
         if node.router_type == "Ensemble":
             labels = [s.label for s in node.steps]
             dupes = sorted({label for label in labels if labels.count(label) > 1})
             if dupes:
-                problems.append(
-                    f"{where}: Ensemble step names must be unique (they name the outputs), repeated: "
-                    + ", ".join(dupes) + "; set `name` on the steps"
-                )
-    cycle = _find_cycle(config)
-    if cycle:
-        problems.append("nodes form a cycle: " + " -> ".join(cycle))
+                problems.append(GraphIssue(
+                    "Ensemble step names must be unique (they name the outputs), repeated: "
+                    + ", ".join(dupes) + "; set `name` on the steps",
+                    node_name, where=where,
+                ))  # fmt: skip
+    cycle = find_cycle(config)
+    if cycle is not None:
+        path, index = cycle
+        problems.append(
+            GraphIssue(
+                "nodes form a cycle: " + " -> ".join(path) + "; a step may not call a node that leads back to it",
+                path[-2], index, "nodeName",
+            )
+        )
     return problems
 
 
-def _find_cycle(config: RouterConfig) -> list[str] | None:
-    """A cycle of node references (as a path that ends where it starts), or None."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-
-    def visit(name: str, path: list[str]) -> list[str] | None:
-        state[name] = 1
-        for step in config.nodes[name].steps:
-            target = step.node_name
-            if target is None or target not in config.nodes:
-                continue
-            if state.get(target) == 1:
-                return [*path[path.index(target):], target]
-            if target not in state:
-                found = visit(target, [*path, target])
-                if found:
-                    return found
-        state[name] = 2
-        return None
-
-    for name in config.nodes:
-        if name not in state:
-            found = visit(name, [name])
-            if found:
-                return found
+def find_cycle(config: RouterConfig) -> tuple[list[str], int] | None:
+    """A cycle of node calls, or None: as a path that ends where it starts, told from ``root`` when it is on the
+    cycle, else from the smallest name (map keys have no order, so the report must not depend on it), and the
+    index of the step of ``path[-2]`` that closes it by calling ``path[-1]``."""
+    calls: dict[str, set[str]] = {name: set() for name in config.nodes}
+    for name, node in config.nodes.items():
+        for step in node.steps:
+            if step.node_name is not None and step.node_name in config.nodes:  # a dangling name is reported above
+                calls[name].add(step.node_name)
+    try:
+        # graphlib reads the mapping as node -> its predecessors: a callee comes "before" its caller.
+        graphlib.TopologicalSorter(calls).prepare()
+    except graphlib.CycleError as error:
+        # args[1] lists nodes each of which the next one calls, ending where it started: reversed, the calls.
+        cycle: list[str] = list(reversed(error.args[1]))
+        start = min(range(len(cycle) - 1), key=lambda i: (cycle[i] != ROOT, cycle[i]))
+        path = [*cycle[start:-1], *cycle[:start], cycle[start]]
+        caller, callee = path[-2], path[-1]
+        index = next(i for i, step in enumerate(config.nodes[caller].steps) if step.node_name == callee)
+        return path, index
     return None
