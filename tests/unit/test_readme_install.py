@@ -1,0 +1,206 @@
+"""The README's "Install on a real cluster" section and the chart README's RBAC table hold to the chart.
+
+Without a cluster or helm: every chart value the section shows (in its commands and in its prose) exists in
+values.yaml and passes values.schema.json; the commands name the chart, the CRDs and the Deployment the chart
+makes; the RBAC table of charts/loom/README.md is exactly the rules the templates grant, and the section's RBAC
+summary (no wildcard, no Secrets) is true of them. `e2e/tests/test_helm_install.py` runs the same commands on the
+local stack (`test_the_readmes_install_upgrade_and_uninstall_commands_work`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from loom.e2e.readme_install import (
+    CHART_DIR,
+    NAMESPACE,
+    README,
+    RELEASE,
+    REPO,
+    adapt,
+    commands,
+    inline_values,
+    nest,
+    readme_commands,
+    section,
+    set_values,
+)
+
+CHART = REPO / CHART_DIR
+BODY = section(README.read_text())
+
+
+def defaults() -> dict[str, Any]:
+    return dict(yaml.safe_load((CHART / "values.yaml").read_text()))
+
+
+def schema() -> dict[str, Any]:
+    return dict(json.loads((CHART / "values.schema.json").read_text()))
+
+
+def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def known(dotted: str) -> bool:
+    """The value path exists: in values.yaml, or (a value unset by default) in the schema's properties."""
+    node: Any = defaults()
+    props: Any = schema()
+    for part in dotted.split("."):
+        in_values = isinstance(node, dict) and part in node
+        in_schema = isinstance(props, dict) and part in props.get("properties", {})
+        if not (in_values or in_schema):
+            return False
+        node = node.get(part) if in_values else None
+        props = props["properties"][part] if in_schema else {}
+    return True
+
+
+def schema_errors(values: dict[str, Any]) -> list[str]:
+    return [e.message for e in jsonschema.Draft7Validator(schema()).iter_errors(values)]
+
+
+def helm_commands() -> list[list[str]]:
+    return [argv for argv in readme_commands() if argv[0] == "helm"]
+
+
+def test_the_section_shows_install_upgrade_and_uninstall_of_this_chart() -> None:
+    shown = [argv[:2] for argv in readme_commands()]
+    assert shown == [
+        ["helm", "install"],
+        ["kubectl", "-n"],  # rollout status
+        ["kubectl", "apply"],  # the CRDs
+        ["helm", "upgrade"],
+        ["helm", "uninstall"],
+    ]
+    for argv in helm_commands():
+        assert argv[2] == RELEASE and argv[argv.index("-n") + 1] == NAMESPACE, argv
+        if argv[1] in ("install", "upgrade"):
+            assert argv[3] == CHART_DIR and (CHART / "Chart.yaml").is_file()
+
+
+def test_every_value_the_commands_set_exists_and_passes_the_schema() -> None:
+    shown = [set_values(argv) for argv in helm_commands()]
+    assert shown[0], "helm install sets no value"
+    for pairs in shown:
+        for key in pairs:
+            assert known(key), f"--set {key}: not a value of charts/loom"
+        assert schema_errors(merged(defaults(), nest(pairs))) == [], pairs
+
+
+def test_every_value_the_prose_names_exists_and_the_values_it_shows_pass_the_schema() -> None:
+    named = inline_values(BODY)
+    assert {"replicas", "webhook.failurePolicy", "metrics.serviceMonitor.enabled"} <= set(named)
+    for key, value in named.items():
+        assert known(key), f"`{key}` is not a value of charts/loom"
+        if value is not None:
+            shown = yaml.safe_load(value)  # `replicas=2` -> 2, `logFormat=json` -> "json"
+            assert schema_errors(merged(defaults(), nest({key: shown}))) == [], (key, value)
+
+
+def test_the_commands_name_what_the_chart_makes() -> None:
+    [rollout] = [argv for argv in readme_commands() if "rollout" in argv]
+    # The chart names the Deployment `<release>-operator` (templates/_helpers.tpl).
+    assert 'printf "%s-operator" .Release.Name' in (CHART / "templates" / "_helpers.tpl").read_text()
+    assert rollout[-1] == f"deployment/{RELEASE}-operator" and rollout[rollout.index("-n") + 1] == NAMESPACE
+    [crds] = [argv for argv in readme_commands() if argv[:2] == ["kubectl", "apply"]]
+    folder = REPO / crds[crds.index("-f") + 1]
+    # What the upgrade applies is what the chart installed first (Helm never upgrades crds/).
+    assert {p.name: p.read_text() for p in folder.glob("*.yaml")} == {
+        p.name: p.read_text() for p in (CHART / "crds").glob("loom.dev_*.yaml")
+    }
+
+
+def test_a_value_that_does_not_exist_is_caught() -> None:
+    """The checks above can fail: a misspelt value or a bad one in the README would be refused."""
+    assert not known("webhook.failurPolicy") and not known("prometheus.uri")
+    assert schema_errors(merged(defaults(), nest({"replicas": "two"})))
+    assert inline_values("run `--set replicas=2` and see `values.schema.json`, `loom.dev`, `patch`") == {
+        "replicas": "2"
+    }
+
+
+def test_adapt_renames_only_the_release_its_namespace_and_the_watched_namespaces(tmp_path: Path) -> None:
+    install, rollout, crds, upgrade, uninstall = (
+        adapt(argv, release="r1", namespace="r1-system", watch=["w1", "w2"], extra_values=tmp_path / "v.yaml")
+        for argv in readme_commands()
+    )
+    assert install[:6] == ["helm", "install", "r1", str(CHART), "-n", "r1-system"]
+    assert "watchNamespaces={w1,w2}" in install and install[-2:] == ["-f", str(tmp_path / "v.yaml")]
+    assert rollout[-1] == "deployment/r1-operator" and rollout[2] == "r1-system"
+    assert crds[-1] == str(REPO / "crds/")
+    assert upgrade[:3] == ["helm", "upgrade", "r1"] and "--reuse-values" in upgrade
+    assert uninstall == ["helm", "uninstall", "r1", "-n", "r1-system"]
+
+
+def test_commands_are_read_from_bash_blocks_only() -> None:
+    text = "```bash\nhelm install a b \\\n  --set x=1   # why\n# a comment\n```\n```yaml\nkey: v\n```\n"
+    assert commands(text) == [["helm", "install", "a", "b", "--set", "x=1"]]
+
+
+# ------------------------------------------------------------------------------------------------------ RBAC
+
+
+def template_rules(name: str) -> list[dict[str, Any]]:
+    """The ClusterRole rules of one template, read as YAML with the template actions replaced by a word."""
+    text = (CHART / "templates" / name).read_text()
+    lines = [line for line in text.splitlines() if not re.fullmatch(r"\s*\{\{-?.*-?\}\}\s*", line)]
+    docs = yaml.safe_load_all(re.sub(r"\{\{-?.*?-?\}\}", "X", "\n".join(lines)))
+    return [rule for doc in docs if doc and doc["kind"] == "ClusterRole" for rule in doc["rules"]]
+
+
+def granted() -> set[tuple[str, str, str, bool]]:
+    """(API group, resource, verb, limited to named objects) of every rule the chart renders."""
+    return {
+        (group, resource, verb, "resourceNames" in rule)
+        for name in ("rbac.yaml", "peering.yaml")
+        for rule in template_rules(name)
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def table_rules(readme: str | None = None) -> set[tuple[str, str, str, bool]]:
+    """The same, from the RBAC table of charts/loom/README.md."""
+    body = section(readme or (CHART / "README.md").read_text(), "RBAC (least privilege)")
+    rows = [line for line in body.splitlines() if line.startswith("| ") and not line.startswith("| API group")]
+    assert rows, "no RBAC table"
+    found = set()
+    for row in rows:
+        groups, resources, verbs = (cell.strip() for cell in row.strip("|").split("|")[:3])
+        named = "only)" in resources
+        for group in re.sub(r"[`\s]", "", groups).split(","):
+            for resource in re.sub(r"\(.*?\)|\s", "", resources).split(","):
+                for verb in re.sub(r"\s", "", verbs).split(","):
+                    found.add(("" if group == "core" else group, resource, verb, named))
+    return found
+
+
+def test_the_chart_readmes_rbac_table_is_the_charts_rules() -> None:
+    table, chart = table_rules(), granted()
+    assert table - chart == set(), "the README grants what the chart does not"
+    assert chart - table == set(), "the chart grants what the README does not say"
+
+
+def test_the_install_sections_rbac_summary_is_true() -> None:
+    assert "no wildcard, and no rule names Secrets" in BODY
+    for group, resource, verb, _ in granted():
+        assert "*" not in (group, resource, verb)
+        assert resource.split("/")[0] != "secrets"
+
+
+@pytest.mark.parametrize("row", ["| core | secrets | get | x |", "| `apps` | deployments | get, update | x |"])
+def test_a_table_row_the_chart_lacks_would_be_caught(row: str) -> None:
+    text = (CHART / "README.md").read_text().replace("| core | events | create |", row + "\n| core | events | create |")
+    assert table_rules(text) - granted()
