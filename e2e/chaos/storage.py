@@ -5,7 +5,9 @@
   a complete checkpoint, the one being written or the one before (never more than one interval lost), and continue
   the exact loss curve (a torn checkpoint would not).
 - `s3_outage`: S3 unreachable for a while (a proxy in front of it resets every connection) right after a checkpoint
-  started: training keeps stepping, the upload is retried, a checkpoint lands after S3 returns, no restart.
+  started: training keeps stepping, the upload is retried and rank 0's progress document says so (what the
+  operator turns into CheckpointStorage=False UploadRetrying), a checkpoint lands after S3 returns and clears
+  it, no restart.
 - `mlflow_outage`: the MLflow server unreachable for longer than the client's retries: training keeps stepping and
   the metrics logged meanwhile reach MLflow once it returns.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -167,6 +170,16 @@ def s3_outage(s3: S3Endpoint, bucket: str, workdir: Path, down_s: float, every: 
         env = {**trainer_env(s3), "AWS_ENDPOINT_URL_S3": proxy.url}
         state: dict[str, Any] = {}
         steps_while_down: list[int] = []
+        progress_file = Path(config["progress"]["file"])
+        # What the operator would read from rank 0 while S3 is down, and right after the next commit.
+        retries_reported: list[dict[str, Any]] = []
+
+        def reported_retry() -> dict[str, Any] | None:
+            try:
+                retry = json.loads(progress_file.read_text()).get("checkpointRetry")
+            except (OSError, ValueError):
+                return None
+            return retry if isinstance(retry, dict) else None
 
         def on_event(event: dict[str, Any], process: subprocess.Popen[str]) -> None:
             kind = event["event"]
@@ -176,9 +189,13 @@ def s3_outage(s3: S3Endpoint, bucket: str, workdir: Path, down_s: float, every: 
                 threading.Timer(down_s, lambda: (proxy.set_down(False), state.update(up_at=time.monotonic()))).start()
             elif kind == "step" and "down_at" in state and "up_at" not in state:
                 steps_while_down.append(event["step"])
+                retry = reported_retry()
+                if retry is not None:
+                    retries_reported.append(retry)
             elif kind == "committed" and "up_at" in state and "first_commit_after" not in state:
                 state["first_commit_after"] = event["step"]
                 state["commit_delay_s"] = round(time.monotonic() - state["up_at"], 2)
+                state["retry_after_commit"] = reported_retry()
 
         run = run_live(config, workdir, env, on_event, timeout_s=300)
     problems = [] if run.returncode == 0 else [f"torchrun exited {run.returncode}: {run.output[-3000:]}"]
@@ -188,6 +205,13 @@ def s3_outage(s3: S3Endpoint, bucket: str, workdir: Path, down_s: float, every: 
         problems.append("no checkpoint committed after S3 returned")
     if not steps_while_down:
         problems.append("training did not step while S3 was down")
+    if not retries_reported:
+        problems.append("the trainer never reported the checkpoint upload being retried while S3 was down")
+    elif any(r.get("step") != state.get("down_step") or not r.get("lastError") for r in retries_reported):
+        problems.append(f"retries reported for the wrong step or without an error: {retries_reported[-1]}")
+    if "first_commit_after" in state and state.get("retry_after_commit") is not None:
+        problems.append(f"still reported as retrying after a commit: {state['retry_after_commit']}")
+    retry_events = run.of("checkpointRetry")
     return {
         "down_s": down_s,
         "down_at_step": state.get("down_step"),
@@ -195,7 +219,10 @@ def s3_outage(s3: S3Endpoint, bucket: str, workdir: Path, down_s: float, every: 
         "connections_reset": proxy.refused,
         "first_commit_after_s3_returned": state.get("first_commit_after"),
         "commit_after_return_s": state.get("commit_delay_s"),
-        "failed_checkpoints": run.output.count("failed"),
+        "failed_checkpoints": len(re.findall(r"checkpoint step \d+ failed", run.output)),
+        "failed_attempts_reported": max((r["failedAttempts"] for r in retries_reported), default=0),
+        "last_error_reported": retries_reported[-1].get("lastError") if retries_reported else None,
+        "retry_events": len(retry_events),
         "problems": problems,
     }
 

@@ -37,6 +37,9 @@ def test_s3_down_during_training_training_steps_on_and_the_next_checkpoint_lands
     assert figures["problems"] == [], figures
     assert figures["connections_reset"] > 0  # the trainer did try S3 while it was down
     assert figures["first_commit_after_s3_returned"] >= figures["down_at_step"]
+    # The signal the operator's CheckpointStorage condition is made of: failed attempts, by error class.
+    assert figures["failed_attempts_reported"] > 0 and figures["retry_events"] > 0
+    assert figures["last_error_reported"] and "://" not in figures["last_error_reported"]
 
 
 def test_mlflow_down_during_training_training_steps_on_and_tracking_catches_up(

@@ -48,6 +48,10 @@ class Duties:
     def checkpoint_committed(self, step: int, uri: str) -> None:
         """The checkpoint of `step` is complete at `uri` (called from the checkpoint thread)."""
 
+    def checkpoint_retrying(self, step: int | None, error: str) -> None:
+        """An S3 attempt of the checkpoint of `step` failed with `error` (a class name) and is retried (called from
+        the checkpoint thread and S3 transfer threads)."""
+
     def export_model(self, state: dict[str, torch.Tensor], describe: Callable[[], dict[str, Any]]) -> None:
         """Publish the final weights (gathered by every rank) and the task's description of the model."""
 
@@ -135,6 +139,12 @@ class Rank0Duties(Duties):
             self.tracker.set_tag("loom.checkpoint.latest", uri)
             self.tracker.log_metrics({"checkpoint_step": float(step)}, step)
         emit("committed", step=step, uri=uri)
+
+    def checkpoint_retrying(self, step: int | None, error: str) -> None:
+        failed = self.progress.checkpoint_failed(step, error)
+        # The first failure and then every doubling: an outage of minutes stays a handful of lines.
+        if failed & (failed - 1) == 0:
+            emit("checkpointRetry", step=step, failedAttempts=failed, lastError=error)
 
     def export_model(self, state: dict[str, torch.Tensor], describe: Callable[[], dict[str, Any]]) -> None:
         """Full weights + config.json: to the output URI in S3 and as the MLflow run's `model` artifact."""

@@ -148,7 +148,8 @@ class Training:
         dist.broadcast_object_list(session, src=0)
         self.manager = (
             CheckpointManager(config.checkpoint, ranks.rank, ranks.world, config.engine.value, session[0],
-                              on_commit=lambda manifest, uri: self.duties.checkpoint_committed(manifest.step, uri))
+                              on_commit=lambda manifest, uri: self.duties.checkpoint_committed(manifest.step, uri),
+                              on_failure=lambda step, error: self.duties.checkpoint_retrying(step, error))
             if config.checkpoint else None
         )
 

@@ -79,6 +79,9 @@ class Progress:
         self.g_ckpt = Gauge("loom_trainer_checkpoint_step", "Step of the newest committed checkpoint",
                             registry=self.registry)
         self.c_ckpt = Counter("loom_trainer_checkpoints", "Committed checkpoints", registry=self.registry)
+        self.c_ckpt_failed = Counter("loom_trainer_checkpoint_upload_failures",
+                                     "Failed S3 attempts of checkpoint uploads (each one retried)",
+                                     registry=self.registry)
         self.h_stall = Histogram("loom_trainer_checkpoint_stall_seconds", "Training-loop stall per checkpoint",
                                  registry=self.registry, buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 30))
         self.g_total.set(total_steps)
@@ -102,8 +105,25 @@ class Progress:
         self.g_rate.set(samples_per_second)
 
     def checkpoint_committed(self, uri: str, step: int) -> None:
+        with self.lock:
+            # S3 took a checkpoint again: whatever failed before is over.
+            self.state.pop("checkpointRetry", None)
         self._latest_checkpoint(uri, step, time.time())
         self.c_ckpt.inc()
+
+    def checkpoint_failed(self, step: int | None, error: str) -> int:
+        """One S3 attempt of a checkpoint failed and is being retried (or the checkpoint gave up and the next one
+        will try): shown as `checkpointRetry` until the next commit. Returns the failed attempts so far."""
+        with self.lock:
+            retry = dict(self.state.get("checkpointRetry") or {"failedAttempts": 0, "since": _utc(time.time())})
+            retry["failedAttempts"] += 1
+            retry["lastError"] = error
+            if step is not None:
+                retry["step"] = step
+            self.state["checkpointRetry"] = retry
+            self._flush()
+        self.c_ckpt_failed.inc()
+        return int(retry["failedAttempts"])
 
     def checkpoint_restored(self, uri: str, step: int, committed_at: float) -> None:
         """The checkpoint this run resumed from is the newest committed one until the next commit. A run
@@ -112,9 +132,7 @@ class Progress:
 
     def _latest_checkpoint(self, uri: str, step: int, committed_at: float) -> None:
         with self.lock:
-            self.state["latestCheckpoint"] = {
-                "uri": uri, "step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(committed_at)),
-            }
+            self.state["latestCheckpoint"] = {"uri": uri, "step": step, "time": _utc(committed_at)}
             self._flush()
         self.g_ckpt.set(step)
 
@@ -135,6 +153,10 @@ class Progress:
             if permanent is not None:
                 self.state["permanentFailure"] = permanent
             self._flush()
+
+
+def _utc(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
 def choose_run_id(given: str | None, from_checkpoint: str | None) -> str | None:

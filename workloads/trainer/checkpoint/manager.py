@@ -5,7 +5,8 @@ Save (every rank, same step):
      CPU memory (the only part the training loop waits for) and writes this rank's shard files to a
      local staging directory from a background thread, over a dedicated gloo process group so its
      collectives never interleave with the training loop's;
-  2. background: upload this rank's files (multipart, retried) and a per-rank report;
+  2. background: upload this rank's files (multipart, retried) and a per-rank report; every failed S3
+     attempt is reported as it happens (`on_failure`), so an outage is visible while botocore retries;
   3. rank 0, background: wait for every rank's report, write the manifest (the commit point), apply
      retention, publish the new checkpoint.
 Only one checkpoint is in flight; the next save first waits for the previous one.
@@ -36,6 +37,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from ...common.s3 import S3Location, make_client
 from ..config import CheckpointSpec
 from .manifest import Manifest, step_of
+from .retries import watch_failures
 from .staging import ReusableCPUStager
 from .store import CheckpointStore, S3CheckpointReader
 
@@ -93,6 +95,7 @@ class CheckpointManager:
         session: str,
         on_commit: Callable[[Manifest, str], None] | None = None,
         client: Any = None,
+        on_failure: Callable[[int | None, str], None] | None = None,
     ) -> None:
         self.spec = spec
         self.rank = rank
@@ -100,7 +103,12 @@ class CheckpointManager:
         self.engine_name = engine_name
         self.session = session
         self.on_commit = on_commit
+        self.on_failure = on_failure
         self.store = CheckpointStore(client or make_client(spec.endpoint), S3Location.parse(spec.uri))
+        self.uploading: int | None = None  # the step the checkpoint thread is uploading/committing
+        if on_failure is not None:
+            # Every failed S3 attempt, as it happens (botocore retries it before anyone sees an error).
+            watch_failures(self.store.client, lambda error: on_failure(self.uploading, error))
         self.local_root = Path(spec.staging_dir) / session / f"rank-{rank:05d}"
         # A separate gloo group: DCP's planning/metadata collectives run in the background thread.
         group = dist.new_group(backend="gloo") if dist.is_initialized() else None
@@ -156,6 +164,13 @@ class CheckpointManager:
         return stall
 
     def _finish(self, step: int, local_dir: Path, written: Future[Any]) -> Manifest | None:
+        self.uploading = step
+        try:
+            return self._upload_and_commit(step, local_dir, written)
+        finally:
+            self.uploading = None
+
+    def _upload_and_commit(self, step: int, local_dir: Path, written: Future[Any]) -> Manifest | None:
         written.result()
         files = sorted(p for p in local_dir.iterdir() if p.is_file())
         self.store.upload_rank_files(step, [(p, p.name) for p in files], self.rank, self.session)
@@ -179,10 +194,12 @@ class CheckpointManager:
             return None
         try:
             return record.future.result()
-        except Exception:
+        except Exception as error:
             # A failed upload loses one checkpoint, not the run: the next one is attempted as scheduled.
             self.failures += 1
             log.exception("checkpoint step %d failed", record.step)
+            if self.on_failure is not None:
+                self.on_failure(record.step, type(error).__name__)
             return None
 
     def close(self) -> None:
