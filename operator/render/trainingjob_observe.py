@@ -31,6 +31,16 @@ class CheckpointReport:
 
 
 @dataclass(frozen=True)
+class UploadRetryReport:
+    """The trainer is retrying a checkpoint upload (progress `checkpointRetry`, until the next commit)."""
+
+    failed_attempts: int
+    last_error: str | None = None  # an exception class or S3 error code, never a message
+    step: int | None = None
+    since: str | None = None
+
+
+@dataclass(frozen=True)
 class WorkerView:
     """One worker pod as the state machine needs it."""
 
@@ -75,6 +85,8 @@ class ProgressReport:
     # The trainer's own phase: "Starting" until its first step after (re)start (rendezvous, restoring the
     # checkpoint), then "Running". None when unknown (Prometheus gauges carry no phase).
     phase: str | None = None
+    # Failed S3 attempts since the newest commit; None while checkpoints land (or the report cannot tell).
+    checkpoint_retry: UploadRetryReport | None = None
 
     @property
     def starting(self) -> bool | None:
@@ -202,6 +214,7 @@ def parse_progress(doc: Any) -> ProgressReport | None:
         eta = format_duration(float(eta))
     phase = doc.get("phase")
     return ProgressReport(
+        checkpoint_retry=_upload_retry(doc.get("checkpointRetry")),
         step=_number(doc.get("step"), int),
         total_steps=_number(doc.get("totalSteps"), int),
         loss=_number(doc.get("loss"), float),
@@ -209,6 +222,21 @@ def parse_progress(doc: Any) -> ProgressReport | None:
         eta=eta if isinstance(eta, str) else None,
         latest_checkpoint=checkpoint,
         phase=phase if isinstance(phase, str) else None,
+    )
+
+
+def _upload_retry(doc: Any) -> UploadRetryReport | None:
+    if not isinstance(doc, dict):
+        return None
+    failed = _number(doc.get("failedAttempts"), int)
+    if failed is None or failed < 1:
+        return None
+    error, since = doc.get("lastError"), doc.get("since")
+    return UploadRetryReport(
+        failed_attempts=failed,
+        last_error=error if isinstance(error, str) else None,
+        step=_number(doc.get("step"), int),
+        since=since if isinstance(since, str) else None,
     )
 
 

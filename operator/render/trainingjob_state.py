@@ -22,6 +22,8 @@ Rules, in order of precedence:
   reason and Feast's message. Once built (status.trainingData.phase Succeeded) it is never rebuilt: restarts and
   resumes reuse it.
 - Pods that stay unschedulable past scheduling.scheduleTimeoutSeconds -> Ready=False/Unschedulable.
+- Checkpoint uploads the trainer reports failing (it retries them and trains on) -> CheckpointStorage=False
+  UploadRetrying, True Uploaded once one lands (trainingjob_storage.py); the phase is not affected.
 - Restarting lasts until the trainer runs steps again, not only until its pods run: a trainer that served
   progress before is waited for (its report leaves phase Starting, or its step passes the checkpoint), at
   most Policy.resume_timeout_seconds. Meanwhile status.progress.step shows the step it resumes from (the
@@ -50,6 +52,8 @@ from .trainingjob_config import worker_range
 from .trainingjob_data import CONDITION as DATA_CONDITION
 from .trainingjob_data import DataObservation
 from .trainingjob_observe import NodeView, ProgressReport, WorkerView
+from .trainingjob_storage import CONDITION as STORAGE_CONDITION
+from .trainingjob_storage import RETRYING, storage_condition
 
 PERMANENT_EXIT_CODES = frozenset({EXIT_PERMANENT})
 CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed", "Ready")
@@ -459,6 +463,13 @@ class _Machine:
             kinds = (*CONDITION_TYPES, DATA_CONDITION)
             table[DATA_CONDITION] = self.data_condition()
         previous = {c.type: c for c in st.conditions}
+        storage = storage_condition(
+            previous.get(STORAGE_CONDITION), self.obs.progress, self.obs.status.checkpoint, st.checkpoint
+        )
+        if storage is not None:
+            kinds = (*kinds, STORAGE_CONDITION)
+            table[STORAGE_CONDITION] = storage
+            self.storage_events(previous.get(STORAGE_CONDITION), storage)
         conditions = list(st.conditions)
         for kind in kinds:
             ok, why, text = table[kind]
@@ -469,6 +480,14 @@ class _Machine:
             if kind == "Ready" and why == "Unschedulable" and (old is None or old.reason != "Unschedulable"):
                 self.event("Warning", "Unschedulable", text)
         st.conditions = conditions
+
+    def storage_events(self, old: Condition | None, new: tuple[bool, str, str]) -> None:
+        """An event when checkpoint storage starts failing and when it takes checkpoints again."""
+        ok, _, message = new
+        if not ok and (old is None or old.reason != RETRYING):
+            self.event("Warning", "CheckpointUploadRetrying", message)
+        elif ok and old is not None and old.reason == RETRYING:
+            self.event("Normal", "CheckpointUploaded", f"{message}; checkpoint storage answers again")
 
 
 def _live(pod: WorkerView) -> bool:
