@@ -1,10 +1,12 @@
 """The validating webhook (operator/admission) on the real API server, served by the operator installed from the
 chart and running in the cluster: the API server reaches it through its Service, with the chart's TLS.
 
-One release (`webhook.missingReferences: Reject`) watches one namespace. In order: a cyclic graph and references
-to missing objects are refused with the field path and a readable message; valid objects are admitted; a
-TrainingJob's frozen fields cannot change once it runs while its run policy can; last, with the operator scaled
-to zero, writes to anything else still succeed and (failurePolicy Ignore, the default) Loom writes too, unchecked.
+One release (`webhook.missingReferences: Reject`) watches one namespace. In order: a cyclic graph, a graph the
+router's structural rules refuse and references to missing objects are refused with the field path and a
+readable message; valid objects are admitted; a TrainingJob's frozen fields cannot change once it runs while its
+run policy can; with the chart's default `missingReferences: Warn` (an upgrade), a reference to a missing object
+is applied and kubectl prints the webhook's warning; last, with the operator scaled to zero, writes to anything
+else still succeed and (failurePolicy Ignore, the default) Loom writes too, unchecked.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import yaml
 
 from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
-from loom.e2e.helm_operator import InClusterOperator, operator_in_cluster, wait_default_service_account
+from loom.e2e.helm_operator import CHART, InClusterOperator, operator_in_cluster, wait_default_service_account
 from loom.e2e.tests.test_helm_install import training_job, wait_running
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -120,6 +122,20 @@ def test_a_cyclic_graph_is_rejected_with_the_field_path(cluster: Cluster, webhoo
     assert cluster.kubectl("get", "inferencegraph", "loop", "-n", ns, check=False).returncode != 0
 
 
+def test_what_the_controller_would_report_as_an_invalid_graph_is_refused(
+    cluster: Cluster, webhook_operator: InClusterOperator
+) -> None:
+    """Beyond the CRD's CEL: the router's own structural rules (here: Ensemble outputs are keyed by step name)."""
+    ns = webhook_operator.watch[0]
+    ensemble = graph("fanout", {"root": [{"serviceName": "left"}, {"serviceName": "right", "name": "left"}]})
+    ensemble["spec"]["nodes"]["root"]["routerType"] = "Ensemble"
+    message = denied(apply(cluster, ns, ensemble, "--dry-run=server"), "inferencegraphs.validate.loom.dev")
+    assert (
+        "spec.nodes[root].steps: Ensemble step names must be unique (they name the outputs), repeated: left; "
+        "set `name` on the steps"
+    ) in message
+
+
 def test_helm_upgrade_keeps_the_certificate_the_api_server_trusts(
     cluster: Cluster, webhook_operator: InClusterOperator
 ) -> None:
@@ -172,6 +188,41 @@ def test_a_running_jobs_frozen_fields_are_refused_and_its_run_policy_is_not(
     assert message.startswith("spec.workers.replicas: cannot change once the job has started (phase Running)")
     patience = json.dumps({"spec": {"runPolicy": {"backoffLimit": 9}}})
     cluster.kubectl("patch", "trainingjob", "frozen", "-n", ns, "--type=merge", "-p", patience)
+
+
+def test_by_default_a_missing_reference_is_applied_with_the_webhooks_warning(
+    cluster: Cluster, webhook_operator: InClusterOperator
+) -> None:
+    """`webhook.missingReferences: Warn`, the chart's default (GitOps applies in its own order): kubectl applies
+    the object and prints the webhook's warning on stderr. The release switches to it with `helm upgrade`."""
+    op, ns = webhook_operator, webhook_operator.watch[0]
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["webhook"]["missingReferences"] == "Warn"
+    op.upgrade("--set", "webhook.missingReferences=Warn")
+    cluster.kubectl("rollout", "status", f"deployment/{op.name}", "-n", op.namespace, "--timeout=120s", timeout=130)
+
+    def pods() -> int:
+        selector = f"app.kubernetes.io/instance={op.release}"
+        return len(json.loads(cluster.kubectl("get", "pods", "-n", op.namespace, "-l", selector, "-o", "json").stdout)[
+            "items"])  # fmt: skip
+
+    # The Reject-mode pod gone (terminating pods count), so only the new one can answer.
+    wait_until(lambda: pods() == 1, timeout=60, what="the previous operator pod gone", interval=1)
+    later = graph("early", {"root": [{"serviceName": "later"}]})
+    warning = f"Warning: spec.nodes[root].steps[0].serviceName: InferenceService 'later' not found in namespace '{ns}'"
+    # Until the Service proxy routes to the new pod, failurePolicy Ignore admits without a word: a dry run.
+    try:
+        wait_until(
+            lambda: warning in apply(cluster, ns, later, "--dry-run=server").stderr,
+            timeout=60,
+            what="the webhook's warning",
+            interval=1,
+        )
+    except TimeoutError as error:
+        raise AssertionError(f"{error}\n{apply(cluster, ns, later, '--dry-run=server').stderr}") from None
+    result = apply(cluster, ns, later)
+    assert result.returncode == 0 and warning in result.stderr, result.stderr
+    assert "inferencegraph.loom.dev/early serverside-applied" in result.stdout
+    assert cluster.kubectl("get", "inferencegraph", "early", "-n", ns, check=False).returncode == 0
 
 
 def test_with_the_operator_down_unrelated_writes_succeed(cluster: Cluster, webhook_operator: InClusterOperator) -> None:
