@@ -63,6 +63,15 @@ class OperatorSettings(BaseModel):
     # to become Ready, then answers 503 with Retry-After; it holds at most this many requests at once.
     activator_timeout_s: float = Field(120.0, gt=0, le=3600)
     activator_max_held: int = Field(1000, ge=1, le=100_000)
+    # Cluster-wide endpoint defaults (the chart's `defaults.*` values), filled into the fields an object leaves
+    # unset (operator/render/defaults.py; status.endpointDefaults shows what was used): the S3 endpoint and the
+    # name of a credentials Secret expected in each object's namespace (referenced by pods, never read by the
+    # operator) for checkpoints, model sources, feature sources and registries; the MLflow tracking server of
+    # TrainingJob tracking and models:/ sources. Unset: no default (no S3 endpoint means AWS; a missing tracking
+    # URI is reported as Ready=False, EndpointNotConfigured).
+    default_s3_endpoint: str | None = Field(None, pattern=r"^https?://", max_length=1024)
+    default_s3_secret_name: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    default_mlflow_tracking_uri: str | None = Field(None, pattern=r"^https?://", max_length=1024)
     # High availability (Kopf peering). With a name, replicas sharing it elect one active replica through the
     # cluster-scoped ClusterKopfPeering of that name (the chart creates it); the others stand by, paused. Unset:
     # standalone (one replica, no peering object needed). The priority decides who is active: unset, the oldest

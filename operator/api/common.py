@@ -158,3 +158,8 @@ class StatusBase(ApiModel):
 
     observed_generation: int | None = Field(None, description="The metadata.generation last reconciled.")
     conditions: list[Condition] = Field(default_factory=list, description="Current observations; Ready on every kind.")
+    endpoint_defaults: dict[str, str] | None = Field(
+        None,
+        description="Operator defaults (chart values defaults.*) used for endpoint fields the spec leaves unset: "
+        "field path -> value. Credentials appear as a Secret name only.",
+    )

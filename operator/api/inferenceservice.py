@@ -66,9 +66,18 @@ class ModelSource(ApiModel):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$",
         max_length=63,
     )
-    tracking_uri: str | None = Field(None, description="MLflow tracking URL for mlflow sources.", max_length=1024)
-    endpoint: str | None = Field(None, description="S3 endpoint URL for non-AWS stores.", max_length=1024)
-    secret_ref: S3Credentials | None = Field(None, description="Secret with S3 credentials for fetching.")
+    tracking_uri: str | None = Field(
+        None,
+        description="MLflow tracking URL for mlflow sources (default: the operator's, defaults.mlflow.trackingUri).",
+        max_length=1024,
+    )
+    endpoint: str | None = Field(
+        None, description="S3 endpoint URL for non-AWS stores (default: the operator's, defaults.s3.endpoint).",
+        max_length=1024,
+    )
+    secret_ref: S3Credentials | None = Field(
+        None, description="Secret with S3 credentials for fetching (default: the operator's, defaults.s3.secretName)."
+    )
 
 
 class ScalingPolicy(ApiModel):

@@ -107,8 +107,14 @@ class CheckpointSpec(ApiModel):
     uri: trainer.CheckpointUri = Field(
         description="s3://bucket/prefix under which checkpoints are written.", max_length=1024
     )
-    endpoint: str | None = Field(None, description="S3 endpoint URL for non-AWS stores.", max_length=1024)
-    secret_ref: S3Credentials | None = Field(None, description="Secret with the S3 credentials.")
+    endpoint: str | None = Field(
+        None,
+        description="S3 endpoint URL for non-AWS stores (default: the operator's, chart value defaults.s3.endpoint).",
+        max_length=1024,
+    )
+    secret_ref: S3Credentials | None = Field(
+        None, description="Secret with the S3 credentials (default: the operator's, defaults.s3.secretName)."
+    )
     every_steps: trainer.Steps | None = Field(None, description="Save every N steps.")
     every_minutes: trainer.Minutes | None = Field(
         None, description="Save at least every N minutes (fractions allowed)."
@@ -130,7 +136,11 @@ class CheckpointSpec(ApiModel):
 class MlflowTracking(ApiModel):
     """MLflow tracking: the operator creates the run before the pods start, so retries log to one run."""
 
-    tracking_uri: str = Field(description="MLflow tracking server URL.", max_length=1024)
+    tracking_uri: str | None = Field(
+        None,
+        description="MLflow tracking server URL (default: the operator's, chart value defaults.mlflow.trackingUri).",
+        max_length=1024,
+    )
     experiment: str = Field(trainer.DEFAULT_MLFLOW_EXPERIMENT, description="Experiment name.", max_length=256)
 
 

@@ -24,6 +24,8 @@ from pydantic import ValidationError
 from ..api import GROUP, VERSION
 from ..api.featureview import FeatureViewSpec, FeatureViewStatus
 from ..kube import client as kube
+from ..render.defaults import EndpointDefaults
+from ..render.defaults import feature_view as feature_view_defaults
 from ..render.featureview import (
     COMMAND_LABEL,
     KIND,
@@ -69,9 +71,10 @@ INDEX_ID = "loom_featureviews"
 RETRY_FAILED_AFTER = timedelta(minutes=5)
 
 
-def _spec(body: Manifest) -> FeatureViewSpec | None:
+def _spec(body: Manifest, defaults: EndpointDefaults) -> FeatureViewSpec | None:
+    """The view's spec with the operator's S3 defaults filled in (render/defaults.py); None when unreadable."""
     try:
-        return FeatureViewSpec.model_validate(body.get("spec") or {})
+        return feature_view_defaults(FeatureViewSpec.model_validate(body.get("spec") or {}), defaults).spec
     except ValidationError:
         return None
 
@@ -128,12 +131,14 @@ class _Project:
             self.jobs.pop(name, None)
 
 
-async def _members(namespace: str, project: str) -> tuple[list[Member], set[str]]:
+async def _members(
+    namespace: str, project: str, defaults: EndpointDefaults
+) -> tuple[list[Member], set[str]]:
     """The project's views that are not being deleted, and the names of all of them."""
     members: list[Member] = []
     names: set[str] = set()
     for obj in await kube.list_objects(API_VERSION, KIND, namespace):
-        spec = _spec(obj)
+        spec = _spec(obj, defaults)
         meta = obj["metadata"]
         if spec is None or spec.project != project:
             continue
@@ -177,7 +182,10 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
     except ValidationError as exc:
         await _write_status(body, Observed(generation, rejection=Rejection("InvalidSpec", _short(exc))), now)
         return
-    members, alive = await _members(namespace, spec.project)
+    defaults = EndpointDefaults.from_settings(settings)
+    own = feature_view_defaults(spec, defaults)
+    spec = own.spec
+    members, alive = await _members(namespace, spec.project, defaults)
     plan = plan_project(spec.project, members)
     selector = f"{PROJECT_LABEL}={project_prefix(spec.project)}"
     jobs = await kube.list_objects("batch/v1", "Job", namespace, selector)
@@ -239,7 +247,7 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
         server_replicas=int(((deployment or {}).get("spec") or {}).get("replicas") or 0),
         server_ready=int(dstatus.get("readyReplicas") or 0),
     )
-    await _write_status(body, observed, now)
+    await _write_status(body, observed, now, own.status_field())
 
 
 async def _drop_old_applies(namespace: str, name: str, current: str, state: _Project) -> None:
@@ -274,12 +282,15 @@ async def _drop_old_manual_runs(namespace: str, name: str, token: str | None, st
             state.jobs.pop(meta["name"], None)
 
 
-async def _write_status(body: Manifest, observed: Observed, now: datetime) -> None:
+async def _write_status(
+    body: Manifest, observed: Observed, now: datetime, endpoint_defaults: dict[str, str] | None = None
+) -> None:
     try:
         previous: FeatureViewStatus | None = FeatureViewStatus.model_validate(body.get("status") or {})
     except ValidationError:
         previous = None  # a status written by another version: start the conditions afresh
     status, events = compute_status(observed, previous, now)
+    status.endpoint_defaults = endpoint_defaults
     patch = status_patch(dict(body.get("status") or {}), status.to_wire())
     meta = body["metadata"]
     if patch is not None:

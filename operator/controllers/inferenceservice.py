@@ -22,6 +22,9 @@ from ..api import GROUP, VERSION
 from ..api.inferenceservice import InferenceServiceSpec, InferenceServiceStatus
 from ..autoscale.inferenceservice import recommend_replicas
 from ..kube import client as kube
+from ..render.defaults import REASON as ENDPOINT_NOT_CONFIGURED
+from ..render.defaults import Defaulted, EndpointDefaults
+from ..render.defaults import inference_service as inference_service_defaults
 from ..render.inferenceservice import (
     CONFIG_HASH_ANNOTATION,
     KIND_LABEL,
@@ -114,8 +117,13 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
     features: EnrichmentConfig | None = None
     features_error: ResolveError | None = None
     plan = RolloutPlan(stable_ref=None, stable_replicas=0, mode="waiting")
+    defaulted: Defaulted[InferenceServiceSpec] | None = None
     try:
-        spec = InferenceServiceSpec.model_validate(body.get("spec") or {})
+        # The operator's endpoint defaults fill what the spec leaves unset (render/defaults.py).
+        defaulted = inference_service_defaults(
+            InferenceServiceSpec.model_validate(body.get("spec") or {}), EndpointDefaults.from_settings(settings)
+        )
+        spec: InferenceServiceSpec | None = defaulted.spec
     except ValidationError as exc:
         spec, invalid = None, _short(exc)
     if spec is not None:
@@ -123,7 +131,12 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
         total = desired_total_replicas(spec, recommend_replicas(spec, running) if spec.autoscaling else None)
         try:
             rollout_strategy(spec)  # raises InvalidSpec for what admission cannot catch
-            desired, resolve_error = await _resolve(spec, namespace)
+            if defaulted is not None and defaulted.missing:
+                # Nothing can be fetched without the endpoint: reported like any model that does not resolve.
+                problem = defaulted.problem() or ""
+                desired, resolve_error = None, ResolveError(ENDPOINT_NOT_CONFIGURED, problem, transient=False)
+            else:
+                desired, resolve_error = await _resolve(spec, namespace)
             features, features_error = await _features(spec, namespace)
             if features_error is not None:
                 desired, resolve_error = None, resolve_error or features_error
@@ -152,6 +165,7 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
         invalid=invalid,
     )
     status, events = compute_status(owner, observed, previous)
+    status.endpoint_defaults = defaulted.status_field() if defaulted is not None else None
     patch = status_patch(dict(body.get("status") or {}), status.to_wire())
     if patch is not None:
         await kube.patch_status(API_VERSION, KIND, namespace, name, patch)

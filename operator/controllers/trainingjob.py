@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from .. import kube
 from ..api import GROUP, VERSION
 from ..api.trainingjob import MlflowRun, TrainingJobSpec, TrainingJobStatus
+from ..render import defaults as endpoint_defaults
 from ..render import trainingjob as render
 from ..render.kit import Event, status_patch
 from ..render.trainingjob_config import SpecError, rendezvous_service_name, samples_per_step
@@ -55,6 +56,7 @@ class Controller:
     image: str
     policy: Policy
     features_image: str = ""
+    defaults: endpoint_defaults.EndpointDefaults = field(default_factory=endpoint_defaults.EndpointDefaults)
     pods: PodIndex | None = None
     nodes: NodeIndex | None = None
     http: httpx.AsyncClient | None = None
@@ -74,7 +76,9 @@ class Controller:
         if job is None or job["metadata"].get("deletionTimestamp"):
             return
         meta = job["metadata"]
-        spec = TrainingJobSpec.model_validate(job.get("spec") or {})
+        # The operator's endpoint defaults fill what the spec leaves unset, before anything renders or calls out.
+        defaulted = endpoint_defaults.training_job(TrainingJobSpec.model_validate(job.get("spec") or {}), self.defaults)
+        spec = defaulted.spec
         old_wire: dict[str, Any] = dict(job.get("status") or {})
         try:
             status = TrainingJobStatus.model_validate(old_wire)
@@ -87,18 +91,20 @@ class Controller:
         for view in views:
             if view.node_name and self.nodes is not None and view.node_name in self.nodes:
                 nodes[view.node_name] = next(iter(self.nodes[view.node_name]))
+        endpoint_problem = defaulted.problem()
         spec_error = render.name_problem(name, max(spec.workers.replicas, spec.workers.max_replicas or 0))
-        if spec_error is None:
+        if spec_error is None and endpoint_problem is None:
             try:
                 render.config_map(job, spec)
             except SpecError as error:
                 spec_error = str(error)
-        tracking_error = await self.ensure_tracking(job, spec, status)
+        tracking_error = None if endpoint_problem else await self.ensure_tracking(job, spec, status)
         progress = await self.poll_progress(spec, status, observed)
         training_data = None
         data_built = status.training_data is not None and status.training_data.phase == "Succeeded"
-        if spec_error is None and not data_built and status.phase not in FINISHED and not spec.run_policy.suspend:
-            training_data = await observe_training_data(job, spec, self.features_image)
+        blocked = spec_error is not None or endpoint_problem is not None
+        if not blocked and not data_built and status.phase not in FINISHED and not spec.run_policy.suspend:
+            training_data = await observe_training_data(job, spec, self.features_image, self.defaults)
         decision = decide(
             Observation(
                 generation=meta.get("generation"),
@@ -114,13 +120,17 @@ class Controller:
                 tracking_error=tracking_error,
                 spec_error=spec_error,
                 training_data=training_data,
+                endpoint_problem=endpoint_problem,
             ),
             self.policy,
         )
+        decision.status.endpoint_defaults = defaulted.status_field()
         patch = status_patch(old_wire, decision.status.to_wire())
         if patch is not None:
             await kube.patch_status(API_VERSION, "TrainingJob", namespace, name, patch)
         post_events(job, decision.events)
+        if endpoint_problem is not None:
+            return  # nothing renders without the endpoint; the next pass after a fix goes on
         await self.act(job, spec, decision, views, spec_changed=status.observed_generation != meta.get("generation"))
         if decision.status.phase in FINISHED and status.phase not in FINISHED:
             await self.close_run(spec, decision)
@@ -130,6 +140,7 @@ class Controller:
         mlflow = spec.tracking.mlflow if spec.tracking else None
         if mlflow is None or (status.mlflow and status.mlflow.run_id) or status.phase in FINISHED:
             return None
+        assert mlflow.tracking_uri is not None  # defaulted, or reported as EndpointNotConfigured before this
         meta = job["metadata"]
         try:
             ref = await ensure_run(
@@ -149,7 +160,7 @@ class Controller:
     async def close_run(self, spec: TrainingJobSpec, decision: Decision) -> None:
         run = decision.status.mlflow
         mlflow = spec.tracking.mlflow if spec.tracking else None
-        if mlflow is None or run is None or not run.run_id:
+        if mlflow is None or mlflow.tracking_uri is None or run is None or not run.run_id:
             return
         try:
             await finish_run(
@@ -244,6 +255,7 @@ def register(settings: OperatorSettings) -> None:
         image=settings.trainer_image,
         policy=Policy(node_lost_grace_seconds=settings.node_lost_grace_s),
         features_image=settings.features_image,
+        defaults=endpoint_defaults.EndpointDefaults.from_settings(settings),
     )
     # Deadlines, grace periods, TTLs and progress need a clock, not an event: jobs that are not idle are
     # reconciled every poll interval.

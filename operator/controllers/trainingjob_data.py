@@ -13,6 +13,8 @@ from .. import kube
 from ..api import GROUP, VERSION
 from ..api.featureview import FeatureViewSpec
 from ..api.trainingjob import TrainingJobSpec
+from ..render.defaults import EndpointDefaults
+from ..render.defaults import feature_view as feature_view_defaults
 from ..render.featureview_config import Member, plan_project
 from ..render.featureview_status import job_result
 from ..render.trainingjob import JOB_LABEL
@@ -30,14 +32,14 @@ from ..render.trainingjob_data import (
 API_VERSION = f"{GROUP}/{VERSION}"
 
 
-async def _project_members(namespace: str, project: str) -> list[Member]:
+async def _project_members(namespace: str, project: str, defaults: EndpointDefaults) -> list[Member]:
     members: list[Member] = []
     for obj in await kube.list_objects(API_VERSION, "FeatureView", namespace):
         meta = obj["metadata"]
         if meta.get("deletionTimestamp"):
             continue
         try:
-            spec = FeatureViewSpec.model_validate(obj.get("spec") or {})
+            spec = feature_view_defaults(FeatureViewSpec.model_validate(obj.get("spec") or {}), defaults).spec
         except ValidationError:
             continue
         if spec.project == project:
@@ -45,8 +47,12 @@ async def _project_members(namespace: str, project: str) -> list[Member]:
     return members
 
 
-async def observe_training_data(job: kube.Manifest, spec: TrainingJobSpec, image: str) -> DataObservation | None:
-    """Where the job's training set stands; None when the job has no trainingData."""
+async def observe_training_data(
+    job: kube.Manifest, spec: TrainingJobSpec, image: str, defaults: EndpointDefaults | None = None
+) -> DataObservation | None:
+    """Where the job's training set stands; None when the job has no trainingData. The views' S3 fields get the
+    operator's defaults, as the FeatureView controller renders them."""
+    defaults = defaults or EndpointDefaults()
     data = spec.training_data
     if data is None:
         return None
@@ -63,7 +69,7 @@ async def observe_training_data(job: kube.Manifest, spec: TrainingJobSpec, image
         if waiting is not None or view is None:
             return waiting
         view_spec = FeatureViewSpec.model_validate(view.get("spec") or {})
-        plan = plan_project(view_spec.project, await _project_members(namespace, view_spec.project))
+        plan = plan_project(view_spec.project, await _project_members(namespace, view_spec.project, defaults))
         refused = plan_refusal(data, plan)
         if refused is not None:
             return refused

@@ -80,6 +80,9 @@ class Observation:
     tracking_ready: bool = True  # the MLflow run exists (or no tracking is configured)
     tracking_error: str | None = None  # why the run could not be created yet
     spec_error: str | None = None  # the spec cannot be rendered (reported, never retried)
+    # An endpoint neither the spec nor the operator's defaults name (render/defaults.py): Pending, Ready=False
+    # EndpointNotConfigured, until the object or the operator's configuration gives one.
+    endpoint_problem: str | None = None
     training_data: DataObservation | None = None  # spec.trainingData not built yet: where it stands
 
 
@@ -183,6 +186,10 @@ class _Machine:
             return self.finish(
                 "Failed", "DeadlineExceeded", f"the job ran longer than activeDeadlineSeconds={deadline}"
             )
+        if obs.endpoint_problem:
+            st.phase = "Pending"
+            self.reason_detail = ("EndpointNotConfigured", obs.endpoint_problem)
+            return self.conclude()
         if not obs.tracking_ready:
             st.phase = "Pending"
             self.reason_detail = (

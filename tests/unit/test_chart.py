@@ -68,7 +68,7 @@ def test_default_values_are_valid_and_bad_ones_are_refused() -> None:
 
 def test_every_loom_variable_the_deployment_sets_is_an_operator_setting() -> None:
     template = (TEMPLATES / "deployment.yaml").read_text()
-    names = set(re.findall(r"name: (LOOM_[A-Z_]+)", template))
+    names = set(re.findall(r"name: (LOOM_[A-Z0-9_]+)", template))
     fields = {f"LOOM_{name.upper()}" for name in OperatorSettings.model_fields}
     assert names and names <= fields, names - fields
     # `settings` may set any other field, but none the template sets itself.
