@@ -5,7 +5,8 @@ The module installs one release watching one namespace (a RoleBinding there: the
 runs, in order: the install itself, a TrainingJob on kwok nodes, an InferenceService served on the node agent,
 the RBAC proof (a rule removed by hand makes the matching scenario fail with a clear log line; `helm upgrade`
 repairs it and the job proceeds), and last the uninstall, which must leave nothing the operator created.
-A second, short-lived release checks the namespace-pattern mode (cluster-wide binding).
+A second, short-lived release checks the namespace-pattern mode (cluster-wide binding); a third is installed,
+upgraded and uninstalled by the very commands README.md's "Install on a real cluster" shows.
 """
 
 from __future__ import annotations
@@ -24,9 +25,17 @@ from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.nodes import KWOK_TOLERATION
 from loom.devstack.cluster.pki import AGENT_NODE_NAME
 from loom.devstack.servers import S3Endpoint
-from loom.e2e.helm_operator import CHART, InClusterOperator, helm, operator_in_cluster, wait_default_service_account
+from loom.e2e.helm_operator import (
+    CHART,
+    TEST_VALUES,
+    InClusterOperator,
+    helm,
+    operator_in_cluster,
+    wait_default_service_account,
+)
 from loom.e2e.helm_operator import loom_operator_in_cluster as loom_operator_in_cluster  # the fixture
 from loom.e2e.pytest_services import apply_s3_secret
+from loom.e2e.readme_install import adapt, readme_commands
 from loom.e2e.tests.test_inferenceservice import manifest, upload_placeholder_model, wait_rolled_out
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -247,6 +256,54 @@ def test_a_namespace_pattern_is_watched_cluster_wide_including_namespaces_create
         finally:
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
     assert not exists(cluster, "clusterrolebinding", op.name)
+
+
+def test_the_readmes_install_upgrade_and_uninstall_commands_work(cluster: Cluster, tmp_path: Path) -> None:
+    """README.md's "Install on a real cluster" commands, run as shown and in order (e2e/readme_install.py; the
+    values they set are checked against the chart by tests/unit/test_readme_install.py, which also pins their
+    order). Only the release, its namespace and the watched namespaces are renamed, and the install gets one more
+    values file: the node the pod must run on (the only node that runs pods here) and a small CPU request."""
+    release = f"loom{uuid.uuid4().hex[:6]}"
+    namespace, watch = f"{release}-system", [f"{release}-a", f"{release}-b"]
+    for ns in watch:
+        cluster.kubectl("create", "namespace", ns)
+    stack_values = tmp_path / "stack.yaml"
+    stack_values.write_text(yaml.safe_dump(TEST_VALUES))
+    op = InClusterOperator(cluster, release, namespace, tuple(watch), stack_values)
+
+    def run(argv: list[str]) -> None:
+        command = adapt(argv, release=release, namespace=namespace, watch=watch, extra_values=stack_values)
+        if command[0] == "helm":
+            helm(cluster, *command[1:])
+        else:
+            cluster.kubectl(*command[1:], timeout=150)
+
+    def deployment() -> dict[str, Any]:
+        return dict(kubectl_json(cluster, "get", "deployment", op.name, "-n", namespace))
+
+    install, rollout, crds, upgrade, uninstall = readme_commands()
+    try:
+        run(install)
+        container = deployment()["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["LOOM_NAMESPACES"] == ",".join(watch) and env["LOOM_PROMETHEUS_URL"], env
+        run(rollout)  # returns once the operator pod is Ready
+        op.wait_ready(timeout=10)
+        run(crds)  # the same CRDs again: accepted, nothing to change
+        generation = deployment()["metadata"]["generation"]
+        run(upgrade)  # --reuse-values: the install's values kept, nothing rolled
+        kept = yaml.safe_load(helm(cluster, "get", "values", release, "-n", namespace, "-o", "yaml").stdout)
+        assert kept["watchNamespaces"] == watch and kept["prometheus"]["url"], kept
+        assert deployment()["metadata"]["generation"] == generation
+        assert all(exists(cluster, "rolebinding", op.name, "-n", ns) for ns in watch)
+        run(uninstall)  # removes what the chart installed; the CRDs and the namespaces stay
+        assert not exists(cluster, "deployment", op.name, "-n", namespace)
+        assert not any(exists(cluster, "rolebinding", op.name, "-n", ns) for ns in watch)
+        assert not exists(cluster, "clusterrole", op.name) and exists(cluster, "crd", "trainingjobs.loom.dev")
+    finally:
+        helm(cluster, "uninstall", release, "-n", namespace, "--ignore-not-found", check=False)
+        for ns in (namespace, *watch):
+            cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
 def test_uninstall_leaves_nothing_the_operator_created(
