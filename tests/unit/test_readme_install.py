@@ -24,6 +24,7 @@ from loom.e2e.readme_install import (
     README,
     RELEASE,
     REPO,
+    SECTION,
     adapt,
     commands,
     inline_values,
@@ -204,3 +205,15 @@ def test_the_install_sections_rbac_summary_is_true() -> None:
 def test_a_table_row_the_chart_lacks_would_be_caught(row: str) -> None:
     text = (CHART / "README.md").read_text().replace("| core | events | create |", row + "\n| core | events | create |")
     assert table_rules(text) - granted()
+
+
+@pytest.mark.parametrize("title", [SECTION, "GitOps with Argo CD and Flux"])
+def test_every_file_the_install_and_gitops_sections_name_exists(title: str) -> None:
+    """The tests and files these sections cite as proof (test_gitops.py, the Argo CD health script, ...) exist."""
+    named = [
+        code
+        for code in re.findall(r"`([^`\s]+)`", section(README.read_text(), title))
+        if "/" in code and not code.startswith(("-", "http")) and re.search(r"\.(py|lua|yaml|md|json)$|/$", code)
+    ]
+    assert named, title
+    assert [path for path in named if not (REPO / path).exists()] == []
