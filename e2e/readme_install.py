@@ -91,14 +91,15 @@ def nest(pairs: dict[str, Any]) -> dict[str, Any]:
 def inline_values(body: str) -> dict[str, str | None]:
     """Chart values the prose names in inline code: `--set replicas=2`, `webhook.failurePolicy: Ignore`,
     `metrics.serviceMonitor.enabled` -> {dotted key: the value shown, or None}. File names and API groups
-    (`values.schema.json`, `loom.dev`) are not values and are left out by their suffix."""
+    (`values.schema.json`, `loom.dev`) are not values and are left out by their suffix, fields of Loom's objects
+    (`status.endpointDefaults`) by their first part."""
     found: dict[str, str | None] = {}
     for code in re.findall(r"`([^`\n]+)`", body):
         code = code.removeprefix("--set ").strip()
-        match = re.fullmatch(r"([a-z][A-Za-z0-9]*(?:\.[a-z][A-Za-z0-9]*)*)\s*(?:[=:]\s*(\S+))?", code)
-        if match is None or re.search(r"\.(json|ya?ml|md|py|lua|dev)$", match.group(1)):
-            continue
-        key, value = match.groups()
+        match = re.fullmatch(r"([a-z][A-Za-z0-9]*(?:\.[a-z][A-Za-z0-9]*)*)(?:=(\S+)|:\s+(\S+))?", code)
+        if match is None or re.search(r"\.(json|ya?ml|md|py|lua|dev)$|^(spec|status|metadata)\.", match.group(1)):
+            continue  # also left out: `models:/` (a URI scheme: a value follows `=` or `: `), fields of objects
+        key, value = match.group(1), match.group(2) or match.group(3)
         if "." in key or value is not None:  # a lone word is prose (`patch`, `json`), not a value path
             found[key] = value
     return found

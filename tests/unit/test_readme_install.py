@@ -126,9 +126,9 @@ def test_a_value_that_does_not_exist_is_caught() -> None:
     """The checks above can fail: a misspelt value or a bad one in the README would be refused."""
     assert not known("webhook.failurPolicy") and not known("prometheus.uri")
     assert schema_errors(merged(defaults(), nest({"replicas": "two"})))
-    assert inline_values("run `--set replicas=2` and see `values.schema.json`, `loom.dev`, `patch`") == {
-        "replicas": "2"
-    }
+    assert inline_values(
+        "run `--set replicas=2` and see `values.schema.json`, `loom.dev`, `patch`, `models:/`, `spec.replicas`"
+    ) == {"replicas": "2"}
 
 
 def test_adapt_renames_only_the_release_its_namespace_and_the_watched_namespaces(tmp_path: Path) -> None:
@@ -213,7 +213,10 @@ def test_every_file_the_install_and_gitops_sections_name_exists(title: str) -> N
     named = [
         code
         for code in re.findall(r"`([^`\s]+)`", section(README.read_text(), title))
-        if "/" in code and not code.startswith(("-", "http")) and re.search(r"\.(py|lua|yaml|md|json)$|/$", code)
+        if "/" in code
+        and ":" not in code
+        and not code.startswith("-")
+        and re.search(r"\.(py|lua|yaml|md|json)$|/$", code)
     ]
     assert named, title
     assert [path for path in named if not (REPO / path).exists()] == []
