@@ -30,7 +30,7 @@ from loom.workloads.router.conditions import condition_problems
 from loom.workloads.router.config import GraphIssue, NodeConfig, RouterConfig, StepConfig, UpstreamConfig, graph_issues
 
 from ..api.inferencegraph import GraphStep, InferenceGraphSpec
-from .inferenceservice import CONFIG_HASH_ANNOTATION, SERVICE_PORT, config_hash, service_url
+from .inferenceservice import CONFIG_HASH_ANNOTATION, SERVER_DRAIN_SECONDS, SERVICE_PORT, config_hash, service_url
 from .kit import Manifest, child_metadata, labels, restricted_security_context
 
 KIND_LABEL = "inferencegraph"
@@ -41,8 +41,8 @@ CONFIG_FILE = "router.json"
 # Seconds a terminating router keeps serving while endpoint removal propagates to every proxy (the preStop sleep).
 DRAIN_SECONDS = 5
 # After SIGTERM the router still answers (not ready, closing keep-alive) this long, then stops accepting
-# (loom.workloads.common.lifecycle, as the model server).
-ROUTER_DRAIN_SECONDS = 1
+# (loom.workloads.common.lifecycle): the model server's window, for the same reason (kept-alive clients).
+ROUTER_DRAIN_SECONDS = SERVER_DRAIN_SECONDS
 # After the requests in flight: time to close the upstream pools and exit.
 EXIT_SECONDS = 2
 # The overall budget of one graph request; a per-step timeout above it raises it (a step may take that long).

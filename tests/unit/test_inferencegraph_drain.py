@@ -27,13 +27,13 @@ def test_a_removed_router_drains_within_its_grace_period() -> None:
     (container,) = pod["containers"]
     assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
     command = container["command"]
-    assert _flag(command, "--drain-seconds") == "1"
+    assert _flag(command, "--drain-seconds") == "6"  # as the model server: longer than clients' idle pools
     assert _flag(command, "--shutdown-timeout") == "61"  # the default 60 s graph deadline, rounded up
-    # preStop 5 + drain 1 + requests in flight 61 + 2 to exit
-    assert pod["terminationGracePeriodSeconds"] == 69
+    # preStop 5 + drain 6 + requests in flight 61 + 2 to exit
+    assert pod["terminationGracePeriodSeconds"] == 74
 
 
 def test_a_longer_step_timeout_lengthens_the_grace_period() -> None:
     pod = deployment(timeoutMs=120_000)["spec"]["template"]["spec"]
     assert _flag(pod["containers"][0]["command"], "--shutdown-timeout") == "121"
-    assert pod["terminationGracePeriodSeconds"] == 5 + 1 + 121 + 2
+    assert pod["terminationGracePeriodSeconds"] == 5 + 6 + 121 + 2

@@ -15,10 +15,15 @@ import argparse
 import logging
 import sys
 
-import uvicorn
 from pydantic import ValidationError
 
-from loom.workloads.common.lifecycle import Drain, GracefulServer, add_drain_arguments, check_drain_arguments
+from loom.workloads.common.lifecycle import (
+    Drain,
+    GracefulServer,
+    add_drain_arguments,
+    check_drain_arguments,
+    uvicorn_config,
+)
 
 from .app import build_app
 from .conditions import ConditionsError, compile_conditions
@@ -44,15 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     drain = Drain(args.drain_seconds)
     app = build_app(config, conditions=conditions, drain=drain)
     server = GracefulServer(
-        uvicorn.Config(
-            app,
-            host=config.host,
-            port=config.port,
-            log_level=config.log_level,
-            access_log=False,
-            timeout_graceful_shutdown=args.shutdown_timeout,
-        ),
-        drain,
+        uvicorn_config(app, config.host, config.port, config.log_level, args.shutdown_timeout), drain
     )
     server.run()
     return 0

@@ -125,8 +125,8 @@ class Upstreams:
     """
 
     ENDPOINTS = ("infer", "generate", "generate_stream")
-    # Below uvicorn's 5 s keep-alive: a connection the server is about to close is not reused (a
-    # POST that meets a closing connection fails and is not retried).
+    # Below the servers' 6 s drain window (and far below their 75 s keep-alive): a connection the server is about
+    # to close is not reused (a POST that meets a closing connection fails and is not retried).
     KEEPALIVE_S = 4.0
 
     def __init__(self, services: Mapping[str, UpstreamConfig], timeout_s: float, max_connections: int = 100):

@@ -15,7 +15,6 @@ import argparse
 import logging
 import sys
 
-import uvicorn
 from prometheus_client import start_http_server
 
 from .app import build_app
@@ -23,7 +22,7 @@ from .config import ServerConfig
 from .dataplane import DataPlane
 from .fetch import fetch, model_folder
 from .handlers import load_handler_class
-from .lifecycle import Drain, GracefulServer, add_drain_arguments, check_drain_arguments
+from .lifecycle import Drain, GracefulServer, add_drain_arguments, check_drain_arguments, uvicorn_config
 
 log = logging.getLogger("loom.workloads.server")
 
@@ -51,15 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.metrics_port is not None:
         start_http_server(config.metrics_port, addr=config.host, registry=plane.metrics.registry)
     server = GracefulServer(
-        uvicorn.Config(
-            app,
-            host=config.host,
-            port=config.port,
-            log_level=config.log_level,
-            access_log=False,
-            timeout_graceful_shutdown=args.shutdown_timeout,
-        ),
-        drain,
+        uvicorn_config(app, config.host, config.port, config.log_level, args.shutdown_timeout), drain
     )
     failed: list[str] = []
 

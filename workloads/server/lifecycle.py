@@ -9,6 +9,8 @@ from loom.workloads.common.lifecycle import (
     GracefulServer,
     add_drain_arguments,
     check_drain_arguments,
+    uvicorn_config,
 )
 
-__all__ = ["CloseWhileDraining", "Drain", "GracefulServer", "add_drain_arguments", "check_drain_arguments"]
+__all__ = ["CloseWhileDraining", "Drain", "GracefulServer", "add_drain_arguments", "check_drain_arguments",
+           "uvicorn_config"]
