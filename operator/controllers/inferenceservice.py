@@ -23,7 +23,7 @@ from ..api.inferenceservice import InferenceServiceSpec, InferenceServiceStatus
 from ..autoscale.inferenceservice import recommend_replicas
 from ..kube import client as kube
 from ..render.defaults import REASON as ENDPOINT_NOT_CONFIGURED
-from ..render.defaults import Defaulted, EndpointDefaults
+from ..render.defaults import Defaulted, EndpointDefaults, training_job_manifest
 from ..render.defaults import inference_service as inference_service_defaults
 from ..render.inferenceservice import (
     CONFIG_HASH_ANNOTATION,
@@ -55,10 +55,14 @@ KIND = "InferenceService"
 INDEX_ID = "loom_inferenceservices"
 
 
-async def _resolve(spec: InferenceServiceSpec, namespace: str) -> tuple[ModelRef | None, ResolveError | None]:
+async def _resolve(
+    spec: InferenceServiceSpec, namespace: str, defaults: EndpointDefaults
+) -> tuple[ModelRef | None, ResolveError | None]:
     job = None
     if spec.model.from_training_job is not None:
         job = await kube.get(API_VERSION, "TrainingJob", namespace, spec.model.from_training_job.name)
+        # The job's checkpoints are where it wrote them: with the operator's S3 defaults where it names none.
+        job = training_job_manifest(job, defaults) if job is not None else None
     try:
         return resolve_model(spec.model, spec.handler, job), None
     except ResolveError as err:
@@ -136,7 +140,7 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
                 problem = defaulted.problem() or ""
                 desired, resolve_error = None, ResolveError(ENDPOINT_NOT_CONFIGURED, problem, transient=False)
             else:
-                desired, resolve_error = await _resolve(spec, namespace)
+                desired, resolve_error = await _resolve(spec, namespace, EndpointDefaults.from_settings(settings))
             features, features_error = await _features(spec, namespace)
             if features_error is not None:
                 desired, resolve_error = None, resolve_error or features_error

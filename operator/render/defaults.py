@@ -12,7 +12,7 @@ into pods by reference; the operator never reads it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..api.common import S3Credentials
 from ..api.featureview import FeatureViewSpec
@@ -108,9 +108,25 @@ def training_job(spec: TrainingJobSpec, d: EndpointDefaults) -> Defaulted[Traini
     return Defaulted(spec.model_copy(update=update) if update else spec, used, missing)
 
 
+def training_job_manifest(job: dict[str, Any], d: EndpointDefaults) -> dict[str, Any]:
+    """A TrainingJob as the API server returns it, its checkpoint's unset S3 fields filled as its own controller
+    fills them: for readers of another object's spec (an InferenceService serving the job's checkpoints must read
+    them from where the job wrote them). A copy; the job itself is unchanged."""
+    spec = job.get("spec") or {}
+    checkpoint = spec.get("checkpoint")
+    if not checkpoint:
+        return job
+    filled = dict(checkpoint)
+    if not filled.get("endpoint") and d.s3_endpoint:
+        filled["endpoint"] = d.s3_endpoint
+    if not filled.get("secretRef") and d.s3_secret_name:
+        filled["secretRef"] = {"name": d.s3_secret_name}
+    return {**job, "spec": {**spec, "checkpoint": filled}} if filled != checkpoint else job
+
+
 def inference_service(spec: InferenceServiceSpec, d: EndpointDefaults) -> Defaulted[InferenceServiceSpec]:
-    """model.endpoint/secretRef for s3:// and models:/ sources (a fromTrainingJob source takes the job's, itself
-    defaulted when the job was rendered) and model.trackingUri for models:/ sources."""
+    """model.endpoint/secretRef for s3:// and models:/ sources (a fromTrainingJob source takes the job's, filled by
+    `training_job_manifest`) and model.trackingUri for models:/ sources."""
     used: dict[str, str] = {}
     missing: list[Missing] = []
     model = spec.model

@@ -18,6 +18,7 @@ from loom.operator.api.trainingjob import TrainingJobSpec, TrainingJobStatus
 from loom.operator.render import defaults
 from loom.operator.render import trainingjob as render
 from loom.operator.render.defaults import EndpointDefaults
+from loom.operator.render.inferenceservice_model import resolve_model
 from loom.operator.render.trainingjob_state import Observation, Policy, decide
 from loom.operator.settings import OperatorSettings
 
@@ -213,3 +214,22 @@ def test_settings_and_chart_values() -> None:
         assert list(validator.iter_errors({**values, **bad})), bad
     template = (CHART / "templates" / "deployment.yaml").read_text()
     assert "{{- with .Values.defaults.mlflow.trackingUri }}" in template  # unset: no variable, no default
+
+
+def test_an_inferenceservice_serving_a_trainingjob_reads_its_checkpoints_where_the_job_wrote_them() -> None:
+    job = {"metadata": {"name": "gpt"}, "spec": {"checkpoint": {"uri": "s3://ckpt/gpt"}}, "status": {}}
+    filled = defaults.training_job_manifest(job, CLUSTER)
+    assert filled["spec"]["checkpoint"] == {
+        "uri": "s3://ckpt/gpt",
+        "endpoint": "http://minio.storage:9000",
+        "secretRef": {"name": "s3-credentials"},
+    }
+    assert job["spec"]["checkpoint"] == {"uri": "s3://ckpt/gpt"}  # a copy
+    own = {"spec": {"checkpoint": {"uri": "s3://ckpt/gpt", "endpoint": "http://own:9000", "secretRef": {"name": "o"}}}}
+    assert defaults.training_job_manifest(own, CLUSTER) is own
+    assert defaults.training_job_manifest(job, EndpointDefaults()) is job
+    source = InferenceServiceSpec.model_validate({"model": {"fromTrainingJob": {"name": "gpt"}}}).model
+    done = {**filled, "status": {"phase": "Succeeded", "checkpoint": {"step": 5}}}
+    ref = resolve_model(source, "auto", done)
+    assert ref.endpoint == "http://minio.storage:9000" and ref.secret_ref is not None
+    assert ref.secret_ref.name == "s3-credentials"
