@@ -30,6 +30,10 @@ INDEX_LABEL = "loom.dev/worker-index"
 ATTEMPT_LABEL = "loom.dev/attempt"
 # The trainer gets SIGTERM on suspend and gang restarts; this is its window for the final checkpoint.
 TERMINATION_GRACE_SECONDS = 120
+# torchrun's agent forwards SIGTERM to the trainer processes and SIGKILLs them after its shutdown timeout, 30 s
+# unless told otherwise: a final checkpoint slower than that would be cut short inside the pod's grace period.
+# The agent gets the grace period less 10 s (it still exits before the kubelet's SIGKILL).
+TORCHRUN_SHUTDOWN_SECONDS = TERMINATION_GRACE_SECONDS - 10
 GPU_RESOURCE = "nvidia.com/gpu"
 
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
@@ -129,6 +133,7 @@ def _env(job: Manifest, spec: TrainingJobSpec, index: int, mlflow_run_id: str | 
         # The image's working directory must never shadow stdlib modules (the repo has a folder `operator`).
         {"name": "PYTHONSAFEPATH", "value": "1"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
+        {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(TORCHRUN_SHUTDOWN_SECONDS)},
     ]
     ckpt = spec.checkpoint
     if ckpt is not None:

@@ -304,3 +304,12 @@ def test_names_that_cannot_be_hostnames_are_reported() -> None:
     assert render.name_problem("a" * 60, 2) is not None
     assert render.name_problem("9lives", 2) is not None
     assert render.name_problem("gpt", 1000) is None
+
+
+def test_torchrun_lets_the_final_checkpoint_use_the_pods_grace_period() -> None:
+    """On SIGTERM torchrun's agent SIGKILLs the trainer after its shutdown timeout (30 s by default): the final
+    checkpoint gets the grace period instead, less the agent's own exit."""
+    manifest = pod(0)
+    grace = manifest["spec"]["terminationGracePeriodSeconds"]
+    env = {e["name"]: e.get("value") for e in manifest["spec"]["containers"][0]["env"]}
+    assert 30 < int(env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) < grace
