@@ -78,19 +78,24 @@ BUILD_MOUNTS=(-v "$HOST_CA:/etc/ssl/certs/ca-certificates.crt:ro" -v "$STATE/pip
 
 for name in "${NAMES[@]}"; do
   start=$(now)
-  # --pull=never: every FROM must already be local (the base above, or an earlier stage).
-  "${BUILDAH[@]}" bud --isolation chroot --pull=never --layers=false "${BUILD_MOUNTS[@]}" \
+  # --pull=never: every FROM must already be local (the base above, or an earlier stage). --force-rm: a failed
+  # build's working container is removed too (with vfs it is a full copy of the filesystem: gigabytes of torch).
+  "${BUILDAH[@]}" bud --isolation chroot --pull=never --layers=false --force-rm "${BUILD_MOUNTS[@]}" \
     --build-arg "BASE=$BASE" -f "$ROOT/images/$name.Dockerfile" -t "localhost/loom/$name:$VERSION" "$ROOT"
   log "built localhost/loom/$name:$VERSION in $(( $(now) - start )) s"
 done
 
-# Each image started once, as its own user with its own PATH: the operator's CLI answers, the workloads import.
+# Each image started once, as its own user with its own PATH: the operator's CLI answers, the workloads import
+# (and the entrypoints the operator's pods run answer --help).
 smoke() {
   case $1 in
     operator) echo "loom --version" ;;
     server) echo "python -c 'import torch, loom.workloads.server.app; print(\"torch\", torch.__version__)'" ;;
-    features) echo "python -c 'import feast, loom.workloads.features; print(\"feast\", feast.__version__)'" ;;
-    trainer) echo "python -c 'import torch, deepspeed, loom.workloads.trainer; print(\"torch\", torch.__version__)'" ;;
+    features) echo "python -m loom.workloads.features --help >/dev/null &&
+      python -c 'import feast, loom.workloads.features.commands; print(\"feast\", feast.__version__)'" ;;
+    trainer) echo "torchrun --help >/dev/null && python -m loom.workloads.trainer --help >/dev/null &&
+      python -c 'import torch, deepspeed, loom.workloads.trainer.loop, loom.workloads.trainer.engines;
+print(\"torch\", torch.__version__, \"deepspeed\", deepspeed.__version__)'" ;;
   esac
 }
 for name in "${NAMES[@]}"; do

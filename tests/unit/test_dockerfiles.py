@@ -111,3 +111,25 @@ def test_the_operator_image_smoke_test_command_works() -> None:
     result = CliRunner().invoke(main, ["--version"])
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert result.exit_code == 0 and result.output.strip() == f"loom, version {version}", result.output
+
+
+def test_build_sh_starts_every_image_once() -> None:
+    """`make images` smoke-tests each image it builds: images/build.sh has a command for every Dockerfile."""
+    script = (IMAGES / "build.sh").read_text()
+    body = script[script.index("smoke() {") : script.index("\n}", script.index("smoke() {"))]
+    cases = set(re.findall(r"^\s+(\w+)\) echo ", body, re.MULTILINE))
+    assert cases == {p.stem for p in DOCKERFILES}, cases
+
+
+def test_the_trainer_image_builds_deepspeed_against_the_torch_it_installs_first() -> None:
+    """deepspeed ships a source distribution whose setup.py imports torch and its own op_builder/ folder."""
+    runs = " ".join(c.value[0] for c in commands(IMAGES / "trainer.Dockerfile") if c.cmd == "RUN")
+    installs = [part for part in re.split(r"&&", runs) if "pip install" in part]
+    torch_first = next(i for i, part in enumerate(installs) if "'torch" in part)
+    train = next(i for i, part in enumerate(installs) if "[train]" in part)
+    assert torch_first < train, installs
+    deepspeed = installs[train]
+    # torch must be visible to the build (no isolated build environment), no CUDA op compiled (no nvcc in the
+    # image), and the build's folder on sys.path for `from op_builder import ...` (PYTHONSAFEPATH removes it).
+    assert "--no-build-isolation" in deepspeed and "DS_BUILD_OPS=0" in deepspeed, deepspeed
+    assert "-u PYTHONSAFEPATH" in deepspeed, deepspeed
