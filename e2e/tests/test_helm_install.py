@@ -3,8 +3,9 @@ acting under the chart's ServiceAccount and RBAC instead of the admin kubeconfig
 
 The module installs one release watching one namespace (a RoleBinding there: the least-privilege path) and
 runs, in order: the install itself, a TrainingJob on kwok nodes, an InferenceService served on the node agent,
-the RBAC proof (a rule removed by hand makes the matching scenario fail with a clear log line; `helm upgrade`
-repairs it and the job proceeds), and last the uninstall, which must leave nothing the operator created.
+the endpoint defaults (an upgrade that adds defaults.mlflow.trackingUri to the release's values), the RBAC
+proof (a rule removed by hand makes the matching scenario fail with a clear log line; `helm upgrade` repairs it
+and the job proceeds), and last the uninstall, which must leave nothing the operator created.
 A second, short-lived release checks the namespace-pattern mode (cluster-wide binding); a third is installed,
 upgraded and uninstalled by the very commands README.md's "Install on a real cluster" shows.
 """
@@ -24,7 +25,7 @@ from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.nodes import KWOK_TOLERATION
 from loom.devstack.cluster.pki import AGENT_NODE_NAME
-from loom.devstack.servers import S3Endpoint
+from loom.devstack.servers import MLflowEndpoint, S3Endpoint
 from loom.e2e.helm_operator import (
     CHART,
     TEST_VALUES,
@@ -207,6 +208,47 @@ def test_inferenceservice_reconciles_under_the_chart_service_account(
     wait_until(reasons, timeout=30, what="the operator's events on the InferenceService")
 
 
+def test_endpoint_defaults_come_from_chart_values(
+    cluster: Cluster, loom_operator_in_cluster: InClusterOperator, mlflow: MLflowEndpoint
+) -> None:
+    """A TrainingJob tracking to MLflow without trackingUri waits, Ready=False EndpointNotConfigured naming the
+    chart value, while the release has none; `helm upgrade` with defaults.mlflow.trackingUri in its values gives
+    the operator one, and the job's run, rendered config and status.endpointDefaults use it."""
+    op, ns = loom_operator_in_cluster, loom_operator_in_cluster.watch[0]
+    body = training_job("tracked")
+    body["spec"]["tracking"] = {"mlflow": {"experiment": "chart-defaults"}}
+    cluster.kubectl("apply", "--server-side", "-n", ns, "-f", "-", stdin=yaml.safe_dump(body))
+
+    def not_configured() -> str | None:
+        status = kubectl_json(cluster, "get", "trainingjob", "tracked", "-n", ns).get("status") or {}
+        ready = next((c for c in status.get("conditions", []) if c["type"] == "Ready"), None)
+        return str(ready["message"]) if ready and ready["reason"] == "EndpointNotConfigured" else None
+
+    message = wait_until(not_configured, timeout=60, what="tracked: Ready=False EndpointNotConfigured")
+    assert "spec.tracking.mlflow.trackingUri" in message and "defaults.mlflow.trackingUri" in message
+    assert worker_pods(cluster, ns, "tracked") == []
+
+    # Into the release's values file, so later upgrades of this module keep it (and keep the operator pod).
+    values = yaml.safe_load(op.values_file.read_text())
+    op.values_file.write_text(yaml.safe_dump({**values, "defaults": {"mlflow": {"trackingUri": mlflow.url}}}))
+    op.upgrade()
+
+    def configured() -> dict[str, Any] | None:
+        # The replaced operator pod created the run, then rendered the config the workers read.
+        config = cluster.kubectl("get", "configmap", "tracked-trainer", "-n", ns, "-o", "json", check=False)
+        return dict(json.loads(config.stdout)["data"]) if config.returncode == 0 else None
+
+    try:
+        data = wait_until(configured, timeout=90, what="tracked: the trainer config with the default")
+    except TimeoutError as error:
+        raise AssertionError(f"{error}\n{op.log_tail()}") from None
+    assert json.loads(next(iter(data.values())))["tracking"]["mlflow"]["trackingUri"] == mlflow.url
+    job = kubectl_json(cluster, "get", "trainingjob", "tracked", "-n", ns)
+    assert job["status"]["endpointDefaults"] == {"spec.tracking.mlflow.trackingUri": mlflow.url}
+    assert job["status"]["mlflow"]["url"].startswith(mlflow.url.rstrip("/"))
+    assert "trackingUri" not in job["spec"]["tracking"]["mlflow"]  # the operator never writes to spec
+
+
 def test_a_removed_rule_fails_clearly_and_helm_upgrade_repairs_it(
     cluster: Cluster, loom_operator_in_cluster: InClusterOperator
 ) -> None:
@@ -236,7 +278,6 @@ def test_a_removed_rule_fails_clearly_and_helm_upgrade_repairs_it(
     op.upgrade("--force-conflicts")
     assert can_i(cluster, op, "patch", "services", "-n", ns)
     wait_running(cluster, op, ns, "norbac")
-
 
 def test_a_namespace_pattern_is_watched_cluster_wide_including_namespaces_created_later(
     cluster: Cluster, tmp_path: Path
