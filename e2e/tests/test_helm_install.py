@@ -279,6 +279,7 @@ def test_a_removed_rule_fails_clearly_and_helm_upgrade_repairs_it(
     assert can_i(cluster, op, "patch", "services", "-n", ns)
     wait_running(cluster, op, ns, "norbac")
 
+
 def test_a_namespace_pattern_is_watched_cluster_wide_including_namespaces_created_later(
     cluster: Cluster, tmp_path: Path
 ) -> None:
