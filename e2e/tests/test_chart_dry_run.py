@@ -21,6 +21,7 @@ import yaml
 from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
 from loom.e2e.helm_operator import CHART, helm
+from loom.operator.settings import OperatorSettings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -113,6 +114,14 @@ def test_the_maximal_values_render_every_optional_object(cluster: Cluster) -> No
     assert env["LOOM_LOG_FORMAT"] == "json" and env["LOOM_LOG_LEVEL"] == "DEBUG"
     assert env["LOOM_AUTOSCALE_INTERVAL_S"] == "10" and env["NO_PROXY"] == ".svc,.cluster.local"
     assert deployment["spec"]["replicas"] == 2
+    # The endpoint defaults and the activator's bounds, as settings the operator accepts.
+    settings = OperatorSettings.from_env({k: v for k, v in env.items() if k.startswith("LOOM_") and v is not None})
+    assert (settings.default_s3_endpoint, settings.default_s3_secret_name, settings.default_mlflow_tracking_uri) == (
+        "http://minio.storage:9000",
+        "s3-credentials",
+        "http://mlflow.mlops:5000",
+    )
+    assert (settings.activator_timeout_s, settings.activator_max_held) == (30.5, 500)
     # One dashboard ConfigMap per file, in the namespace Grafana's sidecar watches, with its label.
     dashboards = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
     assert set(dashboards) == {f"dry-operator-dashboard-{n}" for n in ("autoscaling", "serving", "training")}
