@@ -9,8 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from .mlflow_run import Resume, loss_history, resumes, run_tags
 from .stage import Demo, Outcome
 
 IMAGES = Path(__file__).resolve().parents[2] / "docs" / "img"
@@ -19,18 +18,7 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 HOW_TO_GET_CHROMIUM = "apt-get install -y chromium (Debian/Ubuntu), then run the demo again"
 
 
-def loss_history(mlflow_url: str, run_id: str) -> list[dict[str, Any]]:
-    response = httpx.get(
-        f"{mlflow_url}/api/2.0/mlflow/metrics/get-history",
-        params={"run_id": run_id, "metric_key": "loss", "max_results": 10000},
-        timeout=30,
-        trust_env=False,
-    )
-    response.raise_for_status()
-    return sorted(response.json().get("metrics", []), key=lambda m: (m["timestamp"], m["step"]))
-
-
-def plot_loss(points: list[dict[str, Any]], kill_step: int, resumed_from: int, title: str, out: Path) -> None:
+def plot_loss(points: list[dict[str, Any]], kill_step: int, resumed: list[Resume], title: str, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # no display: write the file only
@@ -58,12 +46,13 @@ def plot_loss(points: list[dict[str, Any]], kill_step: int, resumed_from: int, t
             color="#d62728",
             fontsize=9,
         )
-    if resumed_from:
-        ax.axvline(resumed_from, color="#ff7f0e", linestyle=":", linewidth=1)
+    for number, resume in enumerate(resumed):
+        # Where the run's loom.resume.* tag says training went on from.
+        ax.axvline(resume.step, color="#ff7f0e", linestyle=":", linewidth=1)
         ax.annotate(
-            f"resumed from checkpoint (step {resumed_from})",
-            xy=(resumed_from, ax.get_ylim()[1]),
-            xytext=(4, -28),
+            f"resumed from checkpoint (step {resume.step})",
+            xy=(resume.step, ax.get_ylim()[1]),
+            xytext=(4, -28 - 14 * number),
             textcoords="offset points",
             color="#ff7f0e",
             fontsize=9,
@@ -114,9 +103,11 @@ def run(demo: Demo) -> Outcome:
     host_url = run_url.replace(run_url.split("/#")[0], demo.services.mlflow_url) if "/#" in run_url else run_url
     demo.facts["run_url_host"] = host_url
     points = loss_history(demo.services.mlflow_url, run_id)
+    resumed = resumes(run_tags(demo.services.mlflow_url, run_id))
     title = f"TrainingJob {demo.facts.get('training')}: loss (MLflow run {run_id[:8]})"
-    plot_loss(points, demo.facts.get("kill_step", 0), demo.facts.get("resumed_from", 0), title, LOSS_PNG)
-    demo.ui.info(f"loss curve ({len(points)} points from MLflow) -> {LOSS_PNG}")
+    plot_loss(points, demo.facts.get("kill_step", 0), resumed, title, LOSS_PNG)
+    tagged = ", ".join(f"loom.resume.{r.restart}={r.uri}@{r.step}" for r in resumed) or "no resume tags"
+    demo.ui.info(f"loss curve ({len(points)} points from MLflow; {tagged}) -> {LOSS_PNG}")
     made = [LOSS_PNG.name]
     binary = browser()
     if binary is None:

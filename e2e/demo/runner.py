@@ -3,6 +3,7 @@ LOOM_DEMO_KEEP=1, leaves everything running and says how to explore and stop it)
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -14,10 +15,11 @@ from loom.devstack.cluster import down as stack_down
 from loom.e2e.helm_operator import helm
 
 from . import autoscale, features, graph, install, pictures, serving, training
-from .stage import NAMESPACE, WORKDIR, Demo, Outcome
+from .stage import NAMESPACE, WORKDIR, Demo, Later, Outcome
 from .ui import Ui
 
-Part = tuple[str, str, Callable[[Demo], Outcome]]
+Part = tuple[str, str, Callable[[Demo], Outcome | Later]]
+Row = tuple[str, str, float, str]
 PARTS: list[Part] = [
     (
         "Loom, installed with Helm",
@@ -77,6 +79,25 @@ def clean_up(demo: Demo) -> None:
         kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", check=False)
 
 
+def attempt(ui: Ui, title: str, step: Callable[[], Outcome | Later]) -> Outcome | Later | None:
+    """A part's result; None when it failed, after saying why (the demo stops at the first failure)."""
+    try:
+        return step()
+    except Exception as error:
+        ui.failed(f"{title}: {str(error).splitlines()[0] if str(error) else type(error).__name__}")
+        (WORKDIR / "failure.txt").write_text(traceback.format_exc())
+        ui.info(f"details: {WORKDIR / 'failure.txt'}")
+        return None
+
+
+def finished(ui: Ui, title: str, state: str, started: float, result: Outcome | Later | None) -> Row:
+    """A part's summary row, after printing its outcome line."""
+    if not isinstance(result, Outcome):
+        return (title, "FAILED", time.monotonic() - started, "-")
+    ui.outcome(result.line)
+    return (title, state, result.seconds or time.monotonic() - started, result.figure)
+
+
 def main() -> int:
     # SIGTERM (a timeout, CI, a closed terminal) unwinds like Ctrl-C, so the clean-up below runs.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -87,30 +108,37 @@ def main() -> int:
     ui.info("starting the local real stack (a fresh clone builds Kubernetes from its Go modules first: many minutes)")
     cluster, started_here = install.stack(ui.info)
     demo = Demo(cluster, ui)
-    rows: list[tuple[str, str, float, str]] = []
+    rows: dict[int, Row] = {}
     failed = False
     try:
+        waiting: tuple[int, str, float, Later] | None = None  # a part running on in the background
         for number, (title, what, part) in enumerate(PARTS, 1):
             ui.part(number, len(PARTS), title, what)
             started = time.monotonic()
-            try:
-                outcome = part(demo)
-            except Exception as error:  # the demo reports any failure and stops there
-                ui.failed(f"{title}: {str(error).splitlines()[0] if str(error) else type(error).__name__}")
-                (WORKDIR / "failure.txt").write_text(traceback.format_exc())
-                ui.info(f"details: {WORKDIR / 'failure.txt'}")
-                rows.append((title, "FAILED", time.monotonic() - started, "-"))
+            result = attempt(ui, title, functools.partial(part, demo))
+            if isinstance(result, Later):
+                ui.info(result.line)
+                waiting = (number, title, started, result)
+                continue
+            rows[number] = finished(ui, title, "ok", started, result)
+            if result is not None and waiting is not None:
+                # Collected right after the part it ran beside, so the story keeps its order.
+                earlier, earlier_title, earlier_started, later = waiting
+                waiting = None
+                ui.part(earlier, len(PARTS), f"{earlier_title}: the outcome", f"It ran beside part {number}.")
+                result = attempt(ui, earlier_title, later.collect)
+                rows[earlier] = finished(ui, earlier_title, f"ok (beside {number})", earlier_started, result)
+            if result is None:
                 failed = True
                 break
-            ui.outcome(outcome.line)
-            rows.append((title, "ok", time.monotonic() - started, outcome.figure))
-        ui.summary(rows)
+        ui.summary([rows[n] for n in sorted(rows)])
         ui.info(f"demo wall time {time.monotonic() - began:.0f}s")
         ui.look(where_to_look(demo))
         if keep:
             ui.info(
                 f"LOOM_DEMO_KEEP=1: everything keeps running. Explore with the commands above; the operator "
-                f"watches {NAMESPACE} (kubectl apply -n {NAMESPACE} -f examples/...). Stop it all: loom dev down"
+                f"watches {NAMESPACE} (kubectl apply -n {NAMESPACE} -f examples/...). "
+                "Stop it all: .venv/bin/loom dev down"
             )
     finally:
         if not keep:

@@ -3,15 +3,28 @@ API keys, rate limit); a generation is streamed through its Service and printed 
 
 from __future__ import annotations
 
+import copy
 import json
 import time
+from typing import Any
 
 import httpx
 
-from .stage import Demo, Outcome, is_true, wait_obj
+from .stage import Demo, Outcome, example, is_true, wait_obj
 
 FILE = "inferenceservice-chargpt-from-trainingjob.yaml"
 PROMPT = "The "
+CHALLENGER = "chargpt-challenger"  # part 5's second service, the name examples/inferencegraph-ab-splitter.yaml uses
+
+
+def challenger() -> dict[str, Any]:
+    """The serving example under the name the A/B graph expects, with one small replica (the node has 2 CPUs)."""
+    (doc,) = example(FILE)
+    doc = copy.deepcopy(doc)
+    doc["metadata"]["name"] = CHALLENGER
+    doc["spec"]["replicas"] = 1
+    doc["spec"]["resources"]["requests"]["cpu"] = "100m"
+    return dict(doc)
 
 
 def ready(obj: dict) -> bool:  # type: ignore[type-arg]
@@ -50,6 +63,9 @@ def run(demo: Demo) -> Outcome:
         f"kubectl apply -f examples/{FILE}: {doc['spec']['replicas']} replicas of TrainingJob "
         f"{doc['spec']['model']['fromTrainingJob']['name']}'s final model, API keys required"
     )
+    # Part 5's challenger loads the same model: started now, its model server starts beside these two.
+    demo.apply_obj(challenger())
+    demo.ui.info(f"and {CHALLENGER} (1 replica, the same model) for part 5's A/B test, starting meanwhile")
     started = time.monotonic()
     obj = wait_obj(demo, "inferenceservice", name, ready, 600, "Ready")
     status = obj["status"]

@@ -29,6 +29,15 @@ API_KEY_SECRET = "chargpt-api-keys"
 class Outcome:
     line: str  # one sentence: what happened
     figure: str  # the key number, for the summary table
+    seconds: float | None = None  # the part's own time, when it is not the time the demo waited for it
+
+
+@dataclass(frozen=True)
+class Later:
+    """A part that runs on in the background while the next part runs: `collect` waits for its outcome."""
+
+    line: str  # what goes on meanwhile, and when its outcome follows
+    collect: Callable[[], Outcome]
 
 
 @dataclass

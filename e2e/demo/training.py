@@ -13,6 +13,7 @@ import psutil
 
 from loom.devstack.cluster.paths import AGENT_STATE_DIR
 
+from .mlflow_run import resumes, run_tags
 from .stage import Demo, Outcome, example
 from .ui import TrainingView
 
@@ -72,9 +73,9 @@ def run(demo: Demo) -> Outcome:
         f"{spec['maxSteps']} steps, checkpoint every {spec['checkpoint']['everySteps']} to {spec['checkpoint']['uri']}"
     )
     killed_at: float | None = None
-    kill_step = resumed_from = 0
+    kill_step = 0
     recovered_s: float | None = None
-    restarted_with: int | None = None
+    restarted = False
     started = time.monotonic()
     status: dict[str, Any] = {}
     with demo.ui.training(name) as bar:
@@ -86,17 +87,16 @@ def run(demo: Demo) -> Outcome:
                 break
             checkpoint = (status.get("checkpoint") or {}).get("step") or 0
             if killed_at is None and checkpoint >= KILL_AT_CHECKPOINT and kill_worker(demo, f"{name}-worker-1"):
-                killed_at, kill_step, resumed_from = time.monotonic(), current.step, checkpoint
+                killed_at, kill_step = time.monotonic(), current.step
                 bar.note(
                     f"[kill] SIGKILL to the trainer of {name}-worker-1 at step {current.step} "
                     f"(newest checkpoint reported: step {checkpoint})"
                 )
-            elif killed_at is not None and current.restarts > 0 and restarted_with is None:
-                # The newest complete checkpoint when Loom restarted the gang is the one the workers load.
-                restarted_with = resumed_from = checkpoint
-            elif (
-                killed_at is not None
-                and restarted_with is not None
+            elif killed_at is not None and current.restarts > 0:
+                restarted = True
+            if (
+                restarted
+                and killed_at is not None
                 and recovered_s is None
                 and current.phase == "Running"
                 and current.step > kill_step
@@ -112,17 +112,21 @@ def run(demo: Demo) -> Outcome:
     final = view(status)
     final.loss = final.loss if final.loss is not None else float("nan")
     mlflow = status.get("mlflow") or {}
+    run_id = mlflow.get("runId")
     demo.facts.update(
         training=name,
-        run_id=mlflow.get("runId"),
+        run_id=run_id,
         run_url=mlflow.get("url"),
-        resumed_from=resumed_from,
         kill_step=kill_step,
         checkpoint=(status.get("checkpoint") or {}).get("latest"),
     )
+    # The step each restart went on from, as the trainer recorded it in the run (its loom.resume.<n> tags).
+    assert demo.services is not None
+    tagged = resumes(run_tags(demo.services.mlflow_url, run_id)) if run_id else []
+    resumed = " and ".join(f"step-{r.step}" for r in tagged) or "no recorded"
     recovered = f"{recovered_s:.0f}s" if recovered_s is not None else "?"
     return Outcome(
         f"TrainingJob {name} Succeeded: {final.step} steps, final loss {final.loss:.3f}, {final.restarts} restart "
-        f"(worker killed at step {kill_step}, resumed from the step-{resumed_from} checkpoint)",
+        f"(worker killed at step {kill_step}, resumed from the {resumed} checkpoint per the MLflow run)",
         f"loss {final.loss:.2f}, back {recovered} after the kill",
     )

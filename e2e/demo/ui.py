@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
@@ -69,7 +70,8 @@ class Ui:
         return TokenPrinter(self.console)
 
     def summary(self, rows: list[tuple[str, str, float, str]]) -> None:
-        table = Table(title="Loom demo" if self.live else None)
+        # Plain ASCII off a terminal: CI logs and pipes may not render box drawing characters.
+        table = Table(title="Loom demo" if self.live else None, box=box.HEAVY_HEAD if self.live else box.ASCII)
         for column, justify in (("part", "left"), ("outcome", "left"), ("time", "right"), ("key figure", "left")):
             table.add_column(column, justify=justify)  # type: ignore[arg-type]
         for part, state, seconds, figure in rows:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from loom.e2e.demo import graph, pictures, training
+from loom.e2e.demo import graph, mlflow_run, pictures, training
 from loom.e2e.demo.stage import example
 from loom.e2e.demo.ui import TrainingView, Ui
 
@@ -65,5 +65,21 @@ def test_loss_picture_is_a_png_with_both_attempts(tmp_path: Path) -> None:
     first = [{"step": s, "value": 3.0 - s / 100, "timestamp": s} for s in range(1, 71)]
     again = [{"step": s, "value": 2.5 - s / 200, "timestamp": 1000 + s} for s in range(61, 201)]
     out = tmp_path / "loss.png"
-    pictures.plot_loss(first + again, kill_step=70, resumed_from=60, title="loss", out=out)
+    resumed = [mlflow_run.Resume(restart=1, step=60, uri="s3://b/job/step-000000060")]
+    pictures.plot_loss(first + again, kill_step=70, resumed=resumed, title="loss", out=out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_resumes_are_read_from_the_trainers_tags_in_restart_order() -> None:
+    tags = {
+        "loom.resume.2": "s3://b/job/step-000000120@120",
+        "loom.resume.1": "s3://b/job/step-000000060@60",
+        "mlflow.runName": "chargpt",
+        "loom.resume.note": "a person's tag@3",  # not a restart number: not a resume
+        "loom.resume.3": "no step here",
+    }
+    assert mlflow_run.resumes(tags) == [
+        mlflow_run.Resume(restart=1, step=60, uri="s3://b/job/step-000000060"),
+        mlflow_run.Resume(restart=2, step=120, uri="s3://b/job/step-000000120"),
+    ]
+    assert mlflow_run.resumes({}) == []
