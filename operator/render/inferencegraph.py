@@ -214,7 +214,8 @@ def graph_issues_of(spec: InferenceGraphSpec) -> list[GraphIssue]:
         nodes = _nodes(spec)
     except ValidationError as exc:  # a node's step count (the CRD's schema bounds it the same way)
         return [GraphIssue(_validation_message(exc))]
-    candidate = RouterConfig.model_construct(nodes=nodes, services=placeholders)  # unvalidated: list every problem
+    # Unvalidated, so that every problem is listed; the graph's name is not judged here.
+    candidate = RouterConfig.model_construct(graph_name="graph", nodes=nodes, services=placeholders)
     structural: list[GraphIssue] = graph_issues(candidate)
     return structural + [
         GraphIssue(
