@@ -112,7 +112,8 @@ def kill_during_upload(s3: S3Endpoint, bucket: str, workdir: Path, kills: int, s
 
             threading.Timer(kill["offset_s"], fire).start()
 
-    run = run_live(config, workdir, trainer_env(s3), on_event, max_restarts=kills)
+    # Each kill costs a gang restart (new processes, torch imported again): about 30 s on a loaded machine.
+    run = run_live(config, workdir, trainer_env(s3), on_event, max_restarts=kills, timeout_s=max(600, 60 * kills))
     problems: list[str] = [] if run.returncode == 0 else [f"torchrun exited {run.returncode}: {run.output[-3000:]}"]
     attempts = segments(run)
     killed = [k for k in planned if k.get("killed")]
