@@ -22,8 +22,7 @@ from ..api import GROUP, VERSION
 from ..api.inferenceservice import InferenceServiceSpec, InferenceServiceStatus
 from ..autoscale.inferenceservice import recommend_replicas
 from ..kube import client as kube
-from ..render.defaults import REASON as ENDPOINT_NOT_CONFIGURED
-from ..render.defaults import Defaulted, EndpointDefaults, training_job_manifest
+from ..render.defaults import Defaulted, EndpointDefaults, model_problem, training_job_manifest
 from ..render.defaults import inference_service as inference_service_defaults
 from ..render.inferenceservice import (
     CONFIG_HASH_ANNOTATION,
@@ -135,10 +134,9 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
         total = desired_total_replicas(spec, recommend_replicas(spec, running) if spec.autoscaling else None)
         try:
             rollout_strategy(spec)  # raises InvalidSpec for what admission cannot catch
-            if defaulted is not None and defaulted.missing:
-                # Nothing can be fetched without the endpoint: reported like any model that does not resolve.
-                problem = defaulted.problem() or ""
-                desired, resolve_error = None, ResolveError(ENDPOINT_NOT_CONFIGURED, problem, transient=False)
+            missing = model_problem(defaulted) if defaulted is not None else None
+            if missing is not None:
+                desired, resolve_error = None, missing  # nothing can be fetched without the endpoint
             else:
                 desired, resolve_error = await _resolve(spec, namespace, EndpointDefaults.from_settings(settings))
             features, features_error = await _features(spec, namespace)

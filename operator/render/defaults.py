@@ -18,6 +18,7 @@ from ..api.common import S3Credentials
 from ..api.featureview import FeatureViewSpec
 from ..api.inferenceservice import InferenceServiceSpec
 from ..api.trainingjob import TrainingJobSpec
+from .inferenceservice_model import ResolveError
 
 if TYPE_CHECKING:
     from ..settings import OperatorSettings
@@ -163,3 +164,11 @@ def feature_view(spec: FeatureViewSpec, d: EndpointDefaults) -> Defaulted[Featur
             filled = registry.model_copy(update={"endpoint": endpoint, "secret_ref": secret})
             update["store"] = spec.store.model_copy(update={"registry": filled})
     return Defaulted(spec.model_copy(update=update) if update else spec, used)
+
+
+def model_problem(defaulted: Defaulted[InferenceServiceSpec]) -> ResolveError | None:
+    """An InferenceService whose model needs an endpoint nobody names: reported like a model that does not resolve
+    (ModelLoaded, RolledOut and Ready False, reason EndpointNotConfigured), phase Pending rather than Failed: the
+    operator's configuration can fix it without a spec change, and every pass looks again."""
+    problem = defaulted.problem()
+    return ResolveError(REASON, problem, transient=True) if problem else None

@@ -19,6 +19,8 @@ from loom.operator.render import defaults
 from loom.operator.render import trainingjob as render
 from loom.operator.render.defaults import EndpointDefaults
 from loom.operator.render.inferenceservice_model import resolve_model
+from loom.operator.render.inferenceservice_rollout import RolloutPlan
+from loom.operator.render.inferenceservice_status import Observed, compute_status
 from loom.operator.render.trainingjob_state import Observation, Policy, decide
 from loom.operator.settings import OperatorSettings
 
@@ -233,3 +235,25 @@ def test_an_inferenceservice_serving_a_trainingjob_reads_its_checkpoints_where_t
     ref = resolve_model(source, "auto", done)
     assert ref.endpoint == "http://minio.storage:9000" and ref.secret_ref is not None
     assert ref.secret_ref.name == "s3-credentials"
+
+
+def test_an_inferenceservice_without_its_tracking_server_waits_with_endpoint_not_configured() -> None:
+    registry = InferenceServiceSpec.model_validate({"model": {"mlflow": "models:/gpt/3"}})
+    assert defaults.model_problem(defaults.inference_service(registry, CLUSTER)) is None
+    missing = defaults.model_problem(defaults.inference_service(registry, EndpointDefaults()))
+    assert missing is not None
+    observed = Observed(
+        plan=RolloutPlan(stable_ref=None, stable_replicas=0, mode="waiting"),
+        stable=None,
+        canary=None,
+        pods=[],
+        serving_config_hash=None,
+        resolve_error=missing,
+    )
+    meta = {"name": "gpt", "namespace": "ml", "uid": "u", "generation": 1}
+    owner = {"apiVersion": "loom.dev/v1alpha1", "kind": "InferenceService", "metadata": meta}
+    status, _ = compute_status(owner, observed, None)
+    ready = next(c for c in status.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason) == ("False", "EndpointNotConfigured")
+    assert "spec.model.trackingUri" in ready.message and "defaults.mlflow.trackingUri" in ready.message
+    assert status.phase == "Pending"  # the operator's configuration can fix it: not Failed
