@@ -215,6 +215,13 @@ def test_killed_worker_recovers_from_checkpoint_and_succeeds(
     assert resumed, after[-3000:]
     resume_step = resumed[0]["step"]
     assert resume_step >= 20
+    # The MLflow run records it too (`make demo` marks it on the loss picture from this tag).
+    run_id = status["mlflow"]["runId"]
+    run = httpx.get(
+        f"{mlflow.url}/api/2.0/mlflow/runs/get", params={"run_id": run_id}, timeout=10, trust_env=False
+    ).json()["run"]
+    tagged = [tag["value"] for tag in run["data"].get("tags", []) if tag["key"].startswith("loom.resume.")]
+    assert tagged == [f"{resumed[0]['uri']}@{resume_step}"], run["data"].get("tags")
     before = {e["step"]: e["loss"] for e in events(before_kill, "step")}
     after_steps = {e["step"]: e["loss"] for e in events(after, "step")}
     assert min(after_steps) == resume_step + 1
