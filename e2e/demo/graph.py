@@ -38,7 +38,8 @@ def run(demo: Demo) -> Outcome:
         response = client.post(url, json=body, headers=headers)
         response.raise_for_status()
         # loom-graph-steps: <node>.<step>=<outcome>, the step named by its service here.
-        return response.headers.get("loom-graph-steps", "?").split(",")[0].split("=")[0].removeprefix("root.")
+        header = str(response.headers.get("loom-graph-steps", "?"))
+        return header.split(",")[0].split("=")[0].removeprefix("root.")
 
     # A few clients at once, as real traffic comes: the split is per request either way.
     with httpx.Client(trust_env=False, timeout=60) as client, ThreadPoolExecutor(CLIENTS) as pool:
