@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -84,13 +86,13 @@ async def test_objects_without_a_controlling_owner_are_applied_without_a_check(s
     assert [method for method, _ in server.calls] == ["PATCH", "PATCH"]
 
 
-async def test_applies_started_together_share_one_owner_check(server: FakeServer) -> None:
+async def test_every_apply_checks_its_owner_right_before_its_patch(server: FakeServer) -> None:
     await asyncio.gather(*(kube.apply(child(f"bot-{i}")) for i in range(4)))
-    assert server.calls.count(("GET", OWNER_PATH)) == 1
-    assert len(server.patched()) == 4
-    # Sequential applies check again each time: the window left is one round trip, not the whole pass.
+    # A shared check would let later PATCHes rely on an older answer: each apply checks, then applies.
+    methods = [method for method, _ in server.calls]
+    assert methods.count("GET") == 4 and len(server.patched()) == 4
     await kube.apply(child("bot-0"))
-    assert server.calls.count(("GET", OWNER_PATH)) == 2
+    assert server.calls[-2:] == [("GET", OWNER_PATH), ("PATCH", "/api/v1/namespaces/ml/configmaps/bot-0")]
 
 
 async def test_a_pass_whose_object_is_deleted_midway_ends_quietly(
@@ -109,3 +111,38 @@ async def test_a_pass_whose_object_is_deleted_midway_ends_quietly(
     runner_lines = [r for r in caplog.records if r.name == "loom.operator.runner"]
     assert [r.levelno for r in runner_lines] == [logging.INFO]
     assert "deleted during its pass" in runner_lines[0].getMessage()
+
+
+async def test_no_deletion_gets_between_the_owner_check_and_the_apply_while_threads_are_scarce(
+    server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found at report scale (churn, 100 objects, load 15): with every worker thread busy, an apply that had checked
+    its owner queued for a thread again before its PATCH, long enough for the owner's deletion and the garbage
+    collector to come in between. Here: one worker thread, and a deletion queued while the owner check runs."""
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+    checking, deletion_queued = threading.Event(), threading.Event()
+
+    def call(method: str, path: str, **kw: Any) -> Any:
+        if method == "GET":
+            checking.set()
+            assert deletion_queued.wait(10)
+        return server(method, path, **kw)
+
+    monkeypatch.setattr(client, "_call", call)
+
+    def delete_owner_and_children() -> None:
+        server.objects.pop(OWNER_PATH, None)
+        server.objects.pop("/api/v1/namespaces/ml/configmaps/bot-config", None)  # the garbage collector
+        server.calls.append(("DELETE", OWNER_PATH))
+
+    applying = asyncio.ensure_future(kube.apply(child("bot-config")))
+    while not checking.is_set():  # the owner check holds the only worker thread
+        await asyncio.sleep(0.01)
+    deleting = loop.run_in_executor(None, delete_owner_and_children)
+    deletion_queued.set()
+    await applying
+    await deleting
+    # The child was applied before the deletion (and collected with its owner), never after it.
+    assert server.calls[-1] == ("DELETE", OWNER_PATH), server.calls
+    assert "/api/v1/namespaces/ml/configmaps/bot-config" not in server.objects
