@@ -1,7 +1,8 @@
 """What the demo reads back from the TrainingJob's MLflow run: the loss history and the resumes the trainer tagged.
 
-The trainer tags each resume as `loom.resume.<restart>` = `<checkpoint uri>@<step>` (workloads/trainer/duties.py), so
-the step a restart resumed from is the run's own record, not a guess from polling the status."""
+The trainer tags each resume as `loom.resume.<gang attempt>.<torchrun restart>` = `<checkpoint uri>@<step>`
+(workloads/trainer/duties.py), so the step a restart resumed from is the run's own record, not a guess from
+polling the status. (Trainers before the gang attempt was known wrote `loom.resume.<torchrun restart>`.)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ RESUME_TAG = "loom.resume."
 
 @dataclass(frozen=True)
 class Resume:
-    restart: int  # the tag's number: torchrun's restart count inside the gang attempt that resumed
+    attempt: tuple[int, ...]  # the tag's numbers: (gang attempt, torchrun restart inside it)
     step: int  # the checkpoint's step training went on from
     uri: str  # the checkpoint
 
@@ -37,11 +38,11 @@ def run_tags(mlflow_url: str, run_id: str) -> dict[str, str]:
 
 
 def resumes(tags: dict[str, str]) -> list[Resume]:
-    """The run's resumes in restart order; tags that do not parse are not resumes (a person may add tags)."""
+    """The run's resumes in order; tags that do not parse are not resumes (a person may add tags)."""
     found = []
     for key, value in tags.items():
-        restart = key.removeprefix(RESUME_TAG)
+        numbers = key.removeprefix(RESUME_TAG).split(".")
         uri, _, step = value.rpartition("@")
-        if key.startswith(RESUME_TAG) and restart.isdigit() and step.isdigit() and uri:
-            found.append(Resume(int(restart), int(step), uri))
-    return sorted(found, key=lambda r: r.restart)
+        if key.startswith(RESUME_TAG) and all(n.isdigit() for n in numbers) and step.isdigit() and uri:
+            found.append(Resume(tuple(int(n) for n in numbers), int(step), uri))
+    return sorted(found, key=lambda r: r.attempt)

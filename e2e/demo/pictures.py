@@ -106,7 +106,7 @@ def run(demo: Demo) -> Outcome:
     resumed = resumes(run_tags(demo.services.mlflow_url, run_id))
     title = f"TrainingJob {demo.facts.get('training')}: loss (MLflow run {run_id[:8]})"
     plot_loss(points, demo.facts.get("kill_step", 0), resumed, title, LOSS_PNG)
-    tagged = ", ".join(f"loom.resume.{r.restart}={r.uri}@{r.step}" for r in resumed) or "no resume tags"
+    tagged = ", ".join(f"resumed from {r.uri}" for r in resumed) or "no resume tags"
     demo.ui.info(f"loss curve ({len(points)} points from MLflow; {tagged}) -> {LOSS_PNG}")
     made = [LOSS_PNG.name]
     binary = browser()

@@ -220,8 +220,9 @@ def test_killed_worker_recovers_from_checkpoint_and_succeeds(
     run = httpx.get(
         f"{mlflow.url}/api/2.0/mlflow/runs/get", params={"run_id": run_id}, timeout=10, trust_env=False
     ).json()["run"]
-    tagged = [tag["value"] for tag in run["data"].get("tags", []) if tag["key"].startswith("loom.resume.")]
-    assert tagged == [f"{resumed[0]['uri']}@{resume_step}"], run["data"].get("tags")
+    tagged = {tag["key"]: tag["value"] for tag in run["data"].get("tags", []) if tag["key"].startswith("loom.resume.")}
+    # Keyed by gang attempt 1 (the gang after the kill) and torchrun's first start inside it.
+    assert tagged == {"loom.resume.1.0": f"{resumed[0]['uri']}@{resume_step}"}, run["data"].get("tags")
     before = {e["step"]: e["loss"] for e in events(before_kill, "step")}
     after_steps = {e["step"]: e["loss"] for e in events(after, "step")}
     assert min(after_steps) == resume_step + 1

@@ -121,13 +121,15 @@ def pod_group(job: Manifest, spec: TrainingJobSpec) -> Manifest | None:
     }
 
 
-def _env(job: Manifest, spec: TrainingJobSpec, index: int, mlflow_run_id: str | None) -> list[Manifest]:
+def _env(job: Manifest, spec: TrainingJobSpec, index: int, attempt: int, mlflow_run_id: str | None) -> list[Manifest]:
     name = job["metadata"]["name"]
     env: list[Manifest] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "LOOM_TRAININGJOB", "value": name},
         {"name": "LOOM_WORKER_INDEX", "value": str(index)},
+        # The gang attempt: torchrun's own restart count starts at 0 again in every new gang's pods.
+        {"name": "LOOM_GANG_ATTEMPT", "value": str(attempt)},
         {"name": "LOOM_TRAINER_CONFIG", "value": f"{CONFIG_DIR}/{CONFIG_FILE}"},
         {"name": "LOOM_RENDEZVOUS_ENDPOINT", "value": rendezvous_endpoint(name, job["metadata"]["namespace"])},
         # The image's working directory must never shadow stdlib modules (the repo has a folder `operator`).
@@ -177,7 +179,7 @@ def worker_pod(
         "command": torchrun_command(
             spec, job_name=job_name, namespace=namespace, job_uid=owner["metadata"]["uid"], index=index
         ),
-        "env": _env(job, spec, index, mlflow_run_id),
+        "env": _env(job, spec, index, attempt, mlflow_run_id),
         "ports": [
             {"name": "c10d", "containerPort": RENDEZVOUS_PORT, "protocol": "TCP"},
             {"name": "progress", "containerPort": PROGRESS_PORT, "protocol": "TCP"},

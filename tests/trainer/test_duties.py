@@ -121,13 +121,15 @@ def test_a_resumed_run_continues_its_mlflow_run_and_names_the_checkpoint_it_resu
         trackers.append(FakeTracker(spec, run_id))
         return trackers[-1]
 
-    duties = Rank0Duties(make_config(tmp_path), world_size=2, restart=1, tracker_factory=tracker)
+    duties = Rank0Duties(make_config(tmp_path), world_size=2, restart=1, tracker_factory=tracker, attempt=2)
     restored = Restored(step=6, uri="s3://bucket/job/step-000000006", trainer_state={"mlflowRunId": "run-7"},
                         committed_at=COMMITTED_AT)
     duties.begin(6, restored)
     (run,) = trackers
     assert run.run_id == "run-7"
-    assert run.tags == {"loom.resume.1": "s3://bucket/job/step-000000006@6"}
+    # Gang attempt 2, torchrun's restart 1 inside it: a later gang (torchrun counting from 0 again) cannot
+    # overwrite this resume's tag.
+    assert run.tags == {"loom.resume.2.1": "s3://bucket/job/step-000000006@6"}
     latest = {"uri": "s3://bucket/job/step-000000006", "step": 6, "time": "2023-11-14T22:13:20Z"}
     assert json.loads((tmp_path / "progress.json").read_text())["latestCheckpoint"] == latest
 

@@ -65,21 +65,22 @@ def test_loss_picture_is_a_png_with_both_attempts(tmp_path: Path) -> None:
     first = [{"step": s, "value": 3.0 - s / 100, "timestamp": s} for s in range(1, 71)]
     again = [{"step": s, "value": 2.5 - s / 200, "timestamp": 1000 + s} for s in range(61, 201)]
     out = tmp_path / "loss.png"
-    resumed = [mlflow_run.Resume(restart=1, step=60, uri="s3://b/job/step-000000060")]
+    resumed = [mlflow_run.Resume(attempt=(1, 0), step=60, uri="s3://b/job/step-000000060")]
     pictures.plot_loss(first + again, kill_step=70, resumed=resumed, title="loss", out=out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
 
 
 def test_resumes_are_read_from_the_trainers_tags_in_restart_order() -> None:
     tags = {
-        "loom.resume.2": "s3://b/job/step-000000120@120",
-        "loom.resume.1": "s3://b/job/step-000000060@60",
+        "loom.resume.2.0": "s3://b/job/step-000000120@120",  # gang attempt 2, torchrun's first start in it
+        "loom.resume.1.0": "s3://b/job/step-000000060@60",
+        "loom.resume.1.1": "s3://b/job/step-000000070@70",  # torchrun restarted inside attempt 1
         "mlflow.runName": "chargpt",
-        "loom.resume.note": "a person's tag@3",  # not a restart number: not a resume
-        "loom.resume.3": "no step here",
+        "loom.resume.note": "a person's tag@3",  # not numbers: not a resume
+        "loom.resume.3.0": "no step here",
     }
-    assert mlflow_run.resumes(tags) == [
-        mlflow_run.Resume(restart=1, step=60, uri="s3://b/job/step-000000060"),
-        mlflow_run.Resume(restart=2, step=120, uri="s3://b/job/step-000000120"),
+    assert [(r.attempt, r.step) for r in mlflow_run.resumes(tags)] == [((1, 0), 60), ((1, 1), 70), ((2, 0), 120)]
+    assert mlflow_run.resumes({"loom.resume.0": "s3://b/j/step-000000060@60"}) == [  # an older trainer's tag
+        mlflow_run.Resume(attempt=(0,), step=60, uri="s3://b/j/step-000000060")
     ]
     assert mlflow_run.resumes({}) == []

@@ -61,6 +61,9 @@ def test_pod_identity_hostname_and_attempt_label() -> None:
     assert manifest["spec"]["subdomain"] == "gpt-workers"
     labels = manifest["metadata"]["labels"]
     assert labels["loom.dev/attempt"] == "3"
+    # The trainer learns its gang attempt too (its MLflow resume tags are keyed by it).
+    env = {e["name"]: e.get("value") for e in manifest["spec"]["containers"][0]["env"]}
+    assert env["LOOM_GANG_ATTEMPT"] == "3"
     assert labels["loom.dev/worker-index"] == "1"
     assert labels["loom.dev/trainingjob"] == "gpt"
     assert manifest["spec"]["restartPolicy"] == "Never"

@@ -71,10 +71,12 @@ class Rank0Duties(Duties):
         tokens_per_sample: int | None = None,
         tracker_factory: Callable[[MLflowSpec, str | None], MLflowTracker] = MLflowTracker,
         clock: Callable[[], float] = time.perf_counter,
+        attempt: int = 0,
     ) -> None:
         self.config = config
         self.world_size = world_size
         self.restart = restart
+        self.attempt = attempt  # the operator's gang attempt; `restart` counts torchrun's restarts inside it
         # Throughput in tokens needs both: the data's tokens per sample and a model that counts its FLOPs.
         self.tokens_per_sample = tokens_per_sample
         self.tracker_factory = tracker_factory
@@ -102,7 +104,8 @@ class Rank0Duties(Duties):
             params = flatten("", config.model_dump(mode="json", by_alias=True))
             self.tracker.log_params({**params, "worldSize": self.world_size})
             if restored:
-                self.tracker.set_tag(f"loom.resume.{self.restart}", f"{restored.uri}@{restored.step}")
+                # One tag per resume: a new gang's torchrun counts from 0 again, so the gang attempt leads.
+                self.tracker.set_tag(f"loom.resume.{self.attempt}.{self.restart}", f"{restored.uri}@{restored.step}")
         emit("start", rank=0, worldSize=self.world_size, restart=self.restart, engine=config.engine.value,
              startStep=start_step, resumedFrom=restored.uri if restored else None)
         if restored:
@@ -184,8 +187,13 @@ class Rank0Duties(Duties):
 
 
 def duties_for(
-    rank: int, config: TrainerConfig, world_size: int, restart: int, tokens_per_sample: int | None = None
+    rank: int,
+    config: TrainerConfig,
+    world_size: int,
+    restart: int,
+    tokens_per_sample: int | None = None,
+    attempt: int = 0,
 ) -> Duties:
     if rank != 0:
         return Duties()
-    return Rank0Duties(config, world_size, restart, tokens_per_sample)
+    return Rank0Duties(config, world_size, restart, tokens_per_sample, attempt=attempt)

@@ -101,12 +101,13 @@ class Ranks:
     world: int
     local: int
     restart: int  # how often torchrun restarted the workers of this gang
+    attempt: int = 0  # which gang this is (the operator's LOOM_GANG_ATTEMPT; 0 for the first)
 
     @classmethod
     def from_env(cls) -> Ranks:
         env = os.environ
         return cls(int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_RANK", "0")),
-                   int(env.get("TORCHELASTIC_RESTART_COUNT", "0")))
+                   int(env.get("TORCHELASTIC_RESTART_COUNT", "0")), int(env.get("LOOM_GANG_ATTEMPT", "0")))
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ class Training:
 
         tokens_per_sample = int(getattr(self.data, "block_size", 0)) or None
         self.duties: Duties = duties_for(ranks.rank, config, ranks.world, ranks.restart,
-                                         tokens_per_sample if flops_per_token else None)
+                                         tokens_per_sample if flops_per_token else None, attempt=ranks.attempt)
         session = [new_session_id() if ranks.rank == 0 else ""]
         dist.broadcast_object_list(session, src=0)
         self.manager = (
