@@ -70,8 +70,9 @@ def run(demo: Demo) -> Outcome:
         asked_s = time.monotonic() - started
         seen = autoscaling(up)
         ui.info(
-            f"autoscaler: queue depth {seen.get('metricValue')} per replica -> {up['spec']['replicas']} replicas "
-            f"after {asked_s:.0f}s ({seen.get('lastScaleReason')})"
+            # The decision's own words: metricValue may already be a later round's sample.
+            f"autoscaler: {up['spec']['replicas']} replicas after {asked_s:.0f}s "
+            f"({seen.get('lastScaleReason')}: {seen.get('lastScaleMessage')})"
         )
         two = wait_obj(
             demo,
