@@ -25,6 +25,8 @@ def test_operator_and_node_agent_reconnect_and_training_continues_across_api_ser
     print(f"API server and etcd restart: {figures}")
     assert figures["problems"] == [], f"{figures}\noperator log: {tmp_path / 'operator-control-plane.log'}"
     assert figures["apiserver_restart_s"] > 0 and figures["etcd_restart_s"] > 0
-    # The job was mid-training when the API server went down, and finished (no restart: see problems).
+    # The job was mid-training when the API server went down, and trained on to its last step with the same worker
+    # and no restart (checked in problems). On a quiet machine it may finish while the control plane is still down,
+    # so how long after the restarts it finished is a figure, not a condition.
     assert 0 < figures["training_step_at_restart"] < TRAINED_STEPS
-    assert figures["training_finished_after_restarts_s"] > 0
+    assert "training_finished_after_restarts_s" in figures
