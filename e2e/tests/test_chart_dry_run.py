@@ -54,9 +54,9 @@ def ensure_crd(cluster: Cluster, path: Path) -> None:
 
     def established() -> bool:
         crd = json.loads(cluster.kubectl("get", "crd", name, "-o", "json").stdout)
-        return any(
-            c["type"] == "Established" and c["status"] == "True" for c in crd.get("status", {}).get("conditions", [])
-        )
+        # Just created, a CRD's status may hold conditions: null.
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
     wait_until(established, timeout=30, what=f"CRD {name} established")
 
