@@ -19,7 +19,6 @@ import pytest
 import yaml
 
 from loom.devstack.cluster import Cluster
-from loom.devstack.cluster.handle import wait_until
 from loom.e2e.helm_operator import CHART, helm
 from loom.operator.settings import OperatorSettings
 
@@ -51,14 +50,9 @@ def ensure_crd(cluster: Cluster, path: Path) -> None:
     if cluster.kubectl("get", "crd", name, check=False).returncode == 0:
         return
     cluster.kubectl("apply", "--server-side", "-f", str(path))
-
-    def established() -> bool:
-        crd = json.loads(cluster.kubectl("get", "crd", name, "-o", "json").stdout)
-        # Just created, a CRD's status may hold conditions: null.
-        conditions = (crd.get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-    wait_until(established, timeout=30, what=f"CRD {name} established")
+    # As every CRD wait in e2e does (pytest_operator.apply_crds): kubectl waits through a just-created CRD's
+    # `conditions: null`, which a hand-read status does not.
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
 
 
 @pytest.fixture(scope="module")
