@@ -184,40 +184,41 @@ def _step(step: GraphStep) -> StepConfig:
     )
 
 
-def _nodes(spec: InferenceGraphSpec) -> dict[str, NodeConfig]:
-    return {
-        name: NodeConfig(router_type=node.router_type, steps=[_step(step) for step in node.steps])
-        for name, node in spec.nodes.items()
-    }
+def _step_issues(name: str, index: int, exc: ValidationError) -> list[GraphIssue]:
+    """The router's step model refusing one step: each error at the step field it names (wire name)."""
+    issues = []
+    for error in exc.errors():
+        field = to_camel(str(error["loc"][0])) if error["loc"] else None
+        issues.append(GraphIssue(str(error["msg"]), name, index, field, f"node {name!r} step {index}"))
+    return issues
 
 
-def graph_issues_of(spec: InferenceGraphSpec) -> list[GraphIssue]:
-    """Every problem that makes the graph InvalidGraph, each with its place: the router's own checks (its step
-    model, `graph_issues`, the CEL compiler) on the config the router would get. What the controller reports as
-    GraphValid=False and what the admission webhook refuses (operator/admission/graph.py) is this one list.
-    Whether the named InferenceServices exist is not judged here (placeholders stand in for all of them)."""
+def _checked_nodes(spec: InferenceGraphSpec) -> tuple[dict[str, NodeConfig], list[GraphIssue]]:
+    """The router's nodes, each StepConfig built once, and every problem that makes the graph InvalidGraph (the
+    nodes are only meaningful when there is none). `graph_issues_of` and `router_config` both come here, so what
+    is judged is exactly what the router would be given."""
     issues: list[GraphIssue] = []
+    steps: dict[str, list[StepConfig]] = {}
     for name, node in spec.nodes.items():
+        steps[name] = []
         for index, step in enumerate(node.steps):
             try:
-                _step(step)
+                steps[name].append(_step(step))
             except ValidationError as exc:
-                for error in exc.errors():
-                    field = to_camel(str(error["loc"][0])) if error["loc"] else None
-                    issues.append(GraphIssue(str(error["msg"]), name, index, field, f"node {name!r} step {index}"))
+                issues.extend(_step_issues(name, index, exc))
     if issues:
-        return issues
+        return {}, issues
+    try:
+        nodes = {name: NodeConfig(router_type=node.router_type, steps=steps[name]) for name, node in spec.nodes.items()}
+    except ValidationError as exc:  # a node's step count (the CRD's schema bounds it the same way)
+        return {}, [GraphIssue(_validation_message(exc))]
     placeholders = {
         name: UpstreamConfig(url=f"http://{name}:{SERVICE_PORT}", model_name=name) for name in referenced_services(spec)
     }
-    try:
-        nodes = _nodes(spec)
-    except ValidationError as exc:  # a node's step count (the CRD's schema bounds it the same way)
-        return [GraphIssue(_validation_message(exc))]
     # Unvalidated, so that every problem is listed; the graph's name is not judged here.
     candidate = RouterConfig.model_construct(graph_name="graph", nodes=nodes, services=placeholders)
     structural: list[GraphIssue] = graph_issues(candidate)
-    return structural + [
+    return nodes, structural + [
         GraphIssue(
             f"does not compile: {p.message}",
             p.node,
@@ -227,6 +228,14 @@ def graph_issues_of(spec: InferenceGraphSpec) -> list[GraphIssue]:
         )
         for p in condition_problems(candidate)
     ]
+
+
+def graph_issues_of(spec: InferenceGraphSpec) -> list[GraphIssue]:
+    """Every problem that makes the graph InvalidGraph, each with its place: the router's own checks (its step
+    model, `graph_issues`, the CEL compiler) on the config the router would get. What the controller reports as
+    GraphValid=False and what the admission webhook refuses (operator/admission/graph.py) is this one list.
+    Whether the named InferenceServices exist is not judged here (placeholders stand in for all of them)."""
+    return _checked_nodes(spec)[1]
 
 
 def _upstream(ref: ServiceRef) -> UpstreamConfig:
@@ -244,10 +253,9 @@ def router_config(
 ) -> tuple[RouterConfig | None, GraphProblem | None]:
     """The router's config, or why there is none. Structural and CEL problems are reported before missing
     InferenceServices (fixing the spec is the user's next step either way; a missing service may just be late)."""
-    issues = graph_issues_of(spec)
+    nodes, issues = _checked_nodes(spec)
     if issues:
         return None, GraphProblem("InvalidGraph", "; ".join(str(issue) for issue in issues))
-    nodes = _nodes(spec)
     wanted = referenced_services(spec)
     missing = [name for name in wanted if name not in services]
     if missing:
