@@ -2,8 +2,9 @@
 
 The CRD's CEL rules already require a `root` node, that every `nodeName` names a node of the graph and that
 Splitter weights are set and sum to 100; they cannot follow the calls transitively (a cycle would make the router
-recurse until the request's deadline), compile the conditions the router evaluates, or apply the router's own
-step model (unique Ensemble step names, weights only on Splitter steps, no condition on a Splitter step, ...).
+recurse until the request's deadline), compile the conditions the router evaluates, apply the router's own
+step model (unique Ensemble step names, weights only on Splitter steps, no condition on a Splitter step, ...), or
+bound the name by the router's model-name rule (128 characters, where Kubernetes allows 253).
 Nothing is checked here that is not checked there: the spec goes through the operator's API model and then
 `render.inferencegraph.graph_issues_of`, the very function whose result the controller reports in status (the
 router's `graph_issues` and its CEL compiler), so what admission accepts the controller renders and the router
@@ -20,7 +21,7 @@ from pydantic import ValidationError
 from loom.workloads.router.config import GraphIssue
 
 from ..api.inferencegraph import InferenceGraphSpec
-from ..render.inferencegraph import graph_issues_of
+from ..render.inferencegraph import NAME_FIELD, graph_issues_of
 from . import Violation, step_path
 
 # Fields of the spec that are maps: the key that follows one is written in brackets, as the API server does.
@@ -39,7 +40,9 @@ def spec_path(loc: Sequence[int | str]) -> str:
 
 
 def issue_path(issue: GraphIssue) -> str:
-    """Where a graph problem is: the step field, the node's steps, or the nodes."""
+    """Where a graph problem is: the graph's name, the step field, the node's steps, or the nodes."""
+    if issue.field == NAME_FIELD:
+        return NAME_FIELD
     if issue.node is None:
         return "spec.nodes"
     if issue.step is None:
@@ -49,10 +52,11 @@ def issue_path(issue: GraphIssue) -> str:
     return step_path(issue.node, issue.step, issue.field)
 
 
-def graph_violations(spec: Mapping[str, Any]) -> list[Violation]:
-    """Every problem of the graph, each at its field path; empty for a graph the controller would render."""
+def graph_violations(spec: Mapping[str, Any], name: str | None = None) -> list[Violation]:
+    """Every problem of the graph (and of its name, when given), each at its field path; empty for a graph the
+    controller would render."""
     try:
         model = InferenceGraphSpec.model_validate(spec)
     except ValidationError as error:  # the CRD's schema normally refuses these first
         return [Violation(spec_path(e["loc"]), str(e["msg"])) for e in error.errors()]
-    return [Violation(issue_path(issue), issue.message) for issue in graph_issues_of(model)]
+    return [Violation(issue_path(issue), issue.message) for issue in graph_issues_of(model, name)]

@@ -89,7 +89,7 @@ async def judge(
 
 
 def _graph_errors(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[Violation]:
-    return graph_violations(new.get("spec") or {})
+    return graph_violations(new.get("spec") or {}, (new.get("metadata") or {}).get("name"))
 
 
 def _trainingjob_errors(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[Violation]:

@@ -12,7 +12,8 @@ InferenceServices it calls are never touched.
 
 What admission (the CRD's CEL rules) cannot check is checked here and comes back as a `GraphProblem`, which the
 status reports as a condition: steps naming InferenceServices that do not exist (yet), cycles and the other
-structural problems of `graph_issues`, and CEL conditions that do not compile (`graph_issues_of`, which the
+structural problems of `graph_issues`, CEL conditions that do not compile and a graph name longer than the router
+serves as a model name (`graph_issues_of`, which the
 admission webhook applies too, so such a graph is refused before it is stored). A graph with a problem renders
 nothing new; the router already running (if any) keeps serving the last good graph.
 """
@@ -27,7 +28,16 @@ from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
 from loom.workloads.router.conditions import condition_problems
-from loom.workloads.router.config import GraphIssue, NodeConfig, RouterConfig, StepConfig, UpstreamConfig, graph_issues
+from loom.workloads.router.config import (
+    MODEL_NAME_RULE,
+    GraphIssue,
+    NodeConfig,
+    RouterConfig,
+    StepConfig,
+    UpstreamConfig,
+    graph_issues,
+    is_model_name,
+)
 
 from ..api.inferencegraph import GraphStep, InferenceGraphSpec
 from .inferenceservice import CONFIG_HASH_ANNOTATION, SERVER_DRAIN_SECONDS, SERVICE_PORT, config_hash, service_url
@@ -47,6 +57,9 @@ ROUTER_DRAIN_SECONDS = SERVER_DRAIN_SECONDS
 EXIT_SECONDS = 2
 # The overall budget of one graph request; a per-step timeout above it raises it (a step may take that long).
 DEFAULT_DEADLINE_MS = 60_000
+
+# Where a problem with the graph's own name is (its GraphIssue's field; admission's field path as it is).
+NAME_FIELD = "metadata.name"
 
 ProblemReason = Literal["InvalidGraph", "ServiceNotFound", "ServiceNameConflict"]
 
@@ -193,32 +206,42 @@ def _step_issues(name: str, index: int, exc: ValidationError) -> list[GraphIssue
     return issues
 
 
-def _checked_nodes(spec: InferenceGraphSpec) -> tuple[dict[str, NodeConfig], list[GraphIssue]]:
+def _name_issues(name: str | None) -> list[GraphIssue]:
+    """The graph's name is the model name its router serves (graphName: /v2/models/<name>/infer), which the router
+    bounds more tightly than Kubernetes bounds object names (253 characters)."""
+    if name is None or is_model_name(name):
+        return []
+    message = f"the router serves the graph as a model of this name, which must be {MODEL_NAME_RULE}"
+    return [GraphIssue(message, field=NAME_FIELD, where=NAME_FIELD)]
+
+
+def _checked_nodes(spec: InferenceGraphSpec, name: str | None) -> tuple[dict[str, NodeConfig], list[GraphIssue]]:
     """The router's nodes, each StepConfig built once, and every problem that makes the graph InvalidGraph (the
     nodes are only meaningful when there is none). `graph_issues_of` and `router_config` both come here, so what
-    is judged is exactly what the router would be given."""
+    is judged is exactly what the router would be given. The graph's name is judged when given."""
+    named = _name_issues(name)
     issues: list[GraphIssue] = []
     steps: dict[str, list[StepConfig]] = {}
-    for name, node in spec.nodes.items():
-        steps[name] = []
+    for node_name, node in spec.nodes.items():
+        steps[node_name] = []
         for index, step in enumerate(node.steps):
             try:
-                steps[name].append(_step(step))
+                steps[node_name].append(_step(step))
             except ValidationError as exc:
-                issues.extend(_step_issues(name, index, exc))
+                issues.extend(_step_issues(node_name, index, exc))
     if issues:
-        return {}, issues
+        return {}, named + issues
     try:
-        nodes = {name: NodeConfig(router_type=node.router_type, steps=steps[name]) for name, node in spec.nodes.items()}
+        nodes = {key: NodeConfig(router_type=node.router_type, steps=steps[key]) for key, node in spec.nodes.items()}
     except ValidationError as exc:  # a node's step count (the CRD's schema bounds it the same way)
-        return {}, [GraphIssue(_validation_message(exc))]
+        return {}, [*named, GraphIssue(_validation_message(exc))]
     placeholders = {
-        name: UpstreamConfig(url=f"http://{name}:{SERVICE_PORT}", model_name=name) for name in referenced_services(spec)
+        ref: UpstreamConfig(url=f"http://{ref}:{SERVICE_PORT}", model_name=ref) for ref in referenced_services(spec)
     }
-    # Unvalidated, so that every problem is listed; the graph's name is not judged here.
+    # Unvalidated, so that every problem is listed (the graph's name was judged above).
     candidate = RouterConfig.model_construct(graph_name="graph", nodes=nodes, services=placeholders)
     structural: list[GraphIssue] = graph_issues(candidate)
-    return nodes, structural + [
+    return nodes, named + structural + [
         GraphIssue(
             f"does not compile: {p.message}",
             p.node,
@@ -230,12 +253,13 @@ def _checked_nodes(spec: InferenceGraphSpec) -> tuple[dict[str, NodeConfig], lis
     ]
 
 
-def graph_issues_of(spec: InferenceGraphSpec) -> list[GraphIssue]:
-    """Every problem that makes the graph InvalidGraph, each with its place: the router's own checks (its step
-    model, `graph_issues`, the CEL compiler) on the config the router would get. What the controller reports as
-    GraphValid=False and what the admission webhook refuses (operator/admission/graph.py) is this one list.
-    Whether the named InferenceServices exist is not judged here (placeholders stand in for all of them)."""
-    return _checked_nodes(spec)[1]
+def graph_issues_of(spec: InferenceGraphSpec, name: str | None = None) -> list[GraphIssue]:
+    """Every problem that makes the graph InvalidGraph, each with its place: its name (when given) as the model
+    name the router serves, and the router's own checks (its step model, `graph_issues`, the CEL compiler) on the
+    config the router would get. What the controller reports as GraphValid=False and what the admission webhook
+    refuses (operator/admission/graph.py) is this one list. Whether the named InferenceServices exist is not
+    judged here (placeholders stand in for all of them)."""
+    return _checked_nodes(spec, name)[1]
 
 
 def _upstream(ref: ServiceRef) -> UpstreamConfig:
@@ -253,7 +277,7 @@ def router_config(
 ) -> tuple[RouterConfig | None, GraphProblem | None]:
     """The router's config, or why there is none. Structural and CEL problems are reported before missing
     InferenceServices (fixing the spec is the user's next step either way; a missing service may just be late)."""
-    nodes, issues = _checked_nodes(spec)
+    nodes, issues = _checked_nodes(spec, owner["metadata"]["name"])
     if issues:
         return None, GraphProblem("InvalidGraph", "; ".join(str(issue) for issue in issues))
     wanted = referenced_services(spec)
@@ -270,7 +294,7 @@ def router_config(
             deadline_ms=deadline_ms(spec),
             port=ROUTER_PORT,
         )
-    except ValidationError as exc:  # e.g. a graph name the router cannot serve as a model name
+    except ValidationError as exc:  # whatever else the router's model refuses: reported, never raised
         return None, GraphProblem("InvalidGraph", _validation_message(exc))
     return config, None
 

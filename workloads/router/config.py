@@ -32,6 +32,12 @@ RouterType = Literal["Sequence", "Switch", "Ensemble", "Splitter"]
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 ROOT = "root"
+MODEL_NAME_RULE = "1-128 characters of letters, digits, '_', '.', '-'"
+
+
+def is_model_name(value: str) -> bool:
+    """Whether `value` can be served as a model name (modelName, graphName): MODEL_NAME_RULE."""
+    return _MODEL_NAME.match(value) is not None
 
 
 class _Camel(BaseModel):
@@ -54,8 +60,8 @@ class UpstreamConfig(_Camel):
     @field_validator("model_name")
     @classmethod
     def _check_model(cls, value: str) -> str:
-        if not _MODEL_NAME.match(value):
-            raise ValueError("modelName must be 1-128 characters of letters, digits, '_', '.', '-'")
+        if not is_model_name(value):
+            raise ValueError(f"modelName must be {MODEL_NAME_RULE}")
         return value
 
 
@@ -124,8 +130,8 @@ class RouterConfig(_Camel):
     @field_validator("graph_name")
     @classmethod
     def _check_graph_name(cls, value: str) -> str:
-        if not _MODEL_NAME.match(value):
-            raise ValueError("graphName must be 1-128 characters of letters, digits, '_', '.', '-'")
+        if not is_model_name(value):
+            raise ValueError(f"graphName must be {MODEL_NAME_RULE}")
         return value
 
     @model_validator(mode="after")
