@@ -60,11 +60,15 @@ class OperatorProcess:
             return "(no operator log)"
 
 
+def crd_names(folder: Path) -> list[str]:
+    """The names of the CRDs a folder of CRD manifests (one a file) defines."""
+    return [yaml.safe_load(path.read_text())["metadata"]["name"] for path in sorted(folder.glob("*.yaml"))]
+
+
 def apply_crds(cluster: Any) -> None:
+    """Apply Loom's CRDs and wait until the API server serves them."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    for path in sorted((REPO / "crds").glob("*.yaml")):
-        name = yaml.safe_load(path.read_text())["metadata"]["name"]
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    cluster.wait_crds_established(crd_names(REPO / "crds"), timeout_s=60)
 
 
 def _healthy(port: int) -> bool:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -13,6 +14,9 @@ from typing import TypeVar
 from kubernetes import client, config
 
 T = TypeVar("T")
+
+# One `kubectl wait` round of `Cluster.wait_crds_established`: a CRD stuck Installing is nudged after each.
+ESTABLISH_ROUND_S = 5
 
 
 class KubectlError(subprocess.CalledProcessError):
@@ -58,6 +62,27 @@ class Cluster:
         if check and result.returncode != 0:
             raise KubectlError(result.returncode, result.args, result.stdout, result.stderr)
         return result
+
+    def wait_crds_established(self, names: Iterable[str], timeout_s: float) -> None:
+        """Wait until the API server serves every CRD of `names` (condition Established), with one `kubectl wait`
+        for all of them per round; raises KubectlError with kubectl's stderr after `timeout_s` seconds.
+
+        A failed round is retried: kubectl wait fails at once, instead of waiting, on a just-created CRD whose
+        status.conditions is still null (kubernetes/kubernetes#66439). And the API server establishes a CRD on an
+        add or update event only, so one whose establishing was cut short by a stop (etcd keeps it Installing)
+        stays so until it changes: the CRDs are annotated before each retry, which any update would do."""
+        targets = [f"crd/{name}" for name in names]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            wait_s = max(1, math.ceil(min(deadline - time.monotonic(), ESTABLISH_ROUND_S)))
+            wait = ("wait", "--for=condition=Established", f"--timeout={wait_s}s", *targets)
+            result = self.kubectl(*wait, check=False, timeout=wait_s + 30)
+            if result.returncode == 0:
+                return
+            if time.monotonic() >= deadline:
+                raise KubectlError(result.returncode, result.args, result.stdout, result.stderr)
+            self.kubectl("annotate", "--overwrite", *targets, f"loom.dev/establish={time.time():.0f}")
+            time.sleep(0.5)  # a just-created CRD's conditions appear within milliseconds: no busy loop meanwhile
 
     def shell_exports(self) -> str:
         return f"export KUBECONFIG={self.kubeconfig} PATH={self.bin_dir}:$PATH"

@@ -14,12 +14,11 @@ import json
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loom.devstack.cluster.handle import Cluster, wait_until
+from loom.devstack.cluster.handle import Cluster
 from loom.devstack.cluster.paths import cache_root
 
 KEDA_MODULE = "github.com/kedacore/keda/v2"
@@ -87,18 +86,4 @@ def install_crds(cluster: Cluster, progress: Progress = print) -> None:
     wait until the API server serves them. Idempotent."""
     folder = fetch(progress)
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=loom-devstack", "-f", str(folder))
-    established = '{.status.conditions[?(@.type=="Established")].status}'
-
-    def is_established(name: str) -> bool:
-        # check=False: right after the apply the CRD has no conditions yet, and kubectl's jsonpath filter
-        # fails on a missing list instead of printing nothing.
-        if cluster.kubectl("get", f"crd/{name}", "-o", f"jsonpath={established}", check=False).stdout == "True":
-            return True
-        # The API server establishes a CRD on an add or update event only: one whose establishing was cut short
-        # by a stop (etcd keeps it "Installing") stays so until it changes. Any update queues it again.
-        cluster.kubectl("annotate", "--overwrite", f"crd/{name}", f"loom.dev/establish={time.time():.0f}")
-        return False
-
-    for name in CRD_NAMES:
-        # Not `kubectl wait`: right after the create a CRD has no conditions yet, and wait fails on that.
-        wait_until(lambda name=name: is_established(name), timeout=60, what=f"CRD {name} established", interval=1)
+    cluster.wait_crds_established(CRD_NAMES, timeout_s=60)

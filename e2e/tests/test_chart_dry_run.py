@@ -50,9 +50,7 @@ def ensure_crd(cluster: Cluster, path: Path) -> None:
     if cluster.kubectl("get", "crd", name, check=False).returncode == 0:
         return
     cluster.kubectl("apply", "--server-side", "-f", str(path))
-    # As every CRD wait in e2e does (pytest_operator.apply_crds): kubectl waits through a just-created CRD's
-    # `conditions: null`, which a hand-read status does not.
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    cluster.wait_crds_established([name], timeout_s=60)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
+from loom.e2e.pytest_operator import apply_crds
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
@@ -16,10 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def crds_installed(cluster: Any) -> Any:
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    for path in sorted((REPO / "crds").glob("*.yaml")):
-        name = yaml.safe_load(path.read_text())["metadata"]["name"]
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    apply_crds(cluster)
     return cluster
 
 

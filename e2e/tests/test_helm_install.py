@@ -35,6 +35,7 @@ from loom.e2e.helm_operator import (
     wait_default_service_account,
 )
 from loom.e2e.helm_operator import loom_operator_in_cluster as loom_operator_in_cluster  # the fixture
+from loom.e2e.pytest_operator import crd_names
 from loom.e2e.pytest_services import apply_s3_secret
 from loom.e2e.readme_install import adapt, readme_commands
 from loom.e2e.tests.test_inferenceservice import manifest, upload_placeholder_model, wait_rolled_out
@@ -150,9 +151,7 @@ def test_operator_runs_in_cluster_under_the_charts_service_account(
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     # The CRDs came with the chart (or were there already, identical: tests/unit/test_chart.py).
-    for path in sorted((CHART / "crds").glob("*.yaml")):
-        name = yaml.safe_load(path.read_text())["metadata"]["name"]
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=30s")
+    cluster.wait_crds_established(crd_names(CHART / "crds"), timeout_s=30)
     # In-cluster login, and Kopf has every permission it asks for (it warns when a list/watch is refused).
     logs = op.logs()
     assert "Activity 'login_via_client' succeeded" in logs and "loom operator started" in logs, logs
