@@ -66,13 +66,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def _up_with_one_retry() -> Cluster:
-    """Start the stack; once more after a clean `down` if a component died while starting. Seen here: the
-    first `up` right after a `down` of the same state folder sometimes loses kube-apiserver at start."""
+    """Start the stack; once more if a component died while starting (seen here: kube-apiserver lost at start
+    right after a `down` of the same state folder). The retry is another `up`, never a `down` first: `up` starts
+    whatever is not running and checks all of it, and another test session (an xdist worker) may already be
+    using the components that did start; a `down` here once stopped the API server under the other worker."""
     try:
         return up(StackConfig.from_env(), progress=_progress, started_by="pytest")
     except RuntimeError as error:
-        _progress(f"stack start failed ({str(error).splitlines()[0]}); stopping it and trying once more")
-        down(progress=_progress)
+        _progress(f"stack start failed ({error}); starting what is not running once more")
         return up(StackConfig.from_env(), progress=_progress, started_by="pytest")
 
 
