@@ -298,7 +298,7 @@ def test_worker_on_a_node_gone_not_ready_is_moved_elsewhere(
     cluster: Cluster, loom_operator: OperatorProcess, operator_namespace: str
 ) -> None:
     ns = operator_namespace
-    pool = uuid.uuid4().hex[:6]
+    pool = f"p{uuid.uuid4().hex[:6]}"  # a letter first: kubectl reads a bare 6e1234 as a number
     names = [f"tj-{pool}-{i}" for i in range(3)]
     cluster.kubectl("create", "-f", "-", stdin=yaml.safe_dump_all([gpu_node(n, pool) for n in names]))
     try:
