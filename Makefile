@@ -44,12 +44,13 @@ e2e: venv stack
 	$(BIN)/pytest -q e2e
 
 # `make test` must fit 45 minutes on a fresh 2-core machine, cold stack build included. A cold run has two
-# phases of different kinds: the stack's build (about 15 minutes of both cores cold, a no-op once cached) and
-# the e2e tier (20 minutes, mostly waiting on pods, half a core on average). So:
-# - the static checks and the cluster-free tiers (tests/, 13 minutes alone) run in the background at a lower
-#   priority (nice), filling whatever CPU the build and then the e2e tier leave idle, instead of sharing the
-#   cores evenly with the build and so delaying the e2e tier that waits for it (a cold run took 47m39s that way);
-#   their output goes to .state/cluster-free.log and is printed when they are done;
+# phases of different kinds: the stack's build (about 9 minutes of both cores cold, a no-op once cached) and
+# the e2e tier (15 minutes, mostly waiting on pods, half a core on average). So:
+# - the static checks and the cluster-free tiers (tests/, about 13 minutes alone) run in the background at a
+#   lower priority (nice), filling whatever CPU the build and then the e2e tier leave idle, instead of sharing
+#   the cores evenly with the build and so delaying the e2e tier that waits for it (a cold run took 47m39s that
+#   way, 26m29s this way; README, "How make test fits its budget"); their output goes to
+#   .state/cluster-free.log and is printed when they are done;
 # - the e2e tier starts as soon as the stack is built, in $(E2E_WORKERS) pytest-xdist workers, a test module per
 #   worker at a time (each worker is its own test session with its own operator and namespaces on the one shared
 #   stack); tests marked `serial` (they restart a stack component every session shares) run afterwards on their own;
