@@ -72,16 +72,24 @@ class ScaleWrite:
     reason: str  # ScaledUp, ScaledDown, ...
     before: int
     after: int
+    # The decision's explanation, e.g. "metric 5 per replica over 1 ready, target 2" (what it decided on).
+    message: str = ""
+
+    @property
+    def metric(self) -> float | None:
+        """The metric value the decision was made on, read from `message`; None when it names none."""
+        found = re.search(r"\bmetric ([-+0-9.e]+)", self.message)
+        return float(found[1]) if found else None
 
 
 def scale_writes(log: Path, namespace: str, name: str) -> list[ScaleWrite]:
     """Every replica write the builtin autoscaler logged for namespace/name, in order."""
-    pattern = re.compile(rf"autoscaling {re.escape(namespace)}/{re.escape(name)}: (\w+) (\d+) -> (\d+):")
+    pattern = re.compile(rf"autoscaling {re.escape(namespace)}/{re.escape(name)}: (\w+) (\d+) -> (\d+): (.*)$")
     writes = []
     for line in log.read_text(errors="replace").splitlines():
         if found := pattern.search(line):
             at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            writes.append(ScaleWrite(at, found[1], int(found[2]), int(found[3])))
+            writes.append(ScaleWrite(at, found[1], int(found[2]), int(found[3]), found[4]))
     return writes
 
 
