@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from loom.e2e.pytest_operator import apply_crds
+from loom.operator.api.kinds import KINDS
 
 pytestmark = pytest.mark.e2e
 
@@ -161,3 +162,35 @@ def test_every_example_is_accepted(crds_installed: Any, namespace: str) -> None:
             "apply", "--server-side", "--dry-run=server", "-n", namespace, "-f", str(path), check=False
         )
         assert result.returncode == 0, f"{path.name}: {result.stderr}"
+
+
+def example_spec(kind: str) -> dict[str, Any]:
+    """The spec of the first example of `kind` in examples/ (valid as written: test_every_example_is_accepted)."""
+    for path in sorted((REPO / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == kind:
+                return dict(doc["spec"])
+    raise AssertionError(f"no example of {kind}")
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.kind)
+def test_an_object_name_loom_cannot_name_its_children_after_is_refused(
+    crds_installed: Any, namespace: str, kind: Any
+) -> None:
+    """The CRD's root rule (NameRule) on the real API server: the longest name is accepted, one character more is
+    refused with the rule's message; so is a dotted name where Loom names a Service after the object."""
+
+    def dry_run(name: str) -> Any:
+        obj = {"apiVersion": "loom.dev/v1alpha1", "kind": kind.kind, "metadata": {"name": name}}
+        obj["spec"] = example_spec(kind.kind)
+        return crds_installed.kubectl(
+            "apply", "--server-side", "--dry-run=server", "-n", namespace, "-f", "-",
+            stdin=yaml.safe_dump(obj), check=False,
+        )  # fmt: skip
+
+    longest = "n" * kind.name_rule.max_length
+    assert dry_run(longest).returncode == 0, dry_run(longest).stderr
+    refused = dry_run(longest + "n")
+    assert refused.returncode != 0 and kind.name_rule.message in refused.stderr, refused.stderr
+    dotted = dry_run("drivers.v2")
+    assert (dotted.returncode == 0) is (kind.name_rule.problem("drivers.v2") is None), dotted.stderr

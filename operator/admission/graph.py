@@ -3,8 +3,9 @@
 The CRD's CEL rules already require a `root` node, that every `nodeName` names a node of the graph and that
 Splitter weights are set and sum to 100; they cannot follow the calls transitively (a cycle would make the router
 recurse until the request's deadline), compile the conditions the router evaluates, apply the router's own
-step model (unique Ensemble step names, weights only on Splitter steps, no condition on a Splitter step, ...), or
-bound the name by the router's model-name rule (128 characters, where Kubernetes allows 253).
+step model (unique Ensemble step names, weights only on Splitter steps, no condition on a Splitter step, ...).
+The graph's name is judged too (INFERENCE_GRAPH.name_rule, which the CRD's root rule also checks): the webhook may
+be installed on a cluster whose CRDs predate that rule.
 Nothing is checked here that is not checked there: the spec goes through the operator's API model and then
 `render.inferencegraph.graph_issues_of`, the very function whose result the controller reports in status (the
 router's `graph_issues` and its CEL compiler), so what admission accepts the controller renders and the router

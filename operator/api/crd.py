@@ -123,6 +123,8 @@ def crd_for(kind: Kind) -> Schema:
             "spec": spec_schema,
             "status": status_schema,
         },
+        # Only a root rule may read metadata.name.
+        "x-kubernetes-validations": [{"rule": kind.name_rule.cel, "message": kind.name_rule.message}],
     }
     subresources: Schema = {"status": {}}
     if kind.scale:

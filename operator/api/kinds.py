@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from .common import ApiModel, StatusBase
@@ -20,6 +21,48 @@ class PrinterColumn:
     description: str = ""
 
 
+# A DNS-1035 label (a Service name, a hostname): at most 63 characters of these.
+DNS_LABEL_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+DNS_LABEL_SHAPE = "lower-case letters, digits and '-', starting with a letter and ending with a letter or digit"
+
+
+@dataclass(frozen=True)
+class NameRule:
+    """What a Loom object's own name must be for its children to be valid. Kubernetes accepts object names of up
+    to 253 characters with dots, but Loom names Services after its objects (DNS-1035 labels, with suffixes) and
+    labels every child with the object's name (label values: at most 63 characters), so a longer name would only
+    fail later, on every child, in the operator's log. The CRD refuses it instead (a CEL rule on the root, which
+    may read metadata.name) and the controllers report it in status for an object created before that rule.
+    The render tests hold each `max_length` against the naming functions."""
+
+    max_length: int
+    dns_label: bool
+    # What is named after the object, for the message.
+    why: str
+
+    @property
+    def requirement(self) -> str:
+        shape = f"a DNS-1035 label ({DNS_LABEL_SHAPE})" if self.dns_label else "a name"
+        return f"{shape} of at most {self.max_length} characters: {self.why}"
+
+    @property
+    def message(self) -> str:
+        return f"metadata.name must be {self.requirement}"
+
+    @property
+    def cel(self) -> str:
+        """The same rule as `problem`, for the CRD."""
+        rule = f"self.metadata.name.size() <= {self.max_length}"
+        if self.dns_label:
+            rule += f" && self.metadata.name.matches('{DNS_LABEL_PATTERN}')"
+        return rule
+
+    def problem(self, name: str) -> str | None:
+        """The rule's message when `name` breaks it; None when it is fine."""
+        fits = len(name) <= self.max_length and (not self.dns_label or re.match(DNS_LABEL_PATTERN, name) is not None)
+        return None if fits else self.message
+
+
 @dataclass(frozen=True)
 class Kind:
     kind: str
@@ -31,6 +74,7 @@ class Kind:
     spec: type[ApiModel]
     status: type[StatusBase]
     columns: tuple[PrinterColumn, ...]
+    name_rule: NameRule
     scale: bool = False
     # The scale subresource's spec path (a JSON path under .spec; the router's replicas for InferenceGraph).
     scale_replicas_path: str = ".spec.replicas"
@@ -60,6 +104,11 @@ TRAINING_JOB = Kind(
         PrinterColumn("Checkpoint", ".status.checkpoint.latest", priority=1),
         AGE,
     ),
+    # The controller also checks the last worker's hostname against the job's worker count (11 workers or more
+    # need a shorter name).
+    name_rule=NameRule(
+        54, dns_label=True, why="its workers' hostnames are <name>-worker-<index> and their Service <name>-workers"
+    ),
 )
 
 INFERENCE_SERVICE = Kind(
@@ -82,6 +131,9 @@ INFERENCE_SERVICE = Kind(
         PrinterColumn("Scaled", ".status.autoscaling.lastScaleReason", priority=1),
         AGE,
     ),
+    name_rule=NameRule(
+        53, dns_label=True, why="its Service is <name> and its scale-to-zero activator's Service <name>-activator"
+    ),
     scale=True,
 )
 
@@ -102,6 +154,7 @@ INFERENCE_GRAPH = Kind(
         PrinterColumn("Metric", ".status.autoscaling.metricValue", "number", priority=1),
         AGE,
     ),
+    name_rule=NameRule(63, dns_label=True, why="its router's Service is <name>"),
     # The builtin autoscaler (or `kubectl scale`) writes the router's replicas here, as for an InferenceService.
     scale=True,
     scale_replicas_path=".spec.router.replicas",
@@ -123,6 +176,7 @@ FEATURE_VIEW = Kind(
         PrinterColumn("URL", ".status.url", priority=1),
         AGE,
     ),
+    name_rule=NameRule(63, dns_label=False, why="every object made for it carries it as a label value"),
 )
 
 KINDS: tuple[Kind, ...] = (TRAINING_JOB, INFERENCE_SERVICE, INFERENCE_GRAPH, FEATURE_VIEW)

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from ..api import GROUP, VERSION
 from ..api.featureview import FeatureViewSpec, FeatureViewStatus
+from ..api.kinds import FEATURE_VIEW
 from ..kube import client as kube
 from ..render.defaults import EndpointDefaults
 from ..render.defaults import feature_view as feature_view_defaults
@@ -181,6 +182,9 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
         spec = FeatureViewSpec.model_validate(body.get("spec") or {})
     except ValidationError as exc:
         await _write_status(body, Observed(generation, rejection=Rejection("InvalidSpec", _short(exc))), now)
+        return
+    if (name_problem := FEATURE_VIEW.name_rule.problem(name)) is not None:  # the CRD refuses it since it has the rule
+        await _write_status(body, Observed(generation, rejection=Rejection("InvalidSpec", name_problem)), now)
         return
     defaults = EndpointDefaults.from_settings(settings)
     own = feature_view_defaults(spec, defaults)

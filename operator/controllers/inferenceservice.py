@@ -20,6 +20,7 @@ from loom.workloads.server.config import EnrichmentConfig
 
 from ..api import GROUP, VERSION
 from ..api.inferenceservice import InferenceServiceSpec, InferenceServiceStatus
+from ..api.kinds import INFERENCE_SERVICE
 from ..autoscale.inferenceservice import recommend_replicas
 from ..kube import client as kube
 from ..render.defaults import Defaulted, EndpointDefaults, model_problem, training_job_manifest
@@ -134,6 +135,8 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
         total = desired_total_replicas(spec, recommend_replicas(spec, running) if spec.autoscaling else None)
         try:
             rollout_strategy(spec)  # raises InvalidSpec for what admission cannot catch
+            if (name_problem := INFERENCE_SERVICE.name_rule.problem(name)) is not None:  # the CRD refuses it now
+                raise InvalidSpec(name_problem)
             missing = model_problem(defaulted) if defaulted is not None else None
             if missing is not None:
                 desired, resolve_error = None, missing  # nothing can be fetched without the endpoint

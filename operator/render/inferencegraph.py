@@ -29,17 +29,16 @@ from pydantic.alias_generators import to_camel
 
 from loom.workloads.router.conditions import condition_problems
 from loom.workloads.router.config import (
-    MODEL_NAME_RULE,
     GraphIssue,
     NodeConfig,
     RouterConfig,
     StepConfig,
     UpstreamConfig,
     graph_issues,
-    is_model_name,
 )
 
 from ..api.inferencegraph import GraphStep, InferenceGraphSpec
+from ..api.kinds import INFERENCE_GRAPH
 from .inferenceservice import CONFIG_HASH_ANNOTATION, SERVER_DRAIN_SECONDS, SERVICE_PORT, config_hash, service_url
 from .kit import Manifest, child_metadata, labels, restricted_security_context
 
@@ -207,12 +206,12 @@ def _step_issues(name: str, index: int, exc: ValidationError) -> list[GraphIssue
 
 
 def _name_issues(name: str | None) -> list[GraphIssue]:
-    """The graph's name is the model name its router serves (graphName: /v2/models/<name>/infer), which the router
-    bounds more tightly than Kubernetes bounds object names (253 characters)."""
-    if name is None or is_model_name(name):
+    """The graph's name names its router's Service and is the model name the router serves (graphName), which
+    allows more; Kubernetes allows object names of 253 characters with dots (INFERENCE_GRAPH.name_rule)."""
+    rule = INFERENCE_GRAPH.name_rule
+    if name is None or rule.problem(name) is None:
         return []
-    message = f"the router serves the graph as a model of this name, which must be {MODEL_NAME_RULE}"
-    return [GraphIssue(message, field=NAME_FIELD, where=NAME_FIELD)]
+    return [GraphIssue(f"must be {rule.requirement}", field=NAME_FIELD, where=NAME_FIELD)]
 
 
 def _checked_nodes(spec: InferenceGraphSpec, name: str | None) -> tuple[dict[str, NodeConfig], list[GraphIssue]]:

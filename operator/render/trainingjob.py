@@ -8,6 +8,7 @@ which pods are stale.
 
 from __future__ import annotations
 
+from ..api.kinds import TRAINING_JOB
 from ..api.trainingjob import TrainingJobSpec
 from .kit import Manifest, child_metadata, merge_env, owner_of, restricted_security_context, s3_env
 from .trainingjob_config import (
@@ -51,11 +52,11 @@ def config_map_name(job_name: str) -> str:
 
 def name_problem(job_name: str, max_workers: int) -> str | None:
     """Why this job name cannot name its Service and worker hostnames (DNS-1035 labels), or None."""
-    longest = max(worker_name(job_name, max_workers - 1), rendezvous_service_name(job_name), key=len)
+    if (problem := TRAINING_JOB.name_rule.problem(job_name)) is not None:  # what the CRD checks
+        return problem
+    longest = worker_name(job_name, max_workers - 1)  # what depends on the worker count
     if len(longest) > 63:
         return f"name too long: {longest!r} exceeds 63 characters (DNS label); use a shorter TrainingJob name"
-    if not job_name[:1].isalpha():
-        return f"name {job_name!r} must start with a letter: it names the rendezvous Service"
     return None
 
 

@@ -27,19 +27,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from loom.workloads.common.body_limit import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_BODY_TIMEOUT_S
+from loom.workloads.common.model_name import MODEL_NAME_RULE, is_model_name
 
 RouterType = Literal["Sequence", "Switch", "Ensemble", "Splitter"]
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 ROOT = "root"
-MODEL_NAME_RULE = "1-128 characters of letters, digits, '_', '.', '-'"
-
-
-def is_model_name(value: str) -> bool:
-    """Whether `value` can be served as a model name (modelName, graphName): MODEL_NAME_RULE."""
-    return _MODEL_NAME.match(value) is not None
-
-
 class _Camel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
 

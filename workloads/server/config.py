@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from loom.workloads.common.body_limit import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_BODY_TIMEOUT_S
+from loom.workloads.common.model_name import MODEL_NAME_RULE, is_model_name
 
 # Handlers that ship with the server, by name -> the "module:Class" that implements it (imported only when
 # chosen, by handlers.load_handler_class, so this module stays free of torch). The one list of handler names:
@@ -33,7 +34,6 @@ BUILTIN_HANDLER_CLASSES: dict[str, str] = {
 }
 BUILTIN_HANDLERS: tuple[str, ...] = tuple(BUILTIN_HANDLER_CLASSES)
 _CUSTOM_HANDLER = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # models:/name/3, models:/name@champion, models:/name/latest
 _MLFLOW_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:/(?P<version>[^/@]+)|@(?P<alias>[^/@]+))$")
 
@@ -184,8 +184,8 @@ class ServerConfig(_Camel):
     @field_validator("model_name")
     @classmethod
     def _check_name(cls, value: str) -> str:
-        if not _MODEL_NAME.match(value):
-            raise ValueError("modelName must be 1-128 characters of letters, digits, '_', '.', '-'")
+        if not is_model_name(value):
+            raise ValueError(f"modelName must be {MODEL_NAME_RULE}")
         return value
 
     @field_validator("handler")
