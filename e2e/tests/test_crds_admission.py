@@ -188,9 +188,9 @@ def test_an_object_name_loom_cannot_name_its_children_after_is_refused(
             stdin=yaml.safe_dump(obj), check=False,
         )  # fmt: skip
 
-    longest = "n" * kind.name_rule.max_length
-    assert dry_run(longest).returncode == 0, dry_run(longest).stderr
-    refused = dry_run(longest + "n")
+    accepted = dry_run("n" * kind.name_rule.max_length)
+    assert accepted.returncode == 0, accepted.stderr
+    refused = dry_run("n" * (kind.name_rule.max_length + 1))
     assert refused.returncode != 0 and kind.name_rule.message in refused.stderr, refused.stderr
     dotted = dry_run("drivers.v2")
-    assert (dotted.returncode == 0) is (kind.name_rule.problem("drivers.v2") is None), dotted.stderr
+    assert (dotted.returncode == 0) is kind.name_rule.fits("drivers.v2"), dotted.stderr

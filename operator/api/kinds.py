@@ -57,10 +57,12 @@ class NameRule:
             rule += f" && self.metadata.name.matches('{DNS_LABEL_PATTERN}')"
         return rule
 
+    def fits(self, name: str) -> bool:
+        return len(name) <= self.max_length and (not self.dns_label or re.match(DNS_LABEL_PATTERN, name) is not None)
+
     def problem(self, name: str) -> str | None:
-        """The rule's message when `name` breaks it; None when it is fine."""
-        fits = len(name) <= self.max_length and (not self.dns_label or re.match(DNS_LABEL_PATTERN, name) is not None)
-        return None if fits else self.message
+        """The rule's message when `name` breaks it; None when it fits."""
+        return None if self.fits(name) else self.message
 
 
 @dataclass(frozen=True)

@@ -209,7 +209,7 @@ def _name_issues(name: str | None) -> list[GraphIssue]:
     """The graph's name names its router's Service and is the model name the router serves (graphName), which
     allows more; Kubernetes allows object names of 253 characters with dots (INFERENCE_GRAPH.name_rule)."""
     rule = INFERENCE_GRAPH.name_rule
-    if name is None or rule.problem(name) is None:
+    if name is None or rule.fits(name):
         return []
     return [GraphIssue(f"must be {rule.requirement}", field=NAME_FIELD, where=NAME_FIELD)]
 

@@ -23,6 +23,8 @@ from loom.operator.render.inferenceservice_activator import activator_name
 from loom.operator.render.kit import labels
 from loom.operator.render.trainingjob_config import rendezvous_service_name
 
+# Written out here rather than imported (kinds.DNS_LABEL_PATTERN): the oracle the children's names are held to
+# must not change with the rule it checks.
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 NAMES = [
     "a", "model", "gpt-2", "a1", "x" * 53, "x" * 54, "x" * 55, "x" * 56, "x" * 63, "x" * 64, "x" * 129,
