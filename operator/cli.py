@@ -38,8 +38,8 @@ def crds(folders: tuple[Path, ...]) -> None:
 @main.command()
 def operator() -> None:
     """Run the operator against the current kubeconfig (settings from LOOM_* environment variables)."""
+    from .core.observability import configure_logging
     from .main import run
-    from .observability import configure_logging
     from .settings import OperatorSettings
 
     settings = OperatorSettings.from_env()

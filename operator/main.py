@@ -9,10 +9,11 @@ from typing import Any, cast
 import kopf
 import prometheus_client
 
-from . import controllers, observability
+from . import controllers
 from .admission import handlers as admission_handlers
 from .admission.server import webhook_server
-from .controllers import leadership
+from .api import KINDS
+from .core import leadership, observability
 from .settings import FINALIZER, PREFIX, OperatorSettings
 
 log = logging.getLogger("loom.operator")
@@ -54,7 +55,7 @@ def run(settings: OperatorSettings | None = None) -> None:
     server = webhook_server(ours)
     if server is not None:
         admission_handlers.register(ours)
-    observability.register_phase_indices()
+    observability.register_phase_indices((kind.kind, kind.plural) for kind in KINDS)
     observability.count_watch_restarts()
     identity, priority = leadership.identity_of(ours), leadership.priority_of(ours)
     leadership.LEADERSHIP.configure(ours.peering_name, identity, priority, lifetime_s=ours.peering_lifetime_s)

@@ -14,7 +14,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from loom.operator.api.common import GROUP, VERSION
+from loom.operator.core.model import GROUP, VERSION
 
 from .specs import Case, cel_messages, k8s_path, kind_named, manifest
 

@@ -31,7 +31,7 @@ from kubernetes import client, watch
 
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.nodes import KWOK_TOLERATION
-from loom.operator.api.common import GROUP, VERSION
+from loom.operator.core.model import GROUP, VERSION
 
 from .kwok_only import kwok_only
 from .registry import Figures, Run, scenario

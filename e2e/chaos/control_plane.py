@@ -22,7 +22,7 @@ from loom.devstack.cluster import procs
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.pki import AGENT_NODE_NAME
 from loom.devstack.servers import S3Endpoint, s3_server
-from loom.operator.api.common import GROUP, VERSION
+from loom.operator.core.model import GROUP, VERSION
 
 from .churn import PLURALS, inference_service, loom_objects, training_job
 from .registry import Figures, Run, scenario

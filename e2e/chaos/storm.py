@@ -16,7 +16,7 @@ from kubernetes.client.rest import ApiException
 
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.nodes import KWOK_TOLERATION
-from loom.operator.api.common import GROUP, VERSION
+from loom.operator.core.model import GROUP, VERSION
 
 from .admission import Outcome, submit, submit_all
 from .kwok_only import kwok_only

@@ -23,7 +23,7 @@ from loom.devstack.cluster.paths import AGENT_STATE_DIR
 from loom.devstack.servers import S3Endpoint
 from loom.e2e.pytest_operator import OperatorProcess
 from loom.e2e.pytest_services import apply_s3_secret
-from loom.operator.render.featureview_config import cronjob_name, delete_job_name
+from loom.operator.kinds.featureview.config import cronjob_name, delete_job_name
 from loom.workloads.features import example_data
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]

@@ -25,7 +25,7 @@ from loom.devstack import backing
 from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
 from loom.e2e.pytest_operator import OperatorProcess
-from loom.operator.render.featureview_config import HTTP_PORT
+from loom.operator.kinds.featureview.config import HTTP_PORT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -21,8 +21,8 @@ from pydantic import ValidationError
 
 from loom.workloads.router.config import GraphIssue
 
-from ..api.inferencegraph import InferenceGraphSpec
-from ..render.inferencegraph import NAME_FIELD, graph_issues_of
+from ..kinds.inferencegraph.api import InferenceGraphSpec
+from ..kinds.inferencegraph.render import NAME_FIELD, graph_issues_of
 from . import Violation, step_path
 
 # Fields of the spec that are maps: the key that follows one is written in brackets, as the API server does.

@@ -17,7 +17,7 @@ from typing import Any
 import kopf
 
 from ..api import GROUP, VERSION
-from ..kube import client as kube
+from ..core import client as kube
 from ..settings import OperatorSettings
 from . import Violation
 from .graph import graph_violations

@@ -1,11 +1,11 @@
 """Loom's API (group loom.dev, version v1alpha1): pydantic models are the source of truth for the CRDs."""
 
-from .common import API_VERSION, GROUP, VERSION, Condition
-from .featureview import FeatureView, FeatureViewSpec, FeatureViewStatus
-from .inferencegraph import InferenceGraph, InferenceGraphSpec, InferenceGraphStatus
-from .inferenceservice import InferenceService, InferenceServiceSpec, InferenceServiceStatus
+from ..core.model import API_VERSION, GROUP, VERSION, Condition
+from ..kinds.featureview.api import FeatureView, FeatureViewSpec, FeatureViewStatus
+from ..kinds.inferencegraph.api import InferenceGraph, InferenceGraphSpec, InferenceGraphStatus
+from ..kinds.inferenceservice.api import InferenceService, InferenceServiceSpec, InferenceServiceStatus
+from ..kinds.trainingjob.api import TrainingJob, TrainingJobSpec, TrainingJobStatus
 from .kinds import KINDS, Kind
-from .trainingjob import TrainingJob, TrainingJobSpec, TrainingJobStatus
 
 __all__ = [
     "API_VERSION",

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from .common import GROUP, VERSION
+from ..core.model import GROUP, VERSION
 from .kinds import KINDS, Kind
 
 Schema = dict[str, Any]

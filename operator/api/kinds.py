@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .common import ApiModel, StatusBase
-from .featureview import FeatureView, FeatureViewSpec, FeatureViewStatus
-from .inferencegraph import InferenceGraph, InferenceGraphSpec, InferenceGraphStatus
-from .inferenceservice import InferenceService, InferenceServiceSpec, InferenceServiceStatus
-from .trainingjob import TrainingJob, TrainingJobSpec, TrainingJobStatus
+from ..core.model import ApiModel, StatusBase
+from ..kinds.featureview.api import FeatureView, FeatureViewSpec, FeatureViewStatus
+from ..kinds.inferencegraph.api import InferenceGraph, InferenceGraphSpec, InferenceGraphStatus
+from ..kinds.inferenceservice.api import InferenceService, InferenceServiceSpec, InferenceServiceStatus
+from ..kinds.trainingjob.api import TrainingJob, TrainingJobSpec, TrainingJobStatus
 
 
 @dataclass(frozen=True)

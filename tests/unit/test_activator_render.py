@@ -7,10 +7,8 @@ from typing import Any
 
 import pytest
 
-from loom.operator.api.inferenceservice import InferenceServiceSpec
-from loom.operator.controllers import inferenceservice_activator as controller
-from loom.operator.render.inferenceservice import server_selector
-from loom.operator.render.inferenceservice_activator import (
+from loom.operator.kinds.inferenceservice import routing as controller
+from loom.operator.kinds.inferenceservice.activator import (
     activator_config,
     activator_enabled,
     activator_selector,
@@ -18,7 +16,9 @@ from loom.operator.render.inferenceservice_activator import (
     render_routed_service,
     routes_to_activator,
 )
-from loom.operator.render.inferenceservice_rollout import RolloutPlan, desired_total_replicas
+from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
+from loom.operator.kinds.inferenceservice.render import server_selector
+from loom.operator.kinds.inferenceservice.rollout import RolloutPlan, desired_total_replicas
 from loom.operator.settings import OperatorSettings
 from loom.workloads.activator.config import ActivatorConfig
 

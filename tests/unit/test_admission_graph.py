@@ -12,8 +12,8 @@ import pytest
 
 from loom.operator.admission import Violation
 from loom.operator.admission.graph import graph_violations, spec_path
-from loom.operator.api.inferencegraph import InferenceGraphSpec
-from loom.operator.render.inferencegraph import router_config
+from loom.operator.kinds.inferencegraph.api import InferenceGraphSpec
+from loom.operator.kinds.inferencegraph.render import router_config
 
 HINT = "a step may not call a node that leads back to it"
 OWNER = {"metadata": {"name": "g", "namespace": "ns", "uid": "u"}}

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from loom.operator.api import InferenceService, TrainingJob
-from loom.operator.api.common import Condition, set_condition
+from loom.operator.core.model import Condition, set_condition
 
 
 def training_job(**spec: object) -> dict[str, object]:

@@ -12,11 +12,11 @@ import pytest
 import yaml
 from lupa import lua51
 
-from loom.operator.api.common import Condition, StatusBase
-from loom.operator.api.featureview import FeatureViewStatus
-from loom.operator.api.inferencegraph import InferenceGraphStatus
-from loom.operator.api.inferenceservice import InferenceServiceStatus
-from loom.operator.api.trainingjob import TrainingJobStatus
+from loom.operator.core.model import Condition, StatusBase
+from loom.operator.kinds.featureview.api import FeatureViewStatus
+from loom.operator.kinds.inferencegraph.api import InferenceGraphStatus
+from loom.operator.kinds.inferenceservice.api import InferenceServiceStatus
+from loom.operator.kinds.trainingjob.api import TrainingJobStatus
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 SCRIPT = (DOCS / "argocd-health.lua").read_text()

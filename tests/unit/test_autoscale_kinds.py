@@ -15,19 +15,19 @@ import pytest
 from pydantic import ValidationError
 
 from loom.operator.api.crd import crd_for
-from loom.operator.api.featureview import FeatureServer, FeatureViewSpec
-from loom.operator.api.inferencegraph import GraphRouter, InferenceGraphSpec, InferenceGraphStatus
 from loom.operator.api.kinds import INFERENCE_GRAPH
+from loom.operator.autoscale import loop as module
+from loom.operator.autoscale.adapters import FEATURE_VIEW, project_autoscaling
+from loom.operator.autoscale.adapters import INFERENCE_GRAPH as GRAPH_ADAPTER
 from loom.operator.autoscale.prometheus import PrometheusClient
-from loom.operator.controllers import autoscaler as module
-from loom.operator.controllers.autoscaler_kinds import FEATURE_VIEW, project_autoscaling
-from loom.operator.controllers.autoscaler_kinds import INFERENCE_GRAPH as GRAPH_ADAPTER
-from loom.operator.kube import client as kube
-from loom.operator.render.featureview import render_deployment as render_feature_server
-from loom.operator.render.featureview import server_replicas
-from loom.operator.render.featureview_config import Member, plan_project
-from loom.operator.render.inferencegraph import render_deployment as render_router
-from loom.operator.render.inferencegraph_status import Observed, compute_status
+from loom.operator.core import client as kube
+from loom.operator.kinds.featureview.api import FeatureServer, FeatureViewSpec
+from loom.operator.kinds.featureview.config import Member, plan_project
+from loom.operator.kinds.featureview.render import render_deployment as render_feature_server
+from loom.operator.kinds.featureview.render import server_replicas
+from loom.operator.kinds.inferencegraph.api import GraphRouter, InferenceGraphSpec, InferenceGraphStatus
+from loom.operator.kinds.inferencegraph.render import render_deployment as render_router
+from loom.operator.kinds.inferencegraph.status import Observed, compute_status
 from loom.operator.settings import OperatorSettings
 
 NODES = {"root": {"routerType": "Sequence", "steps": [{"serviceName": "a"}]}}

@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from loom.operator.api.inferenceservice import Autoscaling
-from loom.operator.autoscale.inferenceservice import metric_query, scaling_config
 from loom.operator.autoscale.promql import (
     INFLIGHT,
     METRIC_KINDS,
@@ -17,6 +15,8 @@ from loom.operator.autoscale.promql import (
     build_query,
     quote,
 )
+from loom.operator.kinds.inferenceservice.api import Autoscaling
+from loom.operator.kinds.inferenceservice.scaling import metric_query, scaling_config
 
 PODS = PodSelector.for_pods("team-a", ["chat-7d9f-abcde", "chat-7d9f-fghij"])
 SEL = 'namespace="team-a",pod=~"chat-7d9f-abcde|chat-7d9f-fghij"'

@@ -13,9 +13,13 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from loom.operator.api.inferenceservice import Autoscaling, InferenceServiceSpec
+from loom.operator.autoscale import loop as module
 from loom.operator.autoscale.decision import MetricUnavailable, MetricValue, Observation, ScalingState, decide
-from loom.operator.autoscale.inferenceservice import (
+from loom.operator.autoscale.prometheus import PrometheusClient
+from loom.operator.core import client as kube
+from loom.operator.kinds.inferenceservice.api import Autoscaling, InferenceServiceSpec
+from loom.operator.kinds.inferenceservice.rollout import desired_total_replicas
+from loom.operator.kinds.inferenceservice.scaling import (
     autoscaling_status,
     current_replicas,
     decision_events,
@@ -25,10 +29,6 @@ from loom.operator.autoscale.inferenceservice import (
     recommend_replicas,
     scaling_config,
 )
-from loom.operator.autoscale.prometheus import PrometheusClient
-from loom.operator.controllers import autoscaler as module
-from loom.operator.kube import client as kube
-from loom.operator.render.inferenceservice_rollout import desired_total_replicas
 from loom.operator.settings import OperatorSettings
 
 MODEL = {"uri": "s3://models/m"}

@@ -20,10 +20,10 @@ import yaml
 from pydantic import BaseModel
 
 from loom.operator.api.crd import model_schema
-from loom.operator.api.featureview import FeatureViewSpec
-from loom.operator.api.inferenceservice import InferenceServiceSpec
-from loom.operator.api.trainingjob import TrainingJobSpec
-from loom.operator.render.trainingjob_config import trainer_config
+from loom.operator.kinds.featureview.api import FeatureViewSpec
+from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
+from loom.operator.kinds.trainingjob.api import TrainingJobSpec
+from loom.operator.kinds.trainingjob.config import trainer_config
 from loom.workloads.features.config import FeatureViewConfig
 from loom.workloads.server import handlers
 from loom.workloads.server.config import BUILTIN_HANDLERS, ServerConfig

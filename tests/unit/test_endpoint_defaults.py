@@ -12,16 +12,16 @@ import jsonschema
 import pytest
 import yaml
 
-from loom.operator.api.featureview import FeatureViewSpec
-from loom.operator.api.inferenceservice import InferenceServiceSpec
-from loom.operator.api.trainingjob import TrainingJobSpec, TrainingJobStatus
-from loom.operator.render import defaults
-from loom.operator.render import trainingjob as render
-from loom.operator.render.defaults import EndpointDefaults
-from loom.operator.render.inferenceservice_model import resolve_model
-from loom.operator.render.inferenceservice_rollout import RolloutPlan
-from loom.operator.render.inferenceservice_status import Observed, compute_status
-from loom.operator.render.trainingjob_state import Observation, Policy, decide
+from loom.operator import defaults
+from loom.operator.defaults import EndpointDefaults
+from loom.operator.kinds.featureview.api import FeatureViewSpec
+from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
+from loom.operator.kinds.inferenceservice.model import resolve_model
+from loom.operator.kinds.inferenceservice.rollout import RolloutPlan
+from loom.operator.kinds.inferenceservice.status import Observed, compute_status
+from loom.operator.kinds.trainingjob import render
+from loom.operator.kinds.trainingjob.api import TrainingJobSpec, TrainingJobStatus
+from loom.operator.kinds.trainingjob.state import Observation, Policy, decide
 from loom.operator.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[2]

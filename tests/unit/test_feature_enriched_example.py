@@ -9,8 +9,8 @@ from typing import Any
 import yaml
 
 from loom.devstack import backing
-from loom.operator.api.inferenceservice import InferenceService
-from loom.operator.render.inferenceservice_features import resolve_features
+from loom.operator.kinds.inferenceservice.api import InferenceService
+from loom.operator.kinds.inferenceservice.features import resolve_features
 from loom.workloads.server.enrichment import tensor_name
 from loom.workloads.server.tabular import EXAMPLE_MODEL
 

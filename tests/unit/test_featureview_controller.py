@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from loom.operator.controllers import featureview as controller
-from loom.operator.render.featureview import MATERIALIZE_NOW, REGISTERED_VIEWS
-from loom.operator.render.featureview_config import delete_job_name
+from loom.operator.kinds.featureview import controller
+from loom.operator.kinds.featureview.config import delete_job_name
+from loom.operator.kinds.featureview.render import MATERIALIZE_NOW, REGISTERED_VIEWS
 from loom.operator.settings import OperatorSettings
 
 Key = tuple[str, str, str | None, str]

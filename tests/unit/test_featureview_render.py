@@ -11,8 +11,18 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from loom.operator.api.featureview import EntityDtype, FeatureDtype, FeatureViewSpec
-from loom.operator.render.featureview import (
+from loom.operator.kinds.featureview.api import EntityDtype, FeatureDtype, FeatureViewSpec
+from loom.operator.kinds.featureview.config import (
+    Member,
+    apply_hash,
+    apply_job_name,
+    cronjob_name,
+    feast_view_name,
+    manual_job_name,
+    plan_project,
+    view_config,
+)
+from loom.operator.kinds.featureview.render import (
     CONFIG_HASH_ANNOTATION,
     PERMANENT_EXIT_CODES,
     cron_expression,
@@ -24,16 +34,6 @@ from loom.operator.render.featureview import (
     render_deployment,
     render_manual_job,
     render_service,
-)
-from loom.operator.render.featureview_config import (
-    Member,
-    apply_hash,
-    apply_job_name,
-    cronjob_name,
-    feast_view_name,
-    manual_job_name,
-    plan_project,
-    view_config,
 )
 from loom.workloads.features.config import ENTITY_DTYPES, FEATURE_DTYPES, FeaturesConfig
 

@@ -6,9 +6,9 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from loom.operator.api.featureview import FeatureViewStatus
-from loom.operator.render.featureview_config import Rejection
-from loom.operator.render.featureview_status import JobResult, Observed, compute_status, job_result, newest, next_run
+from loom.operator.kinds.featureview.api import FeatureViewStatus
+from loom.operator.kinds.featureview.config import Rejection
+from loom.operator.kinds.featureview.status import JobResult, Observed, compute_status, job_result, newest, next_run
 
 NOW = datetime(2026, 1, 3, 10, 20, tzinfo=UTC)
 

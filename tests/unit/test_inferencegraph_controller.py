@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from loom.operator.controllers import inferencegraph as controller
+from loom.operator.kinds.inferencegraph import controller
 from loom.operator.settings import OperatorSettings
 
 Key = tuple[str, str, str | None, str]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from loom.operator.api.inferencegraph import InferenceGraphSpec
-from loom.operator.render.inferencegraph import render_deployment
+from loom.operator.kinds.inferencegraph.api import InferenceGraphSpec
+from loom.operator.kinds.inferencegraph.render import render_deployment
 
 OWNER = {"apiVersion": "loom.dev/v1alpha1", "kind": "InferenceGraph",
          "metadata": {"name": "bot", "namespace": "ns", "uid": "u"}}  # fmt: skip

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from loom.operator.api.inferencegraph import InferenceGraphSpec
-from loom.operator.render.inferencegraph import (
+from loom.operator.kinds.inferencegraph.api import InferenceGraphSpec
+from loom.operator.kinds.inferencegraph.render import (
     CONFIG_FILE,
     ServiceRef,
     config_map_name,
@@ -22,7 +22,7 @@ from loom.operator.render.inferencegraph import (
     render_router,
     router_config,
 )
-from loom.operator.render.inferenceservice import CONFIG_HASH_ANNOTATION
+from loom.operator.kinds.inferenceservice.render import CONFIG_HASH_ANNOTATION
 from loom.workloads.router.config import RouterConfig
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from loom.operator.api.inferencegraph import InferenceGraphSpec, InferenceGraphStatus
-from loom.operator.render.inferencegraph import GraphProblem, ServiceRef
-from loom.operator.render.inferencegraph_status import Observed, compute_status
+from loom.operator.kinds.inferencegraph.api import InferenceGraphSpec, InferenceGraphStatus
+from loom.operator.kinds.inferencegraph.render import GraphProblem, ServiceRef
+from loom.operator.kinds.inferencegraph.status import Observed, compute_status
 
 OWNER = {
     "apiVersion": "loom.dev/v1alpha1",

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from loom.operator.controllers import inferenceservice as controller
-from loom.operator.render.inferenceservice_model import MODEL_ANNOTATION, ModelRef
+from loom.operator.kinds.inferenceservice import controller
+from loom.operator.kinds.inferenceservice.model import MODEL_ANNOTATION, ModelRef
 from loom.operator.settings import OperatorSettings
 
 Key = tuple[str, str, str | None, str]

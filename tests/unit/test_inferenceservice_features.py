@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from loom.operator.api.inferenceservice import FeatureEnrichment
-from loom.operator.render.inferenceservice_features import resolve_features
-from loom.operator.render.inferenceservice_model import ResolveError
+from loom.operator.kinds.inferenceservice.api import FeatureEnrichment
+from loom.operator.kinds.inferenceservice.features import resolve_features
+from loom.operator.kinds.inferenceservice.model import ResolveError
 from loom.workloads.server.config import EnrichedFeature
 
 

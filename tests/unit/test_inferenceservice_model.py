@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from loom.operator.api.inferenceservice import ModelSource
-from loom.operator.render.inferenceservice_model import ModelRef, ResolveError, resolve_model
+from loom.operator.kinds.inferenceservice.api import ModelSource
+from loom.operator.kinds.inferenceservice.model import ModelRef, ResolveError, resolve_model
 
 
 def source(**wire: Any) -> ModelSource:

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from loom.operator.api.inferenceservice import InferenceServiceSpec
-from loom.operator.render.inferenceservice import (
+from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
+from loom.operator.kinds.inferenceservice.model import MODEL_ANNOTATION, ModelRef, resolve_model
+from loom.operator.kinds.inferenceservice.render import (
     CONFIG_HASH_ANNOTATION,
     InvalidSpec,
     Track,
@@ -18,7 +19,6 @@ from loom.operator.render.inferenceservice import (
     selector_string,
     service_url,
 )
-from loom.operator.render.inferenceservice_model import MODEL_ANNOTATION, ModelRef, resolve_model
 from loom.workloads.server.config import ServerConfig
 
 IMAGE = "loom/server:test"

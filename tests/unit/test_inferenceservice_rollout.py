@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from loom.operator.api.inferenceservice import InferenceServiceSpec
-from loom.operator.render.inferenceservice_model import MODEL_ANNOTATION, ModelRef
-from loom.operator.render.inferenceservice_rollout import (
+from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
+from loom.operator.kinds.inferenceservice.model import MODEL_ANNOTATION, ModelRef
+from loom.operator.kinds.inferenceservice.rollout import (
     desired_total_replicas,
     plan_rollout,
     rolled_out,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from loom.operator.api.inferenceservice import InferenceServiceStatus
-from loom.operator.render.inferenceservice import CONFIG_HASH_ANNOTATION
-from loom.operator.render.inferenceservice_model import MODEL_ANNOTATION, ModelRef, ResolveError
-from loom.operator.render.inferenceservice_rollout import RolloutPlan
-from loom.operator.render.inferenceservice_status import Observed, compute_status, diagnose
+from loom.operator.kinds.inferenceservice.api import InferenceServiceStatus
+from loom.operator.kinds.inferenceservice.model import MODEL_ANNOTATION, ModelRef, ResolveError
+from loom.operator.kinds.inferenceservice.render import CONFIG_HASH_ANNOTATION
+from loom.operator.kinds.inferenceservice.rollout import RolloutPlan
+from loom.operator.kinds.inferenceservice.status import Observed, compute_status, diagnose
 
 OWNER = {
     "apiVersion": "loom.dev/v1alpha1",

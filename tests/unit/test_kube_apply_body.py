@@ -8,7 +8,7 @@ import json
 
 import yaml
 
-from loom.operator.kube.client import APPLY_CONTENT_TYPE, apply_body
+from loom.operator.core.client import APPLY_CONTENT_TYPE, apply_body
 
 
 def test_characters_outside_the_bmp_use_yaml_32_bit_escapes_and_round_trip() -> None:

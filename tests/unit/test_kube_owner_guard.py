@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from loom.operator import kube
-from loom.operator.controllers.runner import Runner
-from loom.operator.kube import client
+from loom.operator.core import client
+from loom.operator.core import client as kube
+from loom.operator.core.runner import Runner
 
 pytestmark = pytest.mark.timeout(30)
 

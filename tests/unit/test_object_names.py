@@ -14,14 +14,14 @@ import pytest
 from loom.operator.admission.graph import graph_violations
 from loom.operator.admission.handlers import CHECKS
 from loom.operator.api.crd import crd_for
-from loom.operator.api.inferencegraph import InferenceGraphSpec
 from loom.operator.api.kinds import FEATURE_VIEW, INFERENCE_GRAPH, INFERENCE_SERVICE, KINDS, TRAINING_JOB, Kind
-from loom.operator.render import inferencegraph as graph_render
-from loom.operator.render import inferenceservice as service_render
-from loom.operator.render import trainingjob as job_render
-from loom.operator.render.inferenceservice_activator import activator_name
-from loom.operator.render.kit import labels
-from loom.operator.render.trainingjob_config import rendezvous_service_name
+from loom.operator.core.kit import labels
+from loom.operator.kinds.inferencegraph import render as graph_render
+from loom.operator.kinds.inferencegraph.api import InferenceGraphSpec
+from loom.operator.kinds.inferenceservice import render as service_render
+from loom.operator.kinds.inferenceservice.activator import activator_name
+from loom.operator.kinds.trainingjob import render as job_render
+from loom.operator.kinds.trainingjob.config import rendezvous_service_name
 
 # Written out here rather than imported (kinds.DNS_LABEL_PATTERN): the oracle the children's names are held to
 # must not change with the rule it checks.

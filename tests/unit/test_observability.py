@@ -16,9 +16,8 @@ import pytest
 from kopf._cogs.clients import watching
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
-from loom.operator import observability
-from loom.operator.controllers.runner import Runner
-from loom.operator.observability import (
+from loom.operator.core import observability
+from loom.operator.core.observability import (
     ObjectsCollector,
     WatchRestarts,
     configure_logging,
@@ -26,6 +25,7 @@ from loom.operator.observability import (
     object_context,
     phase_of,
 )
+from loom.operator.core.runner import Runner
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -14,9 +14,9 @@ from kopf._cogs.aiokits import aiotoggles
 from kopf._core.engines import peering as kopf_peering
 from prometheus_client import REGISTRY
 
-from loom.operator.controllers import leadership
-from loom.operator.controllers.leadership import Leadership, leads, priority_of
-from loom.operator.controllers.runner import Runner
+from loom.operator.core import leadership
+from loom.operator.core.leadership import Leadership, leads, priority_of
+from loom.operator.core.runner import Runner
 from loom.operator.main import configure
 from loom.operator.settings import OperatorSettings
 
@@ -147,7 +147,7 @@ async def test_a_standing_by_replica_runs_no_resync_round(monkeypatch: pytest.Mo
 
 
 async def test_a_standing_by_replica_autoscales_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    from loom.operator.controllers.autoscaler import Autoscaler
+    from loom.operator.autoscale.loop import Autoscaler
 
     rounds: list[list[tuple[str, str]]] = []
     leading = False

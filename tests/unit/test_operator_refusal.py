@@ -7,8 +7,8 @@ import json
 
 from kubernetes.client.exceptions import ApiException
 
-from loom.operator.controllers.refusal import refused_status
-from loom.operator.kube import refusal
+from loom.operator.core.client import refusal
+from loom.operator.core.refusal import refused_status
 
 
 def _api_error(status: int, message: str) -> ApiException:

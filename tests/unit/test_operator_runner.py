@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from loom.operator.controllers.runner import LastSeen, Runner
+from loom.operator.core.runner import LastSeen, Runner
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import kopf
 import pytest
 
-from loom.operator.controllers.placeholder import not_implemented_status
 from loom.operator.main import configure, endpoint
 from loom.operator.settings import FINALIZER, OperatorSettings
 
@@ -59,10 +58,3 @@ def test_kopf_uses_loom_prefix_and_finalizer() -> None:
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
     assert settings.persistence.progress_storage.prefix == "loom.dev"
     assert settings.watching.server_timeout == 120
-
-
-def test_placeholder_says_not_implemented() -> None:
-    status = not_implemented_status("FeatureView", 3, {})
-    (ready,) = status["conditions"]
-    assert ready["type"] == "Ready" and ready["status"] == "Unknown" and ready["reason"] == "NotImplemented"
-    assert ready["observedGeneration"] == 3 and status["observedGeneration"] == 3

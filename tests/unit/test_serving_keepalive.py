@@ -13,8 +13,8 @@ import httpx
 import pytest
 import uvicorn
 
-from loom.operator.render.inferencegraph import ROUTER_DRAIN_SECONDS
-from loom.operator.render.inferenceservice import SERVER_DRAIN_SECONDS
+from loom.operator.kinds.inferencegraph.render import ROUTER_DRAIN_SECONDS
+from loom.operator.kinds.inferenceservice.render import SERVER_DRAIN_SECONDS
 from loom.workloads.common import lifecycle
 from loom.workloads.common.lifecycle import DRAIN_SECONDS, KEEP_ALIVE_SECONDS, GracefulServer
 from loom.workloads.router.__main__ import main as router_main

@@ -10,13 +10,13 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from loom.operator.api.featureview import FeatureViewSpec
-from loom.operator.api.trainingjob import TrainingDataStatus, TrainingJobSpec, TrainingJobStatus
-from loom.operator.render import trainingjob as render
-from loom.operator.render.featureview import PROJECT_LABEL
-from loom.operator.render.featureview_config import Member, plan_project
-from loom.operator.render.featureview_status import JobResult
-from loom.operator.render.trainingjob_data import (
+from loom.operator.kinds.featureview.api import FeatureViewSpec
+from loom.operator.kinds.featureview.config import Member, plan_project
+from loom.operator.kinds.featureview.render import PROJECT_LABEL
+from loom.operator.kinds.featureview.status import JobResult
+from loom.operator.kinds.trainingjob import render
+from loom.operator.kinds.trainingjob.api import TrainingDataStatus, TrainingJobSpec, TrainingJobStatus
+from loom.operator.kinds.trainingjob.data import (
     DataObservation,
     data_job_name,
     observe_job,
@@ -25,7 +25,7 @@ from loom.operator.render.trainingjob_data import (
     render_data_job,
     view_not_ready,
 )
-from loom.operator.render.trainingjob_state import Decision, Observation, decide
+from loom.operator.kinds.trainingjob.state import Decision, Observation, decide
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)

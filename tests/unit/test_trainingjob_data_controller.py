@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from loom.operator import kube
-from loom.operator.api.trainingjob import TrainingJobSpec
-from loom.operator.controllers.trainingjob_data import observe_training_data
+from loom.operator.core import client as kube
+from loom.operator.kinds.trainingjob.api import TrainingJobSpec
+from loom.operator.kinds.trainingjob.data_job import observe_training_data
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

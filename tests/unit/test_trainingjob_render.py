@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import yaml
 
-from loom.operator.api.trainingjob import TrainingJobSpec
-from loom.operator.render import trainingjob as render
-from loom.operator.render.trainingjob_config import SpecError, task_args, torchrun_command, trainer_config
-from loom.operator.render.trainingjob_observe import observe_node, observe_pod, parse_progress
+from loom.operator.kinds.trainingjob import render
+from loom.operator.kinds.trainingjob.api import TrainingJobSpec
+from loom.operator.kinds.trainingjob.config import SpecError, task_args, torchrun_command, trainer_config
+from loom.operator.kinds.trainingjob.observe import observe_node, observe_pod, parse_progress
 from loom.workloads.trainer.config import TrainerConfig
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from loom.operator.api.trainingjob import TrainingJobSpec, TrainingJobStatus
-from loom.operator.render.kit import status_patch
-from loom.operator.render.trainingjob_observe import CheckpointReport, NodeView, ProgressReport, WorkerView
-from loom.operator.render.trainingjob_state import Decision, Delete, Observation, Policy, decide
+from loom.operator.core.kit import status_patch
+from loom.operator.kinds.trainingjob.api import TrainingJobSpec, TrainingJobStatus
+from loom.operator.kinds.trainingjob.observe import CheckpointReport, NodeView, ProgressReport, WorkerView
+from loom.operator.kinds.trainingjob.state import Decision, Delete, Observation, Policy, decide
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from loom.operator.api.common import Condition
-from loom.operator.api.trainingjob import CheckpointStatus
-from loom.operator.render.trainingjob_observe import CheckpointReport, ProgressReport, UploadRetryReport, parse_progress
-from loom.operator.render.trainingjob_state import Decision
-from loom.operator.render.trainingjob_storage import storage_condition
+from loom.operator.core.model import Condition
+from loom.operator.kinds.trainingjob.api import CheckpointStatus
+from loom.operator.kinds.trainingjob.observe import CheckpointReport, ProgressReport, UploadRetryReport, parse_progress
+from loom.operator.kinds.trainingjob.state import Decision
+from loom.operator.kinds.trainingjob.storage import storage_condition
 
 from .test_trainingjob_state import running, spec, step, worker
 

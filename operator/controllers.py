@@ -1,0 +1,31 @@
+"""Registers every kind's controller and the builtin autoscaler with Kopf.
+
+Each kind lives in its own package, `kinds/<kind>/`: its API model (`api.py`), its pure children and status, its
+controller (`controller.py`, `register(settings)`) and its scaling adapter. The reconcile runner, the render kit,
+the Kubernetes client, leadership and events are shared, in `core/`. Settings come from
+`settings.OperatorSettings`, never from os.environ here.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .api import KINDS
+from .settings import OperatorSettings
+
+# Each kind's package; its controller module exposes register(settings).
+_CONTROLLERS: dict[str, str] = {
+    "FeatureView": "featureview",
+    "InferenceService": "inferenceservice",
+    "InferenceGraph": "inferencegraph",
+    "TrainingJob": "trainingjob",
+}
+
+
+def register(settings: OperatorSettings) -> None:
+    for kind in KINDS:
+        importlib.import_module(f"{__package__}.kinds.{_CONTROLLERS[kind.kind]}.controller").register(settings)
+    # The builtin autoscaler of InferenceServices, InferenceGraph routers and FeatureView servers (one loop per kind).
+    from .autoscale import loop as autoscaler
+
+    autoscaler.register(settings)

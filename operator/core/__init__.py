@@ -1,0 +1,1 @@
+"""What every kind shares: the reconcile runner, the render kit, the Kubernetes client, leadership and events."""

@@ -1,0 +1,185 @@
+"""The render kit: what every kind's pure rendering and status code shares (no I/O).
+
+A new kind's `render/<kind>.py` builds its children from these pieces, so every child object looks the same:
+
+- `Manifest`: a Kubernetes object as a plain dict (what server-side apply sends).
+- `owner_of(body, kind)`: the owner view of a Loom object; `child_metadata(owner, name, component)` gives a
+  child its name, namespace, standard `app.kubernetes.io/*` labels and a controller ownerReference
+  (deleting the Loom object garbage-collects it).
+- `s3_env(credentials, endpoint)` and `merge_env(ours, user)`: S3 credentials as env by Secret reference
+  (the operator never reads a Secret's data), and the user's variables layered over Loom's.
+- `restricted_security_context()`: non-root, no privilege escalation, no capabilities.
+- Status: `Condition` / `set_condition` (Kubernetes conditions; lastTransitionTime moves only on a change),
+  `Event` (what a state machine wants announced; the controller posts it), `condition_events(old, new, warnings)`
+  (one event per condition that changed status or reason), `status_patch(old, new)` (the merge
+  patch between two wire statuses), `format_time` / `parse_time` (RFC 3339, the one time format of status).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Literal
+
+from .model import API_VERSION, Condition, EnvVar, Manifest, S3Credentials, format_time, parse_time, set_condition
+
+__all__ = [
+    "Condition",
+    "Event",
+    "Manifest",
+    "child_metadata",
+    "condition_events",
+    "format_time",
+    "labels",
+    "merge_env",
+    "owner_of",
+    "owner_reference",
+    "parse_time",
+    "restricted_security_context",
+    "s3_env",
+    "set_condition",
+    "status_patch",
+]
+
+PART_OF = "loom"
+MANAGED_BY = "loom-operator"
+
+
+# ------------------------------------------------------------------------------------------- metadata
+
+
+def owner_of(body: Manifest, kind: str) -> Manifest:
+    """The owner view every render function takes: apiVersion, kind and the identifying metadata of a Loom
+    object (works on a raw body or a kopf Body turned dict)."""
+    meta = body["metadata"]
+    return {
+        "apiVersion": body.get("apiVersion") or API_VERSION,
+        "kind": body.get("kind") or kind,
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+            "generation": meta.get("generation"),
+        },
+    }
+
+
+def owner_reference(owner: Manifest) -> Manifest:
+    """ownerReference so deleting the Loom object garbage-collects its children."""
+    return {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def labels(owner: Manifest, component: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """app.kubernetes.io/* labels plus loom.dev/<kind> = owner name, for selectors and `kubectl get -l`."""
+    kind = owner["kind"].lower()
+    result = {
+        "app.kubernetes.io/name": kind,
+        "app.kubernetes.io/instance": owner["metadata"]["name"],
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": PART_OF,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        f"loom.dev/{kind}": owner["metadata"]["name"],
+    }
+    result.update(extra or {})
+    return result
+
+
+def child_metadata(
+    owner: Manifest,
+    name: str,
+    component: str,
+    *,
+    extra_labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+) -> Manifest:
+    meta: Manifest = {
+        "name": name,
+        "namespace": owner["metadata"]["namespace"],
+        "labels": labels(owner, component, extra_labels),
+        "ownerReferences": [owner_reference(owner)],
+    }
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
+
+
+# ------------------------------------------------------------------------------------------- containers
+
+
+def restricted_security_context() -> Manifest:
+    """Container security context: non-root, no privilege escalation, no capabilities."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": 1000,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def s3_env(credentials: S3Credentials | None, endpoint: str | None) -> list[Manifest]:
+    """S3 access for boto3 and MLflow's artifact client: the keys by Secret reference, never by value."""
+    env: list[Manifest] = []
+    if credentials is not None:
+        for var, key in (
+            ("AWS_ACCESS_KEY_ID", credentials.access_key_id_key),
+            ("AWS_SECRET_ACCESS_KEY", credentials.secret_access_key_key),
+        ):
+            env.append({"name": var, "valueFrom": {"secretKeyRef": {"name": credentials.name, "key": key}}})
+    if endpoint:
+        env.append({"name": "AWS_ENDPOINT_URL_S3", "value": endpoint})
+        # MLflow artifact uploads and downloads go to the same object store with the same credentials.
+        env.append({"name": "MLFLOW_S3_ENDPOINT_URL", "value": endpoint})
+    return env
+
+
+def merge_env(ours: list[Manifest], user: list[EnvVar] | None) -> list[Manifest]:
+    """Loom's variables, then the user's; a user variable replaces Loom's of the same name. One entry per name:
+    server-side apply rejects a container whose env repeats a name."""
+    merged: dict[str, Manifest] = {item["name"]: item for item in ours}
+    for var in user or []:
+        merged.pop(var.name, None)
+        merged[var.name] = var.to_wire()
+    return list(merged.values())
+
+
+# ------------------------------------------------------------------------------------------- status
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event a state machine asks the controller to post on the object."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+def condition_events(old: list[Condition], new: list[Condition], warnings: Collection[str]) -> list[Event]:
+    """One event per condition whose status or reason changed (a stuck state is reported once, not forever); a
+    Warning when its reason is in `warnings`."""
+    before = {c.type: c for c in old}
+    events: list[Event] = []
+    for cond in new:
+        prior = before.get(cond.type)
+        if prior is not None and prior.status == cond.status and prior.reason == cond.reason:
+            continue
+        message = f"{cond.type}={cond.status}: {cond.message}"
+        events.append(Event("Warning" if cond.reason in warnings else "Normal", cond.reason, message))
+    return events
+
+
+def status_patch(old: Manifest, new: Manifest) -> Manifest | None:
+    """The merge patch turning status `old` into `new` (None when equal); cleared fields become null."""
+    if old == new:
+        return None
+    patch: Manifest = {key: None for key in old if key not in new}
+    patch.update(new)
+    return patch

@@ -1,0 +1,199 @@
+"""The reconcile runner: when, and how often, a controller's pass runs for one object. Every controller uses it.
+
+A controller supplies one coroutine, `reconcile(namespace, name)`: a full, idempotent pass that reads the object
+fresh from the API server (its status is the only memory) and converges everything about it. The runner adds:
+
+- Serialisation: at most one pass per object at a time, whoever triggers it (create/update handlers, watch
+  events of children, the periodic resync).
+- Coalescing: triggers that arrive while a pass runs become ONE more pass after it; `trigger` then returns at
+  once. The extra pass reads the object fresh, so it sees everything those triggers announced.
+- Bounded passes: a pass longer than `timeout_s` is cancelled (a hung API call must not keep an object from
+  ever being reconciled again); it and any exception are logged, never raised: one broken object never stalls
+  the others, and the next trigger or resync retries it.
+- A periodic resync that needs no finalizer: `resync(index)` starts, once, a plain task that triggers every
+  object a Kopf index marks as due, each `interval_s`. Not a `kopf.timer`: Kopf puts a finalizer on objects
+  with timers, which would keep an object (and its namespace) from being deleted while the operator is down.
+- No per-object memory outlives a pass. What a controller must remember per object between passes goes in a
+  `LastSeen`, which drops an object when it is deleted (`forget`); `Runner.forget` drops a pending re-run.
+- Observability: every pass is timed and its failure counted per kind, its log lines name the object
+  (loom.operator.observability); the resync skips its rounds while this replica stands by (controllers.leadership).
+
+How a new controller uses it (InferenceGraph, say):
+
+    def register(settings: OperatorSettings) -> None:
+        runner = Runner("InferenceGraph", one_pass, interval_s=settings.resync_interval_s,
+                        timeout_s=settings.reconcile_timeout_s)
+        own_kind_handlers(runner, "inferencegraphs", "loom_inferencegraphs")
+        child_handlers(runner, "inferencegraph", ("apps", "v1", "deployments"))  # its router Deployment
+
+`own_kind_handlers` registers what every kind needs for its own objects; `child_handlers` reconciles the owner
+when one of its children (labelled by the render kit) changes. A kind whose resync must skip idle
+objects (a finished TrainingJob) writes the same three handlers itself, its index flagging each object due or
+not, and calls `runner.resync(kwargs[index_id])` from its handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
+from typing import Any, Generic, TypeVar
+
+import kopf
+
+from . import client as kube
+from .leadership import LEADERSHIP
+from .model import GROUP, VERSION
+from .observability import reconciling
+from .refusal import report_refusal
+
+log = logging.getLogger("loom.operator.runner")
+
+Key = tuple[str, str]  # (namespace, name)
+Reconcile = Callable[[str, str], Awaitable[None]]
+DueIndex = Mapping[Key, Iterable[bool]]  # a Kopf index: (namespace, name) -> [due for the periodic resync]
+V = TypeVar("V", bound=Hashable)
+
+
+class Runner:
+    """Runs `reconcile(namespace, name)` per object: serialised, coalesced, bounded, periodically resynced."""
+
+    def __init__(self, kind: str, reconcile: Reconcile, *, interval_s: float, timeout_s: float) -> None:
+        self.kind = kind
+        self._reconcile = reconcile
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self._busy: set[Key] = set()
+        self._again: set[Key] = set()
+        self._resync: asyncio.Task[None] | None = None
+
+    @property
+    def tracked(self) -> frozenset[Key]:
+        """Objects the runner holds any state for right now (a pass running or pending)."""
+        return frozenset(self._busy | self._again)
+
+    async def trigger(self, namespace: str, name: str) -> None:
+        """Reconcile this object now, or once more after the pass already running for it."""
+        key = (namespace, name)
+        if key in self._busy:
+            self._again.add(key)
+            return
+        self._busy.add(key)
+        try:
+            while True:
+                self._again.discard(key)
+                await self._pass(namespace, name)
+                if key not in self._again:
+                    break
+        finally:
+            self._busy.discard(key)
+            self._again.discard(key)
+
+    async def _pass(self, namespace: str, name: str) -> None:
+        # Timed and counted per kind; every line logged during the pass names the object (observability.py).
+        with reconciling(self.kind, namespace, name) as outcome:
+            try:
+                await asyncio.wait_for(self._reconcile(namespace, name), timeout=self.timeout_s)
+            except kube.OwnerGone as gone:
+                # The object was deleted while the pass ran (it read the object before): nothing to converge, and
+                # nothing wrong. kube.apply refused to re-create its child (see there); the pass simply ends.
+                log.info("%s %s/%s was deleted during its pass; abandoned it (%s)", self.kind, namespace, name, gone)
+            except TimeoutError:
+                outcome.failed("timeout")
+                log.error("reconciling %s %s/%s took over %gs; abandoned", self.kind, namespace, name, self.timeout_s)
+            except Exception as exc:
+                outcome.failed("exception")
+                log.exception("reconciling %s %s/%s failed", self.kind, namespace, name)
+                refused = kube.refusal(exc)
+                if refused is not None:  # a child the API server refuses: the object says so (refusal.py)
+                    await report_refusal(self.kind, namespace, name, refused)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The object was deleted: a pass queued behind the running one is dropped."""
+        self._again.discard((namespace, name))
+
+    def resync(self, index: DueIndex | None) -> None:
+        """Start the periodic resync over `index` (the first call wins; later calls are no-ops)."""
+        if index is None or self._resync is not None:
+            return
+        self._resync = asyncio.get_running_loop().create_task(self._resync_forever(index))
+
+    async def stop(self) -> None:
+        """Stop the periodic resync (tests; the operator's loop ends with the process)."""
+        task, self._resync = self._resync, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _resync_forever(self, index: DueIndex) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            if not await LEADERSHIP.leads():  # a replica standing by (Kopf peering): its handlers are paused too
+                continue
+            try:
+                due = [key for key, flags in list(index.items()) if any(flags)]
+            except Exception:  # an index changing under us: take the next round
+                log.exception("reading the %s index for the resync failed", self.kind)
+                continue
+            await asyncio.gather(*(self.trigger(namespace, name) for namespace, name in due))
+
+
+def own_kind_handlers(runner: Runner, plural: str, index_id: str) -> None:
+    """The Kopf handlers for a controller's own kind, none needing a finalizer: create, resume and a spec change
+    trigger a pass; a deletion drops a queued pass (an optional delete handler); an index of every object (each
+    due at every round; Kopf passes it to handlers as the kwarg `index_id`) feeds the periodic resync."""
+
+    @kopf.on.resume(GROUP, VERSION, plural, id="changed")
+    @kopf.on.create(GROUP, VERSION, plural, id="changed")
+    @kopf.on.update(GROUP, VERSION, plural, field="spec", id="changed")
+    async def changed(namespace: str | None, name: str, **kwargs: Any) -> None:
+        runner.resync(kwargs.get(index_id))
+        await runner.trigger(str(namespace), name)
+
+    @kopf.on.delete(GROUP, VERSION, plural, optional=True, id="forget")
+    async def forget(namespace: str | None, name: str, **_: Any) -> None:
+        runner.forget(str(namespace), name)
+
+    @kopf.index(GROUP, VERSION, plural, id=index_id)
+    def due(namespace: str | None, name: str | None, **_: Any) -> dict[Key, bool]:
+        # No `runner.resync` here: Kopf runs sync index handlers in a worker thread, which has no event loop
+        # (the call raised, and the object went unindexed). `changed` starts the resync for every object.
+        return {(str(namespace), str(name)): True}
+
+
+def child_handlers(runner: Runner, kind_label: str, *resources: tuple[str, str, str]) -> None:
+    """Reconcile the owner whenever one of its children of these (group, version, plural) changes, e.g. a
+    Deployment's rollout progressing. Children carry the kit's labels: app.kubernetes.io/name=<kind_label> and
+    loom.dev/<kind_label>=<owner name>."""
+
+    async def child_changed(body: kopf.Body, **_: Any) -> None:
+        meta = body.get("metadata", {})
+        owner = (meta.get("labels") or {}).get(f"loom.dev/{kind_label}")
+        if owner and meta.get("namespace"):
+            await runner.trigger(meta["namespace"], owner)
+
+    for group, version, plural in resources:
+        kopf.on.event(group, version, plural, labels={"app.kubernetes.io/name": kind_label}, id=f"{kind_label}-child")(
+            child_changed
+        )
+
+
+class LastSeen(Generic[V]):
+    """The last value seen per object, for a handler that acts only when a few fields of a watched object change
+    (e.g. a TrainingJob's latest checkpoint); an object is dropped when it is deleted, so memory stays bounded."""
+
+    def __init__(self) -> None:
+        self._values: dict[Key, V] = {}
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def changed(self, key: Key, value: V) -> bool:
+        """Record `value` for `key`; True when it differs from the one recorded before (or none was)."""
+        if key in self._values and self._values[key] == value:
+            return False
+        self._values[key] = value
+        return True
+
+    def forget(self, key: Key) -> None:
+        self._values.pop(key, None)

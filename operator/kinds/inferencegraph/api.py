@@ -1,0 +1,159 @@
+"""InferenceGraph: InferenceServices wired as Sequence / Switch / Ensemble / Splitter nodes (KServe-like)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from ...core.model import ApiModel, DnsName, StatusBase, cel, validations
+from ..inferenceservice.api import Autoscaling, AutoscalingStatus
+
+RouterType = Literal["Sequence", "Switch", "Ensemble", "Splitter"]
+GraphPhase = Literal["Pending", "Ready", "Degraded", "Failed"]
+
+
+class GraphStep(ApiModel):
+    """One step of a node: call an InferenceService or another node of the graph."""
+
+    model_config = validations(
+        cel("has(self.serviceName) != has(self.nodeName)", "set exactly one of serviceName or nodeName"),
+    )
+
+    name: str | None = Field(None, description="Step name (the key of its result in an Ensemble).", max_length=63)
+    service_name: DnsName | None = Field(None, description="InferenceService in the same namespace.")
+    node_name: str | None = Field(None, description="Another node of this graph.", max_length=63)
+    data: Literal["$request", "$response"] = Field(
+        "$request", description="Input of this step: the original request or the previous step's response."
+    )
+    condition: str | None = Field(
+        None, description="Switch: CEL expression over the request, e.g. request.inputs[0].data[0] > 0.5.",
+        max_length=1024,
+    )
+    weight: int | None = Field(None, ge=0, le=100, description="Splitter: percent of traffic.")
+    dependency: Literal["Soft", "Hard"] = Field("Soft", description="Hard: a failure of this step fails the graph.")
+
+
+class GraphNode(ApiModel):
+    model_config = validations(
+        cel(
+            "self.routerType != 'Splitter' || self.steps.all(s, has(s.weight))",
+            "every Splitter step needs a weight",
+        ),
+        cel(
+            "self.routerType != 'Splitter' || self.steps.map(s, has(s.weight) ? s.weight : 0).sum() == 100",
+            "Splitter weights must sum to 100",
+        ),
+    )
+
+    router_type: RouterType
+    steps: list[GraphStep] = Field(min_length=1, max_length=32)
+
+
+# Metrics the router has: its own request series (the model server's names, labelled with the graph) and a user's
+# PromQL. It holds no queue and no GPU.
+ROUTER_METRICS = ("concurrency", "requests-per-second", "prometheus")
+
+
+class GraphRouter(ApiModel):
+    model_config = validations(
+        cel(
+            "!has(self.autoscaling) || self.autoscaling.minReplicas >= 1",
+            "the router does not scale to zero: autoscaling.minReplicas must be >= 1",
+            field_path=".autoscaling.minReplicas",
+        ),
+        cel(
+            "!has(self.autoscaling) || !has(self.autoscaling.engine) || self.autoscaling.engine == 'builtin'",
+            "the router is autoscaled by engine builtin only (keda and hpa are for InferenceServices)",
+            field_path=".autoscaling.engine",
+        ),
+        cel(
+            "!has(self.autoscaling) || !has(self.autoscaling.metric) || self.autoscaling.metric in "
+            + "[" + ", ".join(f"'{m}'" for m in ROUTER_METRICS) + "]",
+            "the router scales on concurrency, requests-per-second or prometheus",
+            field_path=".autoscaling.metric",
+        ),
+    )
+
+    replicas: int = Field(
+        1,
+        ge=1,
+        le=100,
+        description="Router replicas. With autoscaling it is the autoscaler's (the scale subresource writes it, "
+        "kept within min/maxReplicas): leave it out of manifests.",
+    )
+    timeout_ms: int = Field(30000, ge=1, le=600000, description="Per-step timeout.")
+    image: str | None = None
+    autoscaling: Autoscaling | None = Field(
+        None,
+        description="Scale the router on its own request metrics (concurrency, requests-per-second) or a PromQL "
+        "query, as an InferenceService's autoscaling (engine builtin, minReplicas >= 1).",
+    )
+
+    @model_validator(mode="after")
+    def _router_autoscaling(self) -> GraphRouter:
+        # The CEL rules above, for objects that never went through admission (tests, renders).
+        a = self.autoscaling
+        if a is not None:
+            if a.min_replicas < 1:
+                raise ValueError("the router does not scale to zero: autoscaling.minReplicas must be >= 1")
+            if a.engine != "builtin":
+                raise ValueError("the router is autoscaled by engine builtin only (keda and hpa: InferenceServices)")
+            if a.metric not in ROUTER_METRICS:
+                raise ValueError("the router scales on concurrency, requests-per-second or prometheus")
+        return self
+
+
+class InferenceGraphSpec(ApiModel):
+    model_config = validations(
+        cel("'root' in self.nodes", "nodes must contain a node named root", field_path=".nodes"),
+        cel(
+            "self.nodes.all(n, self.nodes[n].steps.all(s, !has(s.nodeName) || s.nodeName in self.nodes))",
+            "every step's nodeName must name a node of this graph",
+            field_path=".nodes",
+        ),
+    )
+
+    nodes: dict[str, GraphNode] = Field(
+        description="Graph nodes by name; execution starts at 'root'.", min_length=1, max_length=32
+    )
+    router: GraphRouter = Field(default_factory=GraphRouter)
+
+
+class StepStatus(ApiModel):
+    """One step of a node as the controller last saw its target."""
+
+    name: str = Field(description="The step's name, else the service or node it calls.")
+    service_name: str | None = None
+    node_name: str | None = None
+    dependency: Literal["Soft", "Hard"] = "Soft"
+    ready: bool = Field(description="The InferenceService is Ready (a nodeName step: that node is ready).")
+    reason: str | None = Field(None, description="Why not ready: NotFound, or the service's Ready reason.")
+
+
+class NodeStatus(ApiModel):
+    name: str
+    router_type: RouterType
+    ready: bool = Field(description="Every step's target is ready.")
+    steps: list[StepStatus] = Field(default_factory=list)
+
+
+class InferenceGraphStatus(StatusBase):
+    phase: GraphPhase | None = None
+    url: str | None = Field(None, description="Where clients call the graph: http://<graph>.<namespace>.svc.")
+    replicas: int = Field(0, description="Router replicas running (scale subresource).")
+    ready_replicas: int = Field(0, description="Router replicas ready.")
+    selector: str | None = Field(None, description="Label selector of the router pods (scale subresource).")
+    autoscaling: AutoscalingStatus | None = None
+    services: str | None = Field(None, description="Referenced InferenceServices ready, e.g. 2/3.")
+    nodes: list[NodeStatus] = Field(default_factory=list, description="Per node and step readiness.")
+
+
+class InferenceGraph(ApiModel):
+    """A router that executes a graph of InferenceServices, rolled out independently of the models."""
+
+    api_version: Literal["loom.dev/v1alpha1"] = "loom.dev/v1alpha1"
+    kind: Literal["InferenceGraph"] = "InferenceGraph"
+    metadata: dict[str, object] = Field(default_factory=dict)
+    spec: InferenceGraphSpec
+    status: InferenceGraphStatus | None = None

@@ -1,0 +1,1 @@
+"""The inferenceservice kind: see kinds/__init__.py for the modules' roles."""

@@ -1,0 +1,303 @@
+"""TrainingJob controller: thin Kopf handlers around the pure state machine.
+
+One reconcile = read the job fresh from the API server (status is the only memory), take worker pods and
+nodes from Kopf's in-memory indexes (no list calls), create the MLflow run if needed, poll rank 0's
+progress, run `decide`, write status FIRST, then act (apply children, delete pods) and post events.
+Writing status before acting is what makes a crash at any instant harmless: the next reconcile repeats
+idempotent actions (deterministic names, server-side apply, uid-guarded deletes) and never re-counts a
+restart. Triggers: job create/update/resume, every worker pod event, and the periodic resync (deadlines, grace
+periods, progress) of jobs that are not idle; the shared runner (runner.py) serialises, coalesces and bounds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import kopf
+from pydantic import ValidationError
+
+from ... import defaults as endpoint_defaults
+from ...api import GROUP, VERSION
+from ...core import client as kube
+from ...core.events import post_events
+from ...core.kit import Event, status_patch
+from ...core.runner import Runner
+from ...settings import OperatorSettings
+from . import render
+from .api import MlflowRun, TrainingJobSpec, TrainingJobStatus
+from .config import SpecError, rendezvous_service_name, samples_per_step
+from .data_job import observe_training_data
+from .mlflow import TrackingError, ensure_run, finish_run
+from .observe import NodeView, ProgressReport, WorkerView, observe_node, observe_pod
+from .progress import fetch_progress, new_client
+from .state import Decision, Observation, Policy, decide
+
+log = logging.getLogger("loom.trainingjob")
+
+API_VERSION = f"{GROUP}/{VERSION}"
+PLURAL = "trainingjobs"
+FINISHED = ("Succeeded", "Failed")
+POD_INDEX = "loom_training_pods"
+NODE_INDEX = "loom_training_nodes"
+JOB_INDEX = "loom_training_jobs"
+
+PodIndex = kopf.Index[tuple[str, str], tuple[WorkerView, str | None]]
+NodeIndex = kopf.Index[str, NodeView]
+
+
+@dataclass
+class Controller:
+    image: str
+    policy: Policy
+    features_image: str = ""
+    defaults: endpoint_defaults.EndpointDefaults = field(default_factory=endpoint_defaults.EndpointDefaults)
+    pods: PodIndex | None = None
+    nodes: NodeIndex | None = None
+    http: httpx.AsyncClient | None = None
+
+    def remember(self, kwargs: dict[str, Any]) -> None:
+        """Kopf hands its indexes to every handler; keep them for reconciles started elsewhere."""
+        self.pods = kwargs.get(POD_INDEX, self.pods)
+        self.nodes = kwargs.get(NODE_INDEX, self.nodes)
+
+    def worker_views(self, namespace: str, name: str) -> list[tuple[WorkerView, str | None]]:
+        if self.pods is None:
+            return []
+        return list(self.pods.get((namespace, name), []))
+
+    async def reconcile(self, namespace: str, name: str) -> None:
+        job = await kube.get(API_VERSION, "TrainingJob", namespace, name)
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            return
+        meta = job["metadata"]
+        # The operator's endpoint defaults fill what the spec leaves unset, before anything renders or calls out.
+        defaulted = endpoint_defaults.training_job(TrainingJobSpec.model_validate(job.get("spec") or {}), self.defaults)
+        spec = defaulted.spec
+        old_wire: dict[str, Any] = dict(job.get("status") or {})
+        try:
+            status = TrainingJobStatus.model_validate(old_wire)
+        except ValidationError:
+            log.warning("TrainingJob %s/%s has an unreadable status; starting from an empty one", namespace, name)
+            status = TrainingJobStatus()
+        observed = self.worker_views(namespace, name)
+        views = tuple(v for v, _ in observed)
+        nodes: dict[str, NodeView] = {}
+        for view in views:
+            if view.node_name and self.nodes is not None and view.node_name in self.nodes:
+                nodes[view.node_name] = next(iter(self.nodes[view.node_name]))
+        endpoint_problem = defaulted.problem()
+        spec_error = render.name_problem(name, max(spec.workers.replicas, spec.workers.max_replicas or 0))
+        if spec_error is None and endpoint_problem is None:
+            try:
+                render.config_map(job, spec)
+            except SpecError as error:
+                spec_error = str(error)
+        tracking_error = None if endpoint_problem else await self.ensure_tracking(job, spec, status)
+        progress = await self.poll_progress(spec, status, observed)
+        training_data = None
+        data_built = status.training_data is not None and status.training_data.phase == "Succeeded"
+        blocked = spec_error is not None or endpoint_problem is not None
+        if not blocked and not data_built and status.phase not in FINISHED and not spec.run_policy.suspend:
+            training_data = await observe_training_data(job, spec, self.features_image, self.defaults)
+        decision = decide(
+            Observation(
+                generation=meta.get("generation"),
+                spec=spec,
+                status=status,
+                pods=views,
+                now=datetime.now(UTC),
+                nodes=nodes,
+                progress=progress,
+                tracking_ready=spec.tracking is None
+                or spec.tracking.mlflow is None
+                or bool(status.mlflow and status.mlflow.run_id),
+                tracking_error=tracking_error,
+                spec_error=spec_error,
+                training_data=training_data,
+                endpoint_problem=endpoint_problem,
+            ),
+            self.policy,
+        )
+        decision.status.endpoint_defaults = defaulted.status_field()
+        patch = status_patch(old_wire, decision.status.to_wire())
+        if patch is not None:
+            await kube.patch_status(API_VERSION, "TrainingJob", namespace, name, patch)
+        post_events(job, decision.events)
+        if endpoint_problem is not None:
+            return  # nothing renders without the endpoint; the next pass after a fix goes on
+        await self.act(job, spec, decision, views, spec_changed=status.observed_generation != meta.get("generation"))
+        if decision.status.phase in FINISHED and status.phase not in FINISHED:
+            await self.close_run(spec, decision)
+
+    async def ensure_tracking(self, job: kube.Manifest, spec: TrainingJobSpec, status: TrainingJobStatus) -> str | None:
+        """Create (or find) the MLflow run before any worker starts; its id goes into status with the rest."""
+        mlflow = spec.tracking.mlflow if spec.tracking else None
+        if mlflow is None or (status.mlflow and status.mlflow.run_id) or status.phase in FINISHED:
+            return None
+        assert mlflow.tracking_uri is not None  # defaulted, or reported as EndpointNotConfigured before this
+        meta = job["metadata"]
+        try:
+            ref = await ensure_run(
+                mlflow.tracking_uri,
+                mlflow.experiment,
+                job_uid=meta["uid"],
+                job_name=meta["name"],
+                namespace=meta["namespace"],
+                now_ms=int(time.time() * 1000),
+            )
+        except TrackingError as error:
+            log.warning("TrainingJob %s/%s: %s", meta["namespace"], meta["name"], error)
+            return str(error)
+        status.mlflow = MlflowRun(run_id=ref.run_id, url=ref.url)
+        return None
+
+    async def close_run(self, spec: TrainingJobSpec, decision: Decision) -> None:
+        run = decision.status.mlflow
+        mlflow = spec.tracking.mlflow if spec.tracking else None
+        if mlflow is None or mlflow.tracking_uri is None or run is None or not run.run_id:
+            return
+        try:
+            await finish_run(
+                mlflow.tracking_uri,
+                run.run_id,
+                succeeded=decision.status.phase == "Succeeded",
+                now_ms=int(time.time() * 1000),
+            )
+        except TrackingError as error:
+            log.warning("could not close MLflow run %s: %s", run.run_id, error)
+
+    async def poll_progress(
+        self, spec: TrainingJobSpec, status: TrainingJobStatus, observed: list[tuple[WorkerView, str | None]]
+    ) -> ProgressReport | None:
+        if status.phase not in ("Running", "Restarting", "Created"):
+            return None
+        rank0 = next(
+            (ip for v, ip in observed if v.index == 0 and v.attempt == status.attempt and v.phase == "Running" and ip),
+            None,
+        )
+        if rank0 is None:
+            return None
+        if self.http is None:
+            self.http = new_client()
+        return await fetch_progress(
+            self.http,
+            rank0,
+            spec.checkpoint.uri if spec.checkpoint else None,
+            samples_per_step=samples_per_step(spec, sum(1 for v, _ in observed if v.attempt == status.attempt)),
+        )
+
+    async def act(
+        self,
+        job: kube.Manifest,
+        spec: TrainingJobSpec,
+        decision: Decision,
+        views: tuple[WorkerView, ...],
+        *,
+        spec_changed: bool,
+    ) -> None:
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        status = decision.status
+        if decision.create or decision.delete or decision.delete_children:
+            log.info(
+                "TrainingJob %s/%s %s: create workers %s, delete %s%s",
+                namespace,
+                name,
+                status.phase,
+                decision.create,
+                [f"{d.name}{' (force)' if d.force else ''}" for d in decision.delete],
+                ", delete children" if decision.delete_children else "",
+            )
+        if decision.create or (spec_changed and status.phase not in FINISHED and not decision.delete_children):
+            await self.apply_children(job, spec)
+        if decision.create:
+            run_id = status.mlflow.run_id if status.mlflow else None
+            pods = [
+                render.worker_pod(job, spec, index, attempt=status.attempt, image=self.image, mlflow_run_id=run_id)
+                for index in decision.create
+            ]
+            await asyncio.gather(*(kube.apply(pod) for pod in pods))
+        deletes = [
+            kube.delete("v1", "Pod", namespace, d.name, grace_period_seconds=0 if d.force else None, uid=d.uid)
+            for d in decision.delete
+        ]
+        await asyncio.gather(*deletes)
+        if decision.delete_children:
+            await asyncio.gather(
+                *(kube.delete("v1", "Pod", namespace, v.name, uid=v.uid) for v in views),
+                kube.delete("v1", "Service", namespace, rendezvous_service_name(name)),
+                kube.delete("v1", "ConfigMap", namespace, render.config_map_name(name)),
+            )
+            group = render.pod_group(job, spec)
+            if group is not None:
+                await kube.delete(group["apiVersion"], "PodGroup", namespace, name)
+
+    async def apply_children(self, job: kube.Manifest, spec: TrainingJobSpec) -> None:
+        await asyncio.gather(kube.apply(render.headless_service(job)), kube.apply(render.config_map(job, spec)))
+        group = render.pod_group(job, spec)
+        if group is None:
+            return
+        try:
+            await kube.apply(group)
+        except kube.NotFound:
+            # The gang scheduler's CRD is not installed: say so, and let the pods be scheduled without it.
+            missing = Event("Warning", "GangSchedulerMissing", f"{group['apiVersion']} PodGroup is not installed")
+            post_events(job, [missing])
+
+
+def register(settings: OperatorSettings) -> None:
+    controller = Controller(
+        image=settings.trainer_image,
+        policy=Policy(node_lost_grace_seconds=settings.node_lost_grace_s),
+        features_image=settings.features_image,
+        defaults=endpoint_defaults.EndpointDefaults.from_settings(settings),
+    )
+    # Deadlines, grace periods, TTLs and progress need a clock, not an event: jobs that are not idle are
+    # reconciled every poll interval.
+    runner = Runner(
+        "TrainingJob", controller.reconcile, interval_s=settings.training_poll_s, timeout_s=settings.reconcile_timeout_s
+    )
+
+    def remember(kwargs: dict[str, Any]) -> None:
+        controller.remember(kwargs)
+        runner.resync(kwargs.get(JOB_INDEX))
+
+    # Explicit ids: Kopf passes each index to handlers as a kwarg named by it (nested functions' default
+    # ids would carry "register.<locals>.").
+    @kopf.index("pods", labels={render.JOB_LABEL: kopf.PRESENT}, id=POD_INDEX)
+    def loom_training_pods(body: kopf.Body, **_: Any) -> dict[tuple[str, str], tuple[WorkerView, str | None]] | None:
+        view = observe_pod(dict(body))
+        if view is None:
+            return None
+        key = (str(body.metadata.namespace), body.metadata.labels[render.JOB_LABEL])
+        return {key: (view, body.status.get("podIP"))}
+
+    @kopf.index("nodes", id=NODE_INDEX)
+    def loom_training_nodes(body: kopf.Body, **_: Any) -> dict[str, NodeView]:
+        return {str(body.metadata.name): observe_node(dict(body))}
+
+    @kopf.on.resume(GROUP, VERSION, PLURAL)
+    @kopf.on.create(GROUP, VERSION, PLURAL)
+    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+    async def trainingjob_changed(body: kopf.Body, **kwargs: Any) -> None:
+        remember(kwargs)
+        await runner.trigger(str(body.metadata.namespace), str(body.metadata.name))
+
+    @kopf.on.event("pods", labels={render.JOB_LABEL: kopf.PRESENT})
+    async def trainingjob_worker_event(body: kopf.Body, **kwargs: Any) -> None:
+        remember(kwargs)
+        await runner.trigger(str(body.metadata.namespace), body.metadata.labels[render.JOB_LABEL])
+
+    @kopf.index(GROUP, VERSION, PLURAL, id=JOB_INDEX)
+    def loom_training_jobs(body: kopf.Body, **_: Any) -> dict[tuple[str, str], bool]:
+        """Every TrainingJob, flagged True while the periodic resync has something to do for it (False once it
+        finished and, with a TTL, its children are deleted)."""
+        status, spec = body.get("status") or {}, body.get("spec") or {}
+        ttl = (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished")
+        idle = status.get("phase") in FINISHED and (ttl is None or bool(status.get("childrenDeleted")))
+        return {(str(body.metadata.namespace), str(body.metadata.name)): not idle}
