@@ -16,7 +16,7 @@ from typing import Any
 
 import kopf
 
-from ..api import GROUP, VERSION
+from ..api import API_VERSION, GROUP, VERSION
 from ..core import client as kube
 from ..settings import OperatorSettings
 from . import Violation
@@ -25,7 +25,6 @@ from .immutability import trainingjob_update_violations
 from .references import MissingReferences, Reference, changed, graph_references, missing_violations, service_references
 
 log = logging.getLogger("loom.operator.admission")
-API_VERSION = f"{GROUP}/{VERSION}"
 # What HTTP status a denial carries (the API server shows the message either way).
 INVALID = 422
 

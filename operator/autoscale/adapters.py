@@ -27,9 +27,9 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
-from ..api import GROUP, VERSION
 from ..core import client as kube
 from ..core.kit import Manifest, owner_of
+from ..core.model import API_VERSION
 from ..kinds.featureview.api import FeatureViewSpec
 from ..kinds.featureview.config import Member, plan_project, project_object_name
 from ..kinds.featureview.render import server_selector
@@ -38,9 +38,6 @@ from ..kinds.inferencegraph.api import InferenceGraphSpec
 from ..kinds.inferenceservice.api import Autoscaling, InferenceServiceSpec
 from ..kinds.inferenceservice.render import selector_string as isvc_selector
 from ..kinds.inferenceservice.scaling import current_replicas as isvc_current_replicas
-
-API_VERSION = f"{GROUP}/{VERSION}"
-FIELD_MANAGER = "loom-autoscaler"
 
 
 @dataclass(frozen=True)

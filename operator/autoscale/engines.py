@@ -18,12 +18,10 @@ select policy) as the builtin decision, in autoscaling/v2's words.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
+from ..core.model import Manifest
 from .decision import ScalingConfig, ScalingRules
 from .promql import GPU_UTIL, INFLIGHT, QUEUE_DEPTH, MetricKind, PodSelector, build_query
-
-Manifest = dict[str, Any]
 
 # Pods metrics as a Prometheus Adapter exposes them by default (counters: <name>_total -> <name>_per_second).
 HPA_POD_METRICS: dict[MetricKind, str] = {

@@ -40,13 +40,13 @@ from typing import Any
 
 import kopf
 from pydantic import ValidationError
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
-from ..api import GROUP, VERSION
 from ..core import client as kube
 from ..core.events import post_events
 from ..core.kit import Event, Manifest, child_metadata, owner_of, set_condition
 from ..core.leadership import LEADERSHIP
-from ..core.model import Condition
+from ..core.model import API_VERSION, GROUP, VERSION, Condition
 from ..core.observability import object_context
 from ..core.runner import DueIndex, Key
 from ..kinds.inferenceservice.api import Autoscaling, AutoscalingStatus, InferenceServiceSpec
@@ -69,10 +69,7 @@ from .prometheus import PrometheusClient
 
 log = logging.getLogger("loom.operator.autoscaler")
 
-API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "InferenceService"
-PLURAL = "inferenceservices"
-INDEX_ID = "loom_autoscaled_inferenceservices"  # index_id(INFERENCE_SERVICE)
 
 
 def index_id(adapter: KindAdapter) -> str:
@@ -199,12 +196,15 @@ class Autoscaler:
             log.exception("autoscaling %s/%s failed", namespace, name)
 
     async def step(self, namespace: str, name: str) -> None:
-        for _ in range(ATTEMPTS):
-            try:
-                await self._decide(namespace, name)
-                return
-            except kube.Conflict:
-                log.info("autoscaling %s/%s: the object changed while deciding; deciding again", namespace, name)
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(ATTEMPTS),
+            retry=retry_if_exception_type(kube.Conflict),
+            after=lambda _: log.info(
+                "autoscaling %s/%s: the object changed while deciding; deciding again", namespace, name
+            ),
+            retry_error_callback=lambda _: None,  # still racing after ATTEMPTS: the next round decides afresh
+        )
+        await retrying(self._decide, namespace, name)
 
     def _client(self) -> PrometheusClient | None:
         if self._prometheus is None and self._shared_client is not None:

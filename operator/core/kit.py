@@ -17,7 +17,7 @@ A new kind's `render/<kind>.py` builds its children from these pieces, so every 
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -89,6 +89,11 @@ def labels(owner: Manifest, component: str, extra: dict[str, str] | None = None)
     }
     result.update(extra or {})
     return result
+
+
+def selector(match: Mapping[str, str]) -> str:
+    """Labels as a selector string (`kubectl get -l` form): a scale subresource's selector, a LIST's filter."""
+    return ",".join(f"{key}={value}" for key, value in sorted(match.items()))
 
 
 def child_metadata(

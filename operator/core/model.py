@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 GROUP = "loom.dev"
@@ -32,6 +32,14 @@ class ApiModel(BaseModel):
     def to_wire(self) -> dict[str, Any]:
         """The object as Kubernetes stores it: camelCase, unset optional fields left out."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def first_error(exc: ValidationError, prefix: str = "spec.") -> str:
+    """The first validation error as one line, `<prefix><field path>: <message>`: what status says about a spec
+    that does not validate (every kind's InvalidSpec message, so they all read alike)."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    return f"{prefix}{where}: {first.get('msg')}" if where else str(first.get("msg"))
 
 
 def cel(rule: str, message: str, *, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:

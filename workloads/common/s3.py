@@ -106,18 +106,3 @@ def download_tree(client: Any, location: S3Location, destination: Path) -> list[
         download_file(client, S3Location(location.bucket, key), target)
         written.append(target)
     return written
-
-
-def delete_prefix(client: Any, location: S3Location) -> int:
-    keys = [key for key, _ in list_keys(client, location)]
-    for start in range(0, len(keys), 1000):
-        batch = keys[start : start + 1000]
-        client.delete_objects(Bucket=location.bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True})
-    return len(keys)
-
-
-def ensure_bucket(client: Any, bucket: str) -> None:
-    try:
-        client.head_bucket(Bucket=bucket)
-    except client.exceptions.ClientError:
-        client.create_bucket(Bucket=bucket)

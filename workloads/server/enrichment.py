@@ -60,7 +60,6 @@ DATATYPES: dict[str, tuple[str, Any]] = {
 MISSING_KEY = "missing_entity_key"
 NOT_FOUND = "entity_not_found"
 UNAVAILABLE = "unavailable"
-BAD_RESPONSE = "bad_response"
 
 
 class EntityKeyMissingError(InvalidInputError):

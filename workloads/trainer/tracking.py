@@ -16,6 +16,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
+from tenacity import Retrying, retry_if_result, stop_after_delay
 
 from .config import MLflowSpec, ProgressSpec
 
@@ -277,9 +278,19 @@ class MLflowTracker:
         deadline = time.monotonic() + self.FINAL_FLUSH_S
         if not sent:
             log.warning("MLflow unreachable at the end of training; retrying for up to %.0f s", self.FINAL_FLUSH_S)
-        while not sent and time.monotonic() < deadline:
-            time.sleep(1.0)
-            sent = self.flush()
+        if not sent and time.monotonic() < deadline:
+
+            def flush_after_a_second() -> bool:
+                time.sleep(1.0)
+                return self.flush()
+
+            # Until a flush goes through or the deadline passes; the last flush's result decides.
+            retrying = Retrying(
+                stop=stop_after_delay(max(0.0, deadline - time.monotonic())),
+                retry=retry_if_result(lambda flushed: not flushed),
+                retry_error_callback=lambda state: bool(state.outcome is not None and state.outcome.result()),
+            )
+            sent = bool(retrying(flush_after_a_second))
         with self.lock:
             unsent, lost = len(self.pending) + len(self.tags), self.lost
         if not sent or lost:

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from ...core.kind import AGE, PHASE, Kind, NameRule, PrinterColumn
 from ...core.model import ApiModel, S3Credentials, SecretKeySelector, StatusBase, cel, validations
 from ..inferenceservice.api import Autoscaling, AutoscalingStatus
 
@@ -270,3 +271,24 @@ class FeatureView(ApiModel):
     metadata: dict[str, object] = Field(default_factory=dict)
     spec: FeatureViewSpec
     status: FeatureViewStatus | None = None
+
+
+# The kind as Kubernetes shows it (the CRD's names, columns and name rule; api/kinds.py lists every kind).
+FEATURE_VIEW = Kind(
+    kind="FeatureView",
+    plural="featureviews",
+    singular="featureview",
+    short_names=("lfv",),
+    model=FeatureView,
+    spec=FeatureViewSpec,
+    status=FeatureViewStatus,
+    columns=(
+        PrinterColumn("Project", ".spec.project"),
+        PHASE,
+        PrinterColumn("Registered", ".status.registered", "boolean"),
+        PrinterColumn("Materialized", ".status.lastMaterialization.end", "date"),
+        PrinterColumn("URL", ".status.url", priority=1),
+        AGE,
+    ),
+    name_rule=NameRule(63, dns_label=False, why="every object made for it carries it as a label value"),
+)

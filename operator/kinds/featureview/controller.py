@@ -21,16 +21,16 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from ...api import GROUP, VERSION
-from ...api.kinds import FEATURE_VIEW
 from ...core import client as kube
+from ...core import kit
 from ...core.events import post_events
 from ...core.kit import Manifest, status_patch
+from ...core.model import API_VERSION, GROUP, VERSION, first_error
 from ...core.runner import Runner
 from ...defaults import EndpointDefaults
 from ...defaults import feature_view as feature_view_defaults
 from ...settings import OperatorSettings
-from .api import FeatureViewSpec, FeatureViewStatus
+from .api import FEATURE_VIEW, FeatureViewSpec, FeatureViewStatus
 from .config import (
     Member,
     ProjectPlan,
@@ -65,7 +65,6 @@ from .status import JobResult, Observed, compute_status, job_result, newest
 
 log = logging.getLogger("loom.operator.featureview")
 
-API_VERSION = f"{GROUP}/{VERSION}"
 PLURAL = "featureviews"
 INDEX_ID = "loom_featureviews"
 # A Job that failed for a reason worth retrying (exit 1: a store briefly unreachable) is re-created after this.
@@ -78,12 +77,6 @@ def _spec(body: Manifest, defaults: EndpointDefaults) -> FeatureViewSpec | None:
         return feature_view_defaults(FeatureViewSpec.model_validate(body.get("spec") or {}), defaults).spec
     except ValidationError:
         return None
-
-
-def _short(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first.get("loc", ()))
-    return f"spec.{where}: {first.get('msg')}" if where else str(first.get("msg"))
 
 
 def _finished(job: Manifest) -> bool:
@@ -181,7 +174,7 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
     try:
         spec = FeatureViewSpec.model_validate(body.get("spec") or {})
     except ValidationError as exc:
-        await _write_status(body, Observed(generation, rejection=Rejection("InvalidSpec", _short(exc))), now)
+        await _write_status(body, Observed(generation, rejection=Rejection("InvalidSpec", first_error(exc))), now)
         return
     if (name_problem := FEATURE_VIEW.name_rule.problem(name)) is not None:  # the CRD refuses it since it has the rule
         await _write_status(body, Observed(generation, rejection=Rejection("InvalidSpec", name_problem)), now)
@@ -191,7 +184,7 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
     spec = own.spec
     members, alive = await _members(namespace, spec.project, defaults)
     plan = plan_project(spec.project, members)
-    selector = f"{PROJECT_LABEL}={project_prefix(spec.project)}"
+    selector = kit.selector({PROJECT_LABEL: project_prefix(spec.project)})
     jobs = await kube.list_objects("batch/v1", "Job", namespace, selector)
     pods = await kube.list_objects("v1", "Pod", namespace, selector)
     state = _Project(jobs, pods)

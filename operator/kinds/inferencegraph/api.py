@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from ...core.kind import AGE, PHASE, Kind, NameRule, PrinterColumn
 from ...core.model import ApiModel, DnsName, StatusBase, cel, validations
 from ..inferenceservice.api import Autoscaling, AutoscalingStatus
 
@@ -157,3 +158,28 @@ class InferenceGraph(ApiModel):
     metadata: dict[str, object] = Field(default_factory=dict)
     spec: InferenceGraphSpec
     status: InferenceGraphStatus | None = None
+
+
+# The kind as Kubernetes shows it (the CRD's names, columns and name rule; api/kinds.py lists every kind).
+INFERENCE_GRAPH = Kind(
+    kind="InferenceGraph",
+    plural="inferencegraphs",
+    singular="inferencegraph",
+    short_names=("lig",),
+    model=InferenceGraph,
+    spec=InferenceGraphSpec,
+    status=InferenceGraphStatus,
+    columns=(
+        PrinterColumn("URL", ".status.url"),
+        PHASE,
+        PrinterColumn("Ready", ".status.readyReplicas", "integer", description="Router replicas ready"),
+        PrinterColumn("Services", ".status.services", description="Referenced InferenceServices ready"),
+        PrinterColumn("Desired", ".status.autoscaling.desiredReplicas", "integer", description="Autoscaler wants"),
+        PrinterColumn("Metric", ".status.autoscaling.metricValue", "number", priority=1),
+        AGE,
+    ),
+    name_rule=NameRule(63, dns_label=True, why="its router's Service is <name>"),
+    # The builtin autoscaler (or `kubectl scale`) writes the router's replicas here, as for an InferenceService.
+    scale=True,
+    scale_replicas_path=".spec.router.replicas",
+)

@@ -16,10 +16,10 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from ...api import GROUP, VERSION
 from ...core import client as kube
 from ...core.events import post_events
 from ...core.kit import Manifest, owner_of, status_patch
+from ...core.model import API_VERSION, GROUP, VERSION, first_error
 from ...core.runner import LastSeen, Runner, child_handlers, own_kind_handlers
 from ...settings import OperatorSettings
 from .api import InferenceGraphSpec, InferenceGraphStatus
@@ -39,7 +39,6 @@ from .status import Observed, compute_status
 
 log = logging.getLogger("loom.operator.inferencegraph")
 
-API_VERSION = f"{GROUP}/{VERSION}"
 PLURAL = "inferencegraphs"
 KIND = "InferenceGraph"
 INDEX_ID = "loom_inferencegraphs"
@@ -59,7 +58,7 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
     try:
         spec: InferenceGraphSpec | None = InferenceGraphSpec.model_validate(body.get("spec") or {})
     except ValidationError as exc:
-        spec, problem = None, GraphProblem("InvalidGraph", _short(exc))
+        spec, problem = None, GraphProblem("InvalidGraph", first_error(exc))
     if spec is not None:
         wanted = set(referenced_services(spec))
         if wanted:
@@ -91,12 +90,6 @@ def _previous_status(body: Manifest) -> InferenceGraphStatus | None:
         return InferenceGraphStatus.model_validate(body.get("status") or {})
     except ValidationError:
         return None  # a status written by another version: start the conditions afresh
-
-
-def _short(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first.get("loc", ()))
-    return f"spec.{where}: {first.get('msg')}" if where else str(first.get("msg"))
 
 
 def services_named(spec: Manifest | None) -> set[str]:

@@ -37,8 +37,8 @@ from loom.workloads.router.config import (
     graph_issues,
 )
 
-from ...api.kinds import INFERENCE_GRAPH
-from ...core.kit import Manifest, child_metadata, labels, restricted_security_context
+from ...core.kit import Manifest, child_metadata, labels, restricted_security_context, selector
+from ...core.model import first_error
 from ..inferenceservice.render import (
     CONFIG_HASH_ANNOTATION,
     SERVER_DRAIN_SECONDS,
@@ -46,7 +46,7 @@ from ..inferenceservice.render import (
     config_hash,
     service_url,
 )
-from .api import GraphStep, InferenceGraphSpec
+from .api import INFERENCE_GRAPH, GraphStep, InferenceGraphSpec
 
 KIND_LABEL = "inferencegraph"
 COMPONENT = "router"
@@ -134,7 +134,7 @@ def router_selector(owner: Manifest) -> dict[str, str]:
 
 
 def selector_string(owner: Manifest) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(router_selector(owner).items()))
+    return selector(router_selector(owner))
 
 
 # ------------------------------------------------------------------------------------------- references
@@ -239,7 +239,7 @@ def _checked_nodes(spec: InferenceGraphSpec, name: str | None) -> tuple[dict[str
     try:
         nodes = {key: NodeConfig(router_type=node.router_type, steps=steps[key]) for key, node in spec.nodes.items()}
     except ValidationError as exc:  # a node's step count (the CRD's schema bounds it the same way)
-        return {}, [*named, GraphIssue(_validation_message(exc))]
+        return {}, [*named, GraphIssue(first_error(exc, prefix=""))]
     placeholders = {
         ref: UpstreamConfig(url=f"http://{ref}:{SERVICE_PORT}", model_name=ref) for ref in referenced_services(spec)
     }
@@ -271,12 +271,6 @@ def _upstream(ref: ServiceRef) -> UpstreamConfig:
     return UpstreamConfig(url=ref.url, model_name=ref.model_name)
 
 
-def _validation_message(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first.get("loc", ()))
-    return f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
-
-
 def router_config(
     owner: Manifest, spec: InferenceGraphSpec, services: Mapping[str, ServiceRef]
 ) -> tuple[RouterConfig | None, GraphProblem | None]:
@@ -300,7 +294,7 @@ def router_config(
             port=ROUTER_PORT,
         )
     except ValidationError as exc:  # whatever else the router's model refuses: reported, never raised
-        return None, GraphProblem("InvalidGraph", _validation_message(exc))
+        return None, GraphProblem("InvalidGraph", first_error(exc, prefix=""))
     return config, None
 
 

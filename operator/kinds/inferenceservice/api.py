@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 
 from loom.workloads.server import config as server
 
+from ...core.kind import AGE, PHASE, Kind, NameRule, PrinterColumn
 from ...core.model import (
     ApiModel,
     DnsName,
@@ -290,3 +291,31 @@ class InferenceService(ApiModel):
     metadata: dict[str, object] = Field(default_factory=dict)
     spec: InferenceServiceSpec
     status: InferenceServiceStatus | None = None
+
+
+# The kind as Kubernetes shows it (the CRD's names, columns and name rule; api/kinds.py lists every kind).
+INFERENCE_SERVICE = Kind(
+    kind="InferenceService",
+    plural="inferenceservices",
+    singular="inferenceservice",
+    short_names=("lis",),
+    model=InferenceService,
+    spec=InferenceServiceSpec,
+    status=InferenceServiceStatus,
+    columns=(
+        PrinterColumn("URL", ".status.url"),
+        PHASE,
+        PrinterColumn("Ready", ".status.readyReplicas", "integer"),
+        PrinterColumn("Replicas", ".status.replicas", "integer"),
+        PrinterColumn("Version", ".status.modelVersion"),
+        PrinterColumn("Canary", ".status.canary.percent", "integer"),
+        PrinterColumn("Desired", ".status.autoscaling.desiredReplicas", "integer", description="Autoscaler wants"),
+        PrinterColumn("Metric", ".status.autoscaling.metricValue", "number", priority=1),
+        PrinterColumn("Scaled", ".status.autoscaling.lastScaleReason", priority=1),
+        AGE,
+    ),
+    name_rule=NameRule(
+        53, dns_label=True, why="its Service is <name> and its scale-to-zero activator's Service <name>-activator"
+    ),
+    scale=True,
+)

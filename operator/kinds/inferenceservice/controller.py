@@ -18,16 +18,15 @@ from pydantic import ValidationError
 
 from loom.workloads.server.config import EnrichmentConfig
 
-from ...api import GROUP, VERSION
-from ...api.kinds import INFERENCE_SERVICE
 from ...core import client as kube
 from ...core.events import post_events
 from ...core.kit import Manifest, owner_of, status_patch
+from ...core.model import API_VERSION, GROUP, VERSION, first_error
 from ...core.runner import LastSeen, Runner, child_handlers, own_kind_handlers
 from ...defaults import Defaulted, EndpointDefaults, model_problem, training_job_manifest
 from ...defaults import inference_service as inference_service_defaults
 from ...settings import OperatorSettings
-from .api import InferenceServiceSpec, InferenceServiceStatus
+from .api import INFERENCE_SERVICE, InferenceServiceSpec, InferenceServiceStatus
 from .features import resolve_features
 from .model import ModelRef, ResolveError, resolve_model
 from .render import (
@@ -49,7 +48,6 @@ from .status import Observed, compute_status
 
 log = logging.getLogger("loom.operator.inferenceservice")
 
-API_VERSION = f"{GROUP}/{VERSION}"
 PLURAL = "inferenceservices"
 KIND = "InferenceService"
 INDEX_ID = "loom_inferenceservices"
@@ -129,7 +127,7 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
         )
         spec: InferenceServiceSpec | None = defaulted.spec
     except ValidationError as exc:
-        spec, invalid = None, _short(exc)
+        spec, invalid = None, first_error(exc)
     if spec is not None:
         running = sum(int((d or {}).get("spec", {}).get("replicas", 0)) for d in (stable, canary))
         total = desired_total_replicas(spec, recommend_replicas(spec, running) if spec.autoscaling else None)
@@ -149,7 +147,7 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
                 # the server's own contract may refuse what the CRD allows
                 server_config(owner, spec, desired, features)
         except (InvalidSpec, ValidationError) as exc:
-            invalid = _short(exc)
+            invalid = first_error(exc) if isinstance(exc, ValidationError) else str(exc)
         if invalid is not None or features_error is not None:
             # Touch nothing; report what still runs. Without its FeatureView (not found, not Ready) a running
             # server keeps the features it was rendered with; none is rendered without them.
@@ -214,14 +212,6 @@ def _previous_status(body: Manifest) -> InferenceServiceStatus | None:
         return InferenceServiceStatus.model_validate(body.get("status") or {})
     except ValidationError:
         return None  # a status written by another version: start the conditions afresh
-
-
-def _short(exc: Exception) -> str:
-    if isinstance(exc, ValidationError):
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        return f"spec.{where}: {first.get('msg')}" if where else str(first.get("msg"))
-    return str(exc)
 
 
 def register(settings: OperatorSettings) -> None:

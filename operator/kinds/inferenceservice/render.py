@@ -27,7 +27,7 @@ from loom.workloads.server.config import (
     ServerConfig,
 )
 
-from ...core.kit import Manifest, child_metadata, labels, merge_env, restricted_security_context, s3_env
+from ...core.kit import Manifest, child_metadata, labels, merge_env, restricted_security_context, s3_env, selector
 from .api import InferenceServiceSpec
 from .model import MODEL_ANNOTATION, ModelRef
 
@@ -95,7 +95,7 @@ def server_selector(owner: Manifest) -> dict[str, str]:
 
 def selector_string(owner: Manifest) -> str:
     """The scale subresource's label selector, in `kubectl get -l` form."""
-    return ",".join(f"{k}={v}" for k, v in sorted(server_selector(owner).items()))
+    return selector(server_selector(owner))
 
 
 def service_url(owner: Manifest) -> str:

@@ -12,6 +12,7 @@ from pydantic import Field
 
 from loom.workloads.trainer import config as trainer
 
+from ...core.kind import AGE, PHASE, Kind, NameRule, PrinterColumn
 from ...core.model import (
     ApiModel,
     DnsName,
@@ -306,3 +307,32 @@ class TrainingJob(ApiModel):
     metadata: FreeForm = Field(default_factory=dict)
     spec: TrainingJobSpec
     status: TrainingJobStatus | None = None
+
+
+# The kind as Kubernetes shows it (the CRD's names, columns and name rule; api/kinds.py lists every kind).
+TRAINING_JOB = Kind(
+    kind="TrainingJob",
+    plural="trainingjobs",
+    singular="trainingjob",
+    short_names=("ltj",),
+    model=TrainingJob,
+    spec=TrainingJobSpec,
+    status=TrainingJobStatus,
+    columns=(
+        PrinterColumn("Engine", ".spec.engine"),
+        PHASE,
+        PrinterColumn("Ready", ".status.workers.ready", "integer", description="Workers ready"),
+        PrinterColumn("Desired", ".status.workers.desired", "integer", description="Workers desired"),
+        PrinterColumn("Step", ".status.progress.step", "integer"),
+        PrinterColumn("Total", ".status.progress.totalSteps", "integer"),
+        PrinterColumn("Restarts", ".status.restarts", "integer"),
+        PrinterColumn("Loss", ".status.progress.loss", "number", priority=1),
+        PrinterColumn("Checkpoint", ".status.checkpoint.latest", priority=1),
+        AGE,
+    ),
+    # The controller also checks the last worker's hostname against the job's worker count (11 workers or more
+    # need a shorter name).
+    name_rule=NameRule(
+        54, dns_label=True, why="its workers' hostnames are <name>-worker-<index> and their Service <name>-workers"
+    ),
+)

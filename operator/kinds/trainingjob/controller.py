@@ -23,10 +23,10 @@ import kopf
 from pydantic import ValidationError
 
 from ... import defaults as endpoint_defaults
-from ...api import GROUP, VERSION
 from ...core import client as kube
 from ...core.events import post_events
 from ...core.kit import Event, status_patch
+from ...core.model import API_VERSION, GROUP, VERSION
 from ...core.runner import Runner
 from ...settings import OperatorSettings
 from . import render
@@ -40,7 +40,6 @@ from .state import Decision, Observation, Policy, decide
 
 log = logging.getLogger("loom.trainingjob")
 
-API_VERSION = f"{GROUP}/{VERSION}"
 PLURAL = "trainingjobs"
 FINISHED = ("Succeeded", "Failed")
 POD_INDEX = "loom_training_pods"

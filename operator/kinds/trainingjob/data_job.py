@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from ...api import GROUP, VERSION
 from ...core import client as kube
+from ...core import kit
+from ...core.model import API_VERSION
 from ...defaults import EndpointDefaults
 from ...defaults import feature_view as feature_view_defaults
 from ..featureview.api import FeatureViewSpec
@@ -28,8 +29,6 @@ from .data import (
     view_not_ready,
 )
 from .render import JOB_LABEL
-
-API_VERSION = f"{GROUP}/{VERSION}"
 
 
 async def _project_members(namespace: str, project: str, defaults: EndpointDefaults) -> list[Member]:
@@ -60,7 +59,7 @@ async def observe_training_data(
     output = output_uri(data, namespace, name)
     job_name = data_job_name(name)
     # Listed by label, not read by name: the operator's RBAC lists Jobs (it never needs `get` on them).
-    selector = f"{JOB_LABEL}={name},app.kubernetes.io/component={COMPONENT}"
+    selector = kit.selector({JOB_LABEL: name, "app.kubernetes.io/component": COMPONENT})
     jobs = await kube.list_objects("batch/v1", "Job", namespace, selector)
     existing = next((j for j in jobs if j["metadata"]["name"] == job_name), None)
     if existing is None:

@@ -8,9 +8,8 @@ which pods are stale.
 
 from __future__ import annotations
 
-from ...api.kinds import TRAINING_JOB
 from ...core.kit import Manifest, child_metadata, merge_env, owner_of, restricted_security_context, s3_env
-from .api import TrainingJobSpec
+from .api import TRAINING_JOB, TrainingJobSpec
 from .config import (
     CONFIG_DIR,
     CONFIG_FILE,
@@ -58,11 +57,6 @@ def name_problem(job_name: str, max_workers: int) -> str | None:
     if len(longest) > 63:
         return f"name too long: {longest!r} exceeds 63 characters (DNS label); use a shorter TrainingJob name"
     return None
-
-
-def worker_selector(job_name: str) -> str:
-    """Label selector for every worker pod of one job."""
-    return f"{JOB_LABEL}={job_name},app.kubernetes.io/component={WORKER}"
 
 
 def headless_service(job: Manifest) -> Manifest:

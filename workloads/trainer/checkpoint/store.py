@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 
@@ -32,6 +33,13 @@ from .manifest import (
     steps_to_delete,
 )
 
+
+class _Waiting(Exception):
+    """Not every rank has reported yet (retried by the poll in `wait_for_reports`)."""
+
+    def __init__(self, reported: int) -> None:
+        super().__init__(f"{reported} ranks reported")
+        self.reported = reported
 
 class CheckpointIntegrityError(RuntimeError):
     pass
@@ -74,20 +82,29 @@ class CheckpointStore:
         """Rank 0 waits until every rank of this session reported; stale reports of an earlier (torn)
         attempt at the same step live under another session id and are ignored."""
         reports_root = self.location(step).child("_reports", session)
-        deadline = time.monotonic() + timeout_s
-        delay = 0.05
-        while True:
+
+        def reports() -> list[RankReport]:
             keys = [key for key, _ in list_keys(self.client, reports_root)]
-            if len(keys) >= world_size:
-                reports = []
-                for key in keys:
-                    body = self.client.get_object(Bucket=reports_root.bucket, Key=key)["Body"].read()
-                    reports.append(RankReport.model_validate_json(body))
-                return reports
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"only {len(keys)}/{world_size} ranks reported checkpoint step {step}")
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            if len(keys) < world_size:
+                raise _Waiting(len(keys))
+            return [
+                RankReport.model_validate_json(
+                    self.client.get_object(Bucket=reports_root.bucket, Key=key)["Body"].read()
+                )
+                for key in keys
+            ]
+
+        # Polled at 0.05 s, doubling up to 1 s, until every rank reported or the timeout passed.
+        polling = Retrying(
+            stop=stop_after_delay(timeout_s),
+            wait=wait_exponential(multiplier=0.05, max=1.0),
+            retry=retry_if_exception_type(_Waiting),
+            reraise=True,
+        )
+        try:
+            return polling(reports)
+        except _Waiting as waiting:
+            raise TimeoutError(f"only {waiting.reported}/{world_size} ranks reported checkpoint step {step}") from None
 
     def commit(self, step: int, reports: list[RankReport], world_size: int, engine: str) -> Manifest:
         manifest = merge_reports(reports, world_size, step, engine, time.time())
