@@ -11,6 +11,11 @@ from __future__ import annotations
 import importlib
 
 from .api import KINDS
+from .autoscale import loop as autoscaler
+from .autoscale.adapters import KindAdapter
+from .kinds.featureview.adapter import ADAPTER as FEATURE_VIEW
+from .kinds.inferencegraph.adapter import ADAPTER as INFERENCE_GRAPH
+from .kinds.inferenceservice.adapter import ADAPTER as INFERENCE_SERVICE
 from .settings import OperatorSettings
 
 # Each kind's package; its controller module exposes register(settings).
@@ -21,11 +26,12 @@ _CONTROLLERS: dict[str, str] = {
     "TrainingJob": "trainingjob",
 }
 
+# The kinds the builtin autoscaler scales, each through its adapter.
+ADAPTERS: tuple[KindAdapter, ...] = (INFERENCE_SERVICE, INFERENCE_GRAPH, FEATURE_VIEW)
+
 
 def register(settings: OperatorSettings) -> None:
     for kind in KINDS:
         importlib.import_module(f"{__package__}.kinds.{_CONTROLLERS[kind.kind]}.controller").register(settings)
     # The builtin autoscaler of InferenceServices, InferenceGraph routers and FeatureView servers (one loop per kind).
-    from .autoscale import loop as autoscaler
-
-    autoscaler.register(settings)
+    autoscaler.register(settings, ADAPTERS)

@@ -2,7 +2,7 @@
 engine builtin), every few seconds, read its metric from Prometheus, run the pure decision
 (loom.operator.autoscale.decision) and write the replicas through a scale subresource, as an HPA does. What differs
 per kind (where autoscaling is declared, which pods, where replicas are written) is a small adapter
-(autoscaler_kinds.py); one loop per kind, each with its own index.
+(autoscale/adapters.py, each kind's in kinds/<kind>/adapter.py); one loop per kind, each with its own index.
 
 - One loop for all autoscaled objects (a Kopf index says which), started once like the runner's resync: no
   timer, so no finalizer. A round decides every object once and the next round starts `autoscale_interval_s`
@@ -18,7 +18,7 @@ per kind (where autoscaling is declared, which pods, where replicas are written)
   other engines' objects, and writes no decision: they do, through the same scale subresource. Only when
   spec.replicas is unset does it write the starting point (minReplicas, at least 1) once, as an HPA reads 0 as
   "autoscaling disabled".
-- The reconcile pass (controllers/inferenceservice.py) follows spec.replicas through `recommend_replicas`; the
+- The reconcile pass (kinds/inferenceservice/controller.py) follows spec.replicas through `recommend_replicas`; the
   scale write is a spec change, so Kopf triggers that pass at once.
 - status.autoscaling and the MetricsAvailable condition are written here (conditional on resourceVersion too;
   a lost race is repaired on the next round); an event goes with every change of the replicas and of the
@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,74 +44,34 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 
 from ..core import client as kube
 from ..core.events import post_events
-from ..core.kit import Event, Manifest, child_metadata, owner_of, set_condition
+from ..core.kit import Event, Manifest, owner_of, set_condition
 from ..core.leadership import LEADERSHIP
 from ..core.model import API_VERSION, GROUP, VERSION, Condition
 from ..core.observability import object_context
 from ..core.runner import DueIndex, Key
-from ..kinds.inferenceservice.api import Autoscaling, AutoscalingStatus, InferenceServiceSpec
-from ..kinds.inferenceservice.render import deployment_name
-from ..kinds.inferenceservice.scaling import (
-    METRICS_AVAILABLE,
-    autoscaling_status,
-    current_replicas,
-    decision_events,
-    metric_query,
-    metrics_condition,
-    ready_pod_names,
-    scaling_config,
-)
 from ..settings import OperatorSettings
-from .adapters import ADAPTERS, INFERENCE_SERVICE, KindAdapter, Target
+from .adapters import FIELD_MANAGER, KindAdapter, Target
 from .decision import Decision, MetricUnavailable, MetricValue, Observation, ScalingState, decide
-from .engines import HPA_API_VERSION, KEDA_API_VERSION, EngineError, render_hpa, render_scaled_object
+from .engines import EngineError
 from .prometheus import PrometheusClient
+from .report import METRICS_AVAILABLE, autoscaling_status, decision_events, metrics_condition, ready_pod_names
+from .spec import Autoscaling, AutoscalingStatus, metric_query, scaling_config
 
 log = logging.getLogger("loom.operator.autoscaler")
 
-KIND = "InferenceService"
 
 
 def index_id(adapter: KindAdapter) -> str:
     return f"loom_autoscaled_{adapter.plural}"
 
 
-FIELD_MANAGER = "loom-autoscaler"
 # A decision whose write lost a race is taken again from a fresh read, at most this often per round.
 ATTEMPTS = 3
 
 
-def autoscaled(spec: Any, adapter: KindAdapter = INFERENCE_SERVICE) -> bool:
+def autoscaled(spec: Any, adapter: KindAdapter) -> bool:
     """Whether an object with this spec (a raw dict, as the index sees it) is autoscaled, by any engine."""
     return isinstance(spec, dict) and adapter.autoscaling(spec) is not None
-
-
-def engine_object(
-    owner: Manifest, autoscaling: Autoscaling, settings: OperatorSettings
-) -> tuple[Manifest | None, list[tuple[str, str]]]:
-    """What engine keda or hpa needs (None for builtin), and the (apiVersion, kind) of the engine objects it must
-    not leave behind (a switch of engine). Raises EngineError for what the engine cannot do."""
-    name = owner["metadata"]["name"]
-    meta = child_metadata(owner, name, "autoscaler")
-    target = {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": name}
-    config = scaling_config(autoscaling)
-    keda, hpa = (KEDA_API_VERSION, "ScaledObject"), (HPA_API_VERSION, "HorizontalPodAutoscaler")
-    if autoscaling.engine == "keda":
-        deployments = [deployment_name(name, "stable"), deployment_name(name, "canary")]
-        obj = render_scaled_object(
-            meta,
-            target,
-            config,
-            autoscaling.metric,
-            deployments,
-            prometheus_url=settings.prometheus_url or "",
-            promql=autoscaling.query,
-            rate_window_seconds=settings.autoscale_rate_window_s,
-        )
-        return obj, [hpa]
-    if autoscaling.engine == "hpa":
-        return render_hpa(meta, target, config, autoscaling.metric), [keda]
-    return None, [keda, hpa]
 
 
 @dataclass(frozen=True)
@@ -131,8 +91,8 @@ class Autoscaler:
         self,
         settings: OperatorSettings,
         *,
+        adapter: KindAdapter,
         clock: Callable[[], float] = time.time,
-        adapter: KindAdapter = INFERENCE_SERVICE,
         prometheus: Callable[[], PrometheusClient | None] | None = None,
     ) -> None:
         self.settings = settings
@@ -299,7 +259,8 @@ class Autoscaler:
         """Apply engine keda's or hpa's object, delete the other engines' (once per engine switch and restart)."""
         meta = body["metadata"]
         uid = str(meta["uid"])
-        if not self.adapter.engines:
+        engines = self.adapter.engines
+        if engines is None:
             if autoscaling.engine == "builtin":
                 return Memory(uid)  # no engine objects exist for this kind
             problem = f"engine {autoscaling.engine} is for InferenceServices only; {self.adapter.kind} uses builtin"
@@ -307,7 +268,7 @@ class Autoscaler:
                 post_events(body, [Event("Warning", "AutoscalingInvalid", problem)])
             return Memory(uid, engine="invalid", problem=problem)
         try:
-            wanted, stale = engine_object(owner, autoscaling, self.settings)
+            wanted, stale = engines.engine_object(owner, autoscaling, self.settings)
         except (EngineError, ValueError) as exc:
             problem = str(exc)
             if memory is None or memory.problem != problem:
@@ -321,15 +282,17 @@ class Autoscaler:
             await kube.apply(wanted)
             log.info("autoscaling %s/%s: engine %s: applied its %s", *_who(meta), autoscaling.engine, wanted["kind"])
             if (body.get("spec") or {}).get("replicas") is None:
-                # An HPA reads replicas 0 as "autoscaling disabled": start it from what runs (minReplicas, at
-                # least 1), as a Deployment's replicas default to 1. Written once; then only the engine writes it.
-                start = max(1, current_replicas(InferenceServiceSpec.model_validate(body["spec"])))
+                # An HPA reads replicas 0 as "autoscaling disabled": the starting point is written once; then only
+                # the engine writes it.
                 await kube.merge_patch(
                     API_VERSION,
-                    KIND,
+                    self.adapter.kind,
                     meta["namespace"],
                     meta["name"],
-                    {"metadata": {"resourceVersion": meta["resourceVersion"]}, "spec": {"replicas": start}},
+                    {
+                        "metadata": {"resourceVersion": meta["resourceVersion"]},
+                        "spec": {"replicas": engines.starting_replicas(body)},
+                    },
                     subresource="scale",
                     field_manager=FIELD_MANAGER,
                 )
@@ -400,8 +363,8 @@ def _who(meta: Manifest) -> tuple[str, str]:
     return str(meta["namespace"]), str(meta["name"])
 
 
-def register(settings: OperatorSettings) -> list[Autoscaler]:
-    """One autoscaler loop per kind (InferenceService, InferenceGraph, FeatureView), sharing one Prometheus client."""
+def register(settings: OperatorSettings, adapters: Iterable[KindAdapter]) -> list[Autoscaler]:
+    """One autoscaler loop per kind (each kind's adapter, kinds/<kind>/adapter.py), sharing one Prometheus client."""
     shared: list[PrometheusClient] = []
 
     def prometheus() -> PrometheusClient | None:
@@ -409,7 +372,7 @@ def register(settings: OperatorSettings) -> list[Autoscaler]:
             shared.append(PrometheusClient(settings.prometheus_url))
         return shared[0] if shared else None
 
-    return [_register_kind(settings, adapter, prometheus) for adapter in ADAPTERS]
+    return [_register_kind(settings, adapter, prometheus) for adapter in adapters]
 
 
 def _register_kind(

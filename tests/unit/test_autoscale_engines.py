@@ -14,8 +14,8 @@ from loom.operator.autoscale.engines import (
     render_hpa,
     render_scaled_object,
 )
+from loom.operator.autoscale.spec import scaling_config
 from loom.operator.kinds.inferenceservice.api import Autoscaling
-from loom.operator.kinds.inferenceservice.scaling import scaling_config
 
 META = {"name": "chat", "namespace": "team-a"}
 TARGET = {"apiVersion": "loom.dev/v1alpha1", "kind": "InferenceService", "name": "chat"}

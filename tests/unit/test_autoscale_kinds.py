@@ -17,17 +17,19 @@ from pydantic import ValidationError
 from loom.operator.api.crd import crd_for
 from loom.operator.api.kinds import INFERENCE_GRAPH
 from loom.operator.autoscale import loop as module
-from loom.operator.autoscale.adapters import FEATURE_VIEW, project_autoscaling
-from loom.operator.autoscale.adapters import INFERENCE_GRAPH as GRAPH_ADAPTER
 from loom.operator.autoscale.prometheus import PrometheusClient
 from loom.operator.core import client as kube
+from loom.operator.kinds.featureview.adapter import ADAPTER as FEATURE_VIEW
+from loom.operator.kinds.featureview.adapter import project_autoscaling
 from loom.operator.kinds.featureview.api import FeatureServer, FeatureViewSpec
 from loom.operator.kinds.featureview.config import Member, plan_project
 from loom.operator.kinds.featureview.render import render_deployment as render_feature_server
 from loom.operator.kinds.featureview.render import server_replicas
+from loom.operator.kinds.inferencegraph.adapter import ADAPTER as GRAPH_ADAPTER
 from loom.operator.kinds.inferencegraph.api import GraphRouter, InferenceGraphSpec, InferenceGraphStatus
 from loom.operator.kinds.inferencegraph.render import render_deployment as render_router
 from loom.operator.kinds.inferencegraph.status import Observed, compute_status
+from loom.operator.kinds.inferenceservice.adapter import ADAPTER as ISVC_ADAPTER
 from loom.operator.settings import OperatorSettings
 
 NODES = {"root": {"routerType": "Sequence", "steps": [{"serviceName": "a"}]}}
@@ -225,7 +227,7 @@ async def test_a_router_is_scaled_up_on_its_request_rate_through_the_graphs_scal
     queries: list[str] = []
     scaler = module.Autoscaler(OperatorSettings(), adapter=GRAPH_ADAPTER, clock=lambda: 1000.0)
     scaler._prometheus = prometheus(35.0, 1000.0, queries)  # 35 requests/s against 10 per replica
-    assert module.autoscaled(graph["spec"], GRAPH_ADAPTER) and not module.autoscaled(graph["spec"])
+    assert module.autoscaled(graph["spec"], GRAPH_ADAPTER) and not module.autoscaled(graph["spec"], ISVC_ADAPTER)
     await scaler.round([("ns", "g")])
     assert [(k, sub, b["spec"]) for k, _, sub, b in api.writes if sub == "scale"] == [
         ("InferenceGraph", "scale", {"replicas": 4})

@@ -15,8 +15,8 @@ from loom.operator.autoscale.promql import (
     build_query,
     quote,
 )
+from loom.operator.autoscale.spec import metric_query, scaling_config
 from loom.operator.kinds.inferenceservice.api import Autoscaling
-from loom.operator.kinds.inferenceservice.scaling import metric_query, scaling_config
 
 PODS = PodSelector.for_pods("team-a", ["chat-7d9f-abcde", "chat-7d9f-fghij"])
 SEL = 'namespace="team-a",pod=~"chat-7d9f-abcde|chat-7d9f-fghij"'

@@ -16,19 +16,13 @@ from pydantic import ValidationError
 from loom.operator.autoscale import loop as module
 from loom.operator.autoscale.decision import MetricUnavailable, MetricValue, Observation, ScalingState, decide
 from loom.operator.autoscale.prometheus import PrometheusClient
+from loom.operator.autoscale.report import autoscaling_status, decision_events, metrics_condition, ready_pod_names
+from loom.operator.autoscale.spec import metric_query, scaling_config
 from loom.operator.core import client as kube
+from loom.operator.kinds.inferenceservice.adapter import ADAPTER as ISVC_ADAPTER
 from loom.operator.kinds.inferenceservice.api import Autoscaling, InferenceServiceSpec
 from loom.operator.kinds.inferenceservice.rollout import desired_total_replicas
-from loom.operator.kinds.inferenceservice.scaling import (
-    autoscaling_status,
-    current_replicas,
-    decision_events,
-    metric_query,
-    metrics_condition,
-    ready_pod_names,
-    recommend_replicas,
-    scaling_config,
-)
+from loom.operator.kinds.inferenceservice.scaling import current_replicas, recommend_replicas
 from loom.operator.settings import OperatorSettings
 
 MODEL = {"uri": "s3://models/m"}
@@ -231,7 +225,9 @@ async def test_a_round_scales_up_once_through_the_scale_subresource_despite_a_ra
     api: FakeApi, events: list[tuple[str, str]]
 ) -> None:
     clock = [1000.0]
-    scaler = module.Autoscaler(OperatorSettings(prometheus_url="http://prom:9090"), clock=lambda: clock[0])
+    scaler = module.Autoscaler(
+        OperatorSettings(prometheus_url="http://prom:9090"), adapter=ISVC_ADAPTER, clock=lambda: clock[0]
+    )
     scaler._prometheus = prometheus({"chat-1-a": 90.0}, 1000.0)
     api.conflicts = 1  # a status write of the reconcile pass lands first
     await scaler.round([("ns", "chat")])
@@ -258,7 +254,7 @@ async def test_without_prometheus_the_replicas_hold_and_the_condition_says_why(
     api: FakeApi, events: list[tuple[str, str]]
 ) -> None:
     api.body["spec"]["replicas"] = 3
-    scaler = module.Autoscaler(OperatorSettings(), clock=lambda: 1000.0)
+    scaler = module.Autoscaler(OperatorSettings(), adapter=ISVC_ADAPTER, clock=lambda: 1000.0)
     await scaler.round([("ns", "chat")])
     assert not [w for w in api.writes if w[0] == "scale"]
     (cond,) = api.body["status"]["conditions"]
@@ -268,16 +264,18 @@ async def test_without_prometheus_the_replicas_hold_and_the_condition_says_why(
 
 
 def test_index_selects_autoscaled_objects() -> None:
-    assert module.autoscaled({"autoscaling": {"maxReplicas": 2}})
-    assert module.autoscaled({"autoscaling": {"engine": "keda"}})
-    assert not module.autoscaled({"replicas": 2})
+    assert module.autoscaled({"autoscaling": {"maxReplicas": 2}}, ISVC_ADAPTER)
+    assert module.autoscaled({"autoscaling": {"engine": "keda"}}, ISVC_ADAPTER)
+    assert not module.autoscaled({"replicas": 2}, ISVC_ADAPTER)
 
 
 async def test_engines_hpa_and_keda_get_their_object_and_the_loop_never_writes_replicas(
     api: FakeApi, events: list[tuple[str, str]]
 ) -> None:
     api.body["spec"]["autoscaling"]["engine"] = "hpa"
-    scaler = module.Autoscaler(OperatorSettings(prometheus_url="http://prom:9090"), clock=lambda: 1000.0)
+    scaler = module.Autoscaler(
+        OperatorSettings(prometheus_url="http://prom:9090"), adapter=ISVC_ADAPTER, clock=lambda: 1000.0
+    )
     scaler._prometheus = prometheus({"chat-1-a": 99.0}, 1000.0)
     await scaler.round([("ns", "chat")])
     await scaler.round([("ns", "chat")])  # applied once per engine, not every round
@@ -297,7 +295,7 @@ async def test_engines_hpa_and_keda_get_their_object_and_the_loop_never_writes_r
 
 async def test_an_engine_that_cannot_do_it_is_announced_once(api: FakeApi, events: list[tuple[str, str]]) -> None:
     api.body["spec"]["autoscaling"].update({"engine": "hpa", "metric": "gpu-memory"})
-    scaler = module.Autoscaler(OperatorSettings(), clock=lambda: 1000.0)
+    scaler = module.Autoscaler(OperatorSettings(), adapter=ISVC_ADAPTER, clock=lambda: 1000.0)
     await scaler.round([("ns", "chat")])
     await scaler.round([("ns", "chat")])
     assert events == [("Warning", "AutoscalingInvalid")] and not api.applied and not api.writes
@@ -307,7 +305,9 @@ async def test_a_status_write_lost_to_a_race_is_repaired_with_the_last_scale(
     api: FakeApi, events: list[tuple[str, str]]
 ) -> None:
     clock = [1000.0]
-    scaler = module.Autoscaler(OperatorSettings(prometheus_url="http://prom:9090"), clock=lambda: clock[0])
+    scaler = module.Autoscaler(
+        OperatorSettings(prometheus_url="http://prom:9090"), adapter=ISVC_ADAPTER, clock=lambda: clock[0]
+    )
     scaler._prometheus = prometheus({"chat-1-a": 90.0}, 1000.0)
     api.status_conflicts = 1  # the reconcile pass writes the status between the scale and ours
     await scaler.round([("ns", "chat")])

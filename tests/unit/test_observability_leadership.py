@@ -148,6 +148,7 @@ async def test_a_standing_by_replica_runs_no_resync_round(monkeypatch: pytest.Mo
 
 async def test_a_standing_by_replica_autoscales_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     from loom.operator.autoscale.loop import Autoscaler
+    from loom.operator.kinds.inferenceservice.adapter import ADAPTER as ISVC_ADAPTER
 
     rounds: list[list[tuple[str, str]]] = []
     leading = False
@@ -156,7 +157,7 @@ async def test_a_standing_by_replica_autoscales_nothing(monkeypatch: pytest.Monk
         return leading
 
     monkeypatch.setattr(leadership.LEADERSHIP, "leads", leads)
-    autoscaler = Autoscaler(OperatorSettings(autoscale_interval_s=0.01))
+    autoscaler = Autoscaler(OperatorSettings(autoscale_interval_s=0.01), adapter=ISVC_ADAPTER)
 
     async def round(due: list[tuple[str, str]]) -> None:
         rounds.append(due)

@@ -11,9 +11,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from ...autoscale.spec import Autoscaling, AutoscalingStatus
 from ...core.kind import AGE, PHASE, Kind, NameRule, PrinterColumn
 from ...core.model import ApiModel, S3Credentials, SecretKeySelector, StatusBase, cel, validations
-from ..inferenceservice.api import Autoscaling, AutoscalingStatus
 
 FeatureDtype = Literal[
     "Int32",

@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from ...autoscale.spec import Autoscaling, AutoscalingStatus
 from ...core.kind import AGE, PHASE, Kind, NameRule, PrinterColumn
 from ...core.model import ApiModel, DnsName, StatusBase, cel, validations
-from ..inferenceservice.api import Autoscaling, AutoscalingStatus
 
 RouterType = Literal["Sequence", "Switch", "Ensemble", "Splitter"]
 GraphPhase = Literal["Pending", "Ready", "Degraded", "Failed"]
