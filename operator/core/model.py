@@ -34,6 +34,11 @@ class ApiModel(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
+class InvalidSpec(ValueError):
+    """A spec the CRD's schema accepts but the kind cannot run (what admission cannot catch): reported in status
+    as a condition, never a crash loop (core/reconcile.py turns it into the pass's `invalid` message)."""
+
+
 def first_error(exc: ValidationError, prefix: str = "spec.") -> str:
     """The first validation error as one line, `<prefix><field path>: <message>`: what status says about a spec
     that does not validate (every kind's InvalidSpec message, so they all read alike)."""

@@ -138,27 +138,44 @@ class Runner:
             await asyncio.gather(*(self.trigger(namespace, name) for namespace, name in due))
 
 
-def own_kind_handlers(runner: Runner, plural: str, index_id: str) -> None:
+def own_kind_handlers(
+    runner: Runner,
+    plural: str,
+    index_id: str,
+    *,
+    also_on: Iterable[tuple[str, ...]] = (),
+    due: Callable[[kopf.Body], bool] | None = None,
+    deleted: Callable[[str, str, Mapping[str, Any]], Awaitable[None]] | None = None,
+) -> None:
     """The Kopf handlers for a controller's own kind, none needing a finalizer: create, resume and a spec change
-    trigger a pass; a deletion drops a queued pass (an optional delete handler); an index of every object (each
-    due at every round; Kopf passes it to handlers as the kwarg `index_id`) feeds the periodic resync."""
+    (or a change of a field in `also_on`) trigger a pass; a deletion drops a queued pass and calls `deleted`
+    (namespace, name, spec) if given (an optional delete handler); an index of every object feeds the periodic
+    resync, each object due at every round unless `due` says it is idle (Kopf passes the index to handlers as the
+    kwarg `index_id`)."""
 
-    @kopf.on.resume(GROUP, VERSION, plural, id="changed")
-    @kopf.on.create(GROUP, VERSION, plural, id="changed")
-    @kopf.on.update(GROUP, VERSION, plural, field="spec", id="changed")
     async def changed(namespace: str | None, name: str, **kwargs: Any) -> None:
         runner.resync(kwargs.get(index_id))
         await runner.trigger(str(namespace), name)
 
+    for field in also_on:
+        kopf.on.update(GROUP, VERSION, plural, field=field, id="changed")(changed)
+    kopf.on.resume(GROUP, VERSION, plural, id="changed")(
+        kopf.on.create(GROUP, VERSION, plural, id="changed")(
+            kopf.on.update(GROUP, VERSION, plural, field="spec", id="changed")(changed)
+        )
+    )
+
     @kopf.on.delete(GROUP, VERSION, plural, optional=True, id="forget")
-    async def forget(namespace: str | None, name: str, **_: Any) -> None:
+    async def forget(namespace: str | None, name: str, spec: Mapping[str, Any], **_: Any) -> None:
         runner.forget(str(namespace), name)
+        if deleted is not None:
+            await deleted(str(namespace), name, spec)
 
     @kopf.index(GROUP, VERSION, plural, id=index_id)
-    def due(namespace: str | None, name: str | None, **_: Any) -> dict[Key, bool]:
+    def index(namespace: str | None, name: str | None, body: kopf.Body, **_: Any) -> dict[Key, bool]:
         # No `runner.resync` here: Kopf runs sync index handlers in a worker thread, which has no event loop
         # (the call raised, and the object went unindexed). `changed` starts the resync for every object.
-        return {(str(namespace), str(name)): True}
+        return {(str(namespace), str(name)): True if due is None else due(body)}
 
 
 def child_handlers(runner: Runner, kind_label: str, *resources: tuple[str, str, str]) -> None:
@@ -176,6 +193,33 @@ def child_handlers(runner: Runner, kind_label: str, *resources: tuple[str, str, 
         kopf.on.event(group, version, plural, labels={"app.kubernetes.io/name": kind_label}, id=f"{kind_label}-child")(
             child_changed
         )
+
+
+class Indexes:
+    """Kopf's in-memory indexes a controller's passes read (its watch cache), bound once when the operator starts:
+    Kopf hands every handler, start-up handlers included, the same live index objects, so a pass started by any
+    trigger (a handler, the resync) reads the same ones, handed in explicitly instead of kept from the last call."""
+
+    def __init__(self, *ids: str) -> None:
+        self.ids = ids
+        self._bound: dict[str, Any] = {}
+
+    def register(self) -> None:
+        """Bind the indexes at start-up (call from `register`, after the `kopf.index` handlers)."""
+
+        async def bind(**kwargs: Any) -> None:
+            self.bind(kwargs)
+
+        kopf.on.startup(id=f"bind-indexes-{'-'.join(self.ids)}")(bind)
+
+    def bind(self, kwargs: Mapping[str, Any]) -> None:
+        for index_id in self.ids:
+            if index_id in kwargs:
+                self._bound[index_id] = kwargs[index_id]
+
+    def get(self, index_id: str) -> Any:
+        """The index, or None before start-up bound it."""
+        return self._bound.get(index_id)
 
 
 class LastSeen(Generic[V]):

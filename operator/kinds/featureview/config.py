@@ -29,6 +29,7 @@ from loom.workloads.features.config import (
     project_name,
 )
 
+from ...core.model import InvalidSpec as InvalidSpec  # re-exported
 from ...core.model import S3Credentials
 from .api import FeatureViewSpec, Store
 
@@ -36,10 +37,6 @@ DATA_DIR = "/var/lib/loom/features"  # the project's folder inside every Feast p
 HTTP_PORT = 6566
 METRICS_PORT = 8000
 REDIS_ENV = "LOOM_FEAST_REDIS"
-
-
-class InvalidSpec(ValueError):
-    """What admission cannot catch; it becomes the view's condition."""
 
 
 # ------------------------------------------------------------------------------------------- names

@@ -15,19 +15,21 @@ No finalizer: see render/featureview.py for how deletion converges while the ope
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import kopf
 from pydantic import ValidationError
 
 from ...core import client as kube
 from ...core import kit
-from ...core.events import post_events
-from ...core.kit import Manifest, status_patch
-from ...core.model import API_VERSION, GROUP, VERSION, first_error
-from ...core.runner import Runner
-from ...defaults import EndpointDefaults
+from ...core.kit import Event, Manifest
+from ...core.model import API_VERSION, InvalidSpec
+from ...core.reconcile import Pass, run
+from ...core.runner import Runner, own_kind_handlers
+from ...defaults import Defaulted, EndpointDefaults
 from ...defaults import feature_view as feature_view_defaults
 from ...settings import OperatorSettings
 from .api import FEATURE_VIEW, FeatureViewSpec, FeatureViewStatus
@@ -61,7 +63,8 @@ from .render import (
     render_manual_job,
     render_service,
 )
-from .status import JobResult, Observed, compute_status, job_result, newest
+from .status import JobResult, compute_status, job_result, newest
+from .status import Observed as StatusObserved
 
 log = logging.getLogger("loom.operator.featureview")
 
@@ -164,87 +167,132 @@ async def _sweep_deleted(
     return pending
 
 
-async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> None:
-    body = await kube.get(API_VERSION, KIND, namespace, name)
-    if body is None or body["metadata"].get("deletionTimestamp"):
-        return
-    generation = body["metadata"].get("generation")
-    now = datetime.now(UTC)
-    image = settings.features_image
-    try:
-        spec = FeatureViewSpec.model_validate(body.get("spec") or {})
-    except ValidationError as exc:
-        await _write_status(body, Observed(generation, rejection=Rejection("InvalidSpec", first_error(exc))), now)
-        return
-    if (name_problem := FEATURE_VIEW.name_rule.problem(name)) is not None:  # the CRD refuses it since it has the rule
-        await _write_status(body, Observed(generation, rejection=Rejection("InvalidSpec", name_problem)), now)
-        return
-    defaults = EndpointDefaults.from_settings(settings)
-    own = feature_view_defaults(spec, defaults)
-    spec = own.spec
-    members, alive = await _members(namespace, spec.project, defaults)
-    plan = plan_project(spec.project, members)
-    selector = kit.selector({PROJECT_LABEL: project_prefix(spec.project)})
-    jobs = await kube.list_objects("batch/v1", "Job", namespace, selector)
-    pods = await kube.list_objects("v1", "Pod", namespace, selector)
-    state = _Project(jobs, pods)
-    object_name = project_object_name(spec.project)
+@dataclass
+class Observed:
+    """What a view's pass reads (its project's views, Jobs, pods, ConfigMap and server) and what it wrote."""
 
-    # Project children. Deletions first: the ConfigMap below forgets the names they are for.
-    config_map = await kube.get("v1", "ConfigMap", namespace, object_name)
-    pending = await _sweep_deleted(namespace, plan, state, config_map, alive, image)
-    if plan.members:
-        await kube.apply(render_config_map(namespace, plan, [m.name for m in plan.members] + pending))
-        await kube.apply(render_service(namespace, plan))
-        # The live replicas: the autoscaler's to keep while the project's server is autoscaled.
-        live = await kube.get("apps/v1", "Deployment", namespace, object_name)
-        live_replicas = ((live or {}).get("spec") or {}).get("replicas")
-        await kube.apply(render_deployment(namespace, plan, image, None if live is None else int(live_replicas or 0)))
-
-    # The view's own children.
-    rejection = plan.rejected.get(name)
+    now: datetime
+    alive: set[str] = field(default_factory=set)
+    members: list[Member] = field(default_factory=list)
+    state: _Project | None = None
+    config_map: Manifest | None = None
+    live: Manifest | None = None  # the project's server Deployment
     apply_result: JobResult | None = None
-    if rejection is None:
-        job_name = apply_job_name(name, apply_hash(plan, name))
-        await state.retry_if_transient(job_name, now)
-        await state.create_writer(render_apply_job(namespace, plan, name, image))
-        apply_result = state.result(job_name)
-        if apply_result is not None and apply_result.state == "Succeeded":
-            await _drop_old_applies(namespace, name, job_name, state)
-        if spec.online:
-            await kube.apply(render_cronjob(namespace, plan, name, image))
-            token = (body["metadata"].get("annotations") or {}).get(MATERIALIZE_NOW)
-            if token and apply_result is not None and apply_result.state == "Succeeded":
-                await state.create_writer(render_manual_job(namespace, plan, name, token, image))
-            await _drop_old_manual_runs(namespace, name, token, state)
-        else:
-            await kube.delete("batch/v1", "CronJob", namespace, cronjob_name(name))
-    materializations = [
-        r
-        for job_name_, job in state.jobs.items()
-        if (job["metadata"].get("labels") or {}).get(VIEW_LABEL) == name
-        and (job["metadata"].get("labels") or {}).get(COMMAND_LABEL) == "materialize"
-        and (r := state.result(job_name_)) is not None
-    ]
-    deployment = await kube.get("apps/v1", "Deployment", namespace, object_name)
-    dstatus = (deployment or {}).get("status") or {}
-    observed = Observed(
-        generation,
-        project=plan.config.project,
-        registry=plan.config.registry.location,
-        online_store=plan.config.online_store.type,
-        url=server_url(namespace, spec.project),
-        online=spec.online,
-        schedule=spec.materialization.schedule,
-        suspended=spec.materialization.suspend,
-        rejection=rejection,
-        apply=apply_result,
-        waiting_for_writer=apply_result is None and state.busy,
-        materialization=newest(materializations),
-        server_replicas=int(((deployment or {}).get("spec") or {}).get("replicas") or 0),
-        server_ready=int(dstatus.get("readyReplicas") or 0),
-    )
-    await _write_status(body, observed, now, own.status_field())
+
+
+class ViewReconciler:
+    kind: ClassVar[str] = KIND
+    status_model: ClassVar[type[Any]] = FeatureViewStatus
+    status_first: ClassVar[bool] = False
+
+    def __init__(self, settings: OperatorSettings) -> None:
+        self.image = settings.features_image
+        self.defaults = EndpointDefaults.from_settings(settings)
+
+    def parse(self, body: Manifest) -> Defaulted[FeatureViewSpec]:
+        return feature_view_defaults(FeatureViewSpec.model_validate(body.get("spec") or {}), self.defaults)
+
+    def check(self, body: Manifest, spec: Defaulted[FeatureViewSpec]) -> None:
+        name_problem = FEATURE_VIEW.name_rule.problem(body["metadata"]["name"])
+        if name_problem is not None:  # the CRD refuses it since it has the rule
+            raise InvalidSpec(name_problem)
+
+    async def observe(self, ctx: Pass[Defaulted[FeatureViewSpec]]) -> Observed:
+        observed = Observed(now=datetime.now(UTC))
+        if ctx.spec is None or not ctx.valid:
+            return observed
+        spec = ctx.spec.spec
+        observed.members, observed.alive = await _members(ctx.namespace, spec.project, self.defaults)
+        selector = kit.selector({PROJECT_LABEL: project_prefix(spec.project)})
+        jobs = await kube.list_objects("batch/v1", "Job", ctx.namespace, selector)
+        pods = await kube.list_objects("v1", "Pod", ctx.namespace, selector)
+        observed.state = _Project(jobs, pods)
+        object_name = project_object_name(spec.project)
+        observed.config_map = await kube.get("v1", "ConfigMap", ctx.namespace, object_name)
+        # The live replicas: the autoscaler's to keep while the project's server is autoscaled.
+        observed.live = await kube.get("apps/v1", "Deployment", ctx.namespace, object_name)
+        return observed
+
+    def decide(self, ctx: Pass[Defaulted[FeatureViewSpec]], observed: Observed) -> ProjectPlan | None:
+        return plan_project(ctx.spec.spec.project, observed.members) if ctx.spec is not None and ctx.valid else None
+
+    async def apply(
+        self, ctx: Pass[Defaulted[FeatureViewSpec]], observed: Observed, plan: ProjectPlan | None
+    ) -> Observed:
+        assert ctx.spec is not None and plan is not None and observed.state is not None
+        namespace, name, spec, state, image = ctx.namespace, ctx.name, ctx.spec.spec, observed.state, self.image
+        # Project children. Deletions first: the ConfigMap below forgets the names they are for.
+        pending = await _sweep_deleted(namespace, plan, state, observed.config_map, observed.alive, image)
+        if plan.members:
+            await kube.apply(render_config_map(namespace, plan, [m.name for m in plan.members] + pending))
+            await kube.apply(render_service(namespace, plan))
+            live_replicas = ((observed.live or {}).get("spec") or {}).get("replicas")
+            live = None if observed.live is None else int(live_replicas or 0)
+            await kube.apply(render_deployment(namespace, plan, image, live))
+        # The view's own children.
+        if plan.rejected.get(name) is None:
+            job_name = apply_job_name(name, apply_hash(plan, name))
+            await state.retry_if_transient(job_name, observed.now)
+            await state.create_writer(render_apply_job(namespace, plan, name, image))
+            observed.apply_result = state.result(job_name)
+            succeeded = observed.apply_result is not None and observed.apply_result.state == "Succeeded"
+            if succeeded:
+                await _drop_old_applies(namespace, name, job_name, state)
+            if spec.online:
+                await kube.apply(render_cronjob(namespace, plan, name, image))
+                token = (ctx.body["metadata"].get("annotations") or {}).get(MATERIALIZE_NOW)
+                if token and succeeded:
+                    await state.create_writer(render_manual_job(namespace, plan, name, token, image))
+                await _drop_old_manual_runs(namespace, name, token, state)
+            else:
+                await kube.delete("batch/v1", "CronJob", namespace, cronjob_name(name))
+        observed.live = await kube.get("apps/v1", "Deployment", namespace, project_object_name(spec.project))
+        return observed
+
+    def status(
+        self,
+        ctx: Pass[Defaulted[FeatureViewSpec]],
+        observed: Observed,
+        plan: ProjectPlan | None,
+        previous: FeatureViewStatus | None,
+    ) -> tuple[FeatureViewStatus, Sequence[Event]]:
+        if ctx.spec is None or not ctx.valid or plan is None or observed.state is None:
+            rejected = StatusObserved(ctx.generation, rejection=Rejection("InvalidSpec", ctx.invalid or ""))
+            return compute_status(rejected, previous, observed.now)
+        spec, state, name, apply_result = ctx.spec.spec, observed.state, ctx.name, observed.apply_result
+        materializations = [
+            r
+            for job_name_, job in state.jobs.items()
+            if (job["metadata"].get("labels") or {}).get(VIEW_LABEL) == name
+            and (job["metadata"].get("labels") or {}).get(COMMAND_LABEL) == "materialize"
+            and (r := state.result(job_name_)) is not None
+        ]
+        deployment = observed.live
+        dstatus = (deployment or {}).get("status") or {}
+        seen = StatusObserved(
+            ctx.generation,
+            project=plan.config.project,
+            registry=plan.config.registry.location,
+            online_store=plan.config.online_store.type,
+            url=server_url(ctx.namespace, spec.project),
+            online=spec.online,
+            schedule=spec.materialization.schedule,
+            suspended=spec.materialization.suspend,
+            rejection=plan.rejected.get(name),
+            apply=apply_result,
+            waiting_for_writer=apply_result is None and state.busy,
+            materialization=newest(materializations),
+            server_replicas=int(((deployment or {}).get("spec") or {}).get("replicas") or 0),
+            server_ready=int(dstatus.get("readyReplicas") or 0),
+        )
+        status, events = compute_status(seen, previous, observed.now)
+        status.endpoint_defaults = ctx.spec.status_field()
+        return status, events
+
+
+async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> None:
+    """One full pass for one FeatureView (the skeleton: core/reconcile.py)."""
+    await run(ViewReconciler(settings), namespace, name)
 
 
 async def _drop_old_applies(namespace: str, name: str, current: str, state: _Project) -> None:
@@ -279,22 +327,6 @@ async def _drop_old_manual_runs(namespace: str, name: str, token: str | None, st
             state.jobs.pop(meta["name"], None)
 
 
-async def _write_status(
-    body: Manifest, observed: Observed, now: datetime, endpoint_defaults: dict[str, str] | None = None
-) -> None:
-    try:
-        previous: FeatureViewStatus | None = FeatureViewStatus.model_validate(body.get("status") or {})
-    except ValidationError:
-        previous = None  # a status written by another version: start the conditions afresh
-    status, events = compute_status(observed, previous, now)
-    status.endpoint_defaults = endpoint_defaults
-    patch = status_patch(dict(body.get("status") or {}), status.to_wire())
-    meta = body["metadata"]
-    if patch is not None:
-        await kube.patch_status(API_VERSION, KIND, meta["namespace"], meta["name"], patch)
-    post_events(body, events)
-
-
 def register(settings: OperatorSettings) -> None:
     async def one_pass(namespace: str, name: str) -> None:
         await reconcile(namespace, name, settings)
@@ -306,24 +338,15 @@ def register(settings: OperatorSettings) -> None:
             if project_prefix(str((obj.get("spec") or {}).get("project") or "")) == project:
                 await runner.trigger(namespace, obj["metadata"]["name"])
 
-    @kopf.on.resume(GROUP, VERSION, PLURAL)
-    @kopf.on.create(GROUP, VERSION, PLURAL)
-    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-    @kopf.on.update(GROUP, VERSION, PLURAL, field=("metadata", "annotations", MATERIALIZE_NOW))
-    async def _changed(namespace: str | None, name: str, **kwargs: Any) -> None:
-        runner.resync(kwargs.get(INDEX_ID))
-        await runner.trigger(str(namespace), name)
+    async def project_of_deleted(namespace: str, name: str, spec: Mapping[str, Any]) -> None:
+        # The project's other views sweep the deleted view out of the registry.
+        await trigger_project(namespace, project_prefix(str(spec.get("project") or "")))
 
-    # No finalizer: children go with the object (ownerReferences); the project's other views sweep the registry.
-    @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-    async def _deleted(namespace: str | None, name: str, spec: kopf.Spec, **_: Any) -> None:
-        runner.forget(str(namespace), name)
-        await trigger_project(str(namespace), project_prefix(str(spec.get("project") or "")))
-
-    @kopf.index(GROUP, VERSION, PLURAL, id=INDEX_ID)
-    def _known(namespace: str | None, name: str | None, **_: Any) -> dict[tuple[str, str], bool]:
-        # Indexers may run outside the event loop: the create/resume handler starts the resync instead.
-        return {(str(namespace), str(name)): True}
+    # A materialize-now token runs the view's materialization at once. No finalizer: children go with the object
+    # (ownerReferences).
+    own_kind_handlers(
+        runner, PLURAL, INDEX_ID, also_on=[("metadata", "annotations", MATERIALIZE_NOW)], deleted=project_of_deleted
+    )
 
     # Jobs finishing and the server becoming ready move status: react instead of polling.
     @kopf.on.event("batch", "v1", "jobs", labels={"app.kubernetes.io/name": KIND_LABEL})

@@ -11,15 +11,18 @@ services without polling.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import kopf
-from pydantic import ValidationError
+
+from loom.workloads.router.config import RouterConfig
 
 from ...core import client as kube
-from ...core.events import post_events
-from ...core.kit import Manifest, owner_of, status_patch
-from ...core.model import API_VERSION, GROUP, VERSION, first_error
+from ...core.kit import Event, Manifest
+from ...core.model import API_VERSION, GROUP, VERSION
+from ...core.reconcile import Pass, run
 from ...core.runner import LastSeen, Runner, child_handlers, own_kind_handlers
 from ...settings import OperatorSettings
 from .api import InferenceGraphSpec, InferenceGraphStatus
@@ -35,7 +38,8 @@ from .render import (
     service_conflict,
     service_name,
 )
-from .status import Observed, compute_status
+from .status import Observed as StatusObserved
+from .status import compute_status
 
 log = logging.getLogger("loom.operator.inferencegraph")
 
@@ -45,51 +49,84 @@ INDEX_ID = "loom_inferencegraphs"
 BY_SERVICE_INDEX_ID = "loom_inferencegraphs_by_service"
 
 
-async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> None:
-    """One full pass for one InferenceGraph, read fresh."""
-    body = await kube.get(API_VERSION, KIND, namespace, name)
-    if body is None or body["metadata"].get("deletionTimestamp"):
-        return
-    owner = owner_of(body, KIND)
-    previous = _previous_status(body)
-    services: dict[str, ServiceRef] = {}
+@dataclass
+class Observed:
+    """What a graph's pass reads: the InferenceServices its steps name, its Service, its router Deployment."""
+
+    services: dict[str, ServiceRef] = field(default_factory=dict)
+    existing_service: Manifest | None = None
     deployment: Manifest | None = None
-    problem: GraphProblem | None = None
-    try:
-        spec: InferenceGraphSpec | None = InferenceGraphSpec.model_validate(body.get("spec") or {})
-    except ValidationError as exc:
-        spec, problem = None, GraphProblem("InvalidGraph", first_error(exc))
-    if spec is not None:
-        wanted = set(referenced_services(spec))
-        if wanted:
-            for isvc in await kube.list_objects(API_VERSION, "InferenceService", namespace):
-                if isvc["metadata"]["name"] in wanted and not isvc["metadata"].get("deletionTimestamp"):
-                    ref = observe_service(isvc)
-                    services[ref.name] = ref
-        config, problem = router_config(owner, spec, services)
-        if config is not None:
-            existing = await kube.get("v1", "Service", namespace, service_name(name))
-            problem = service_conflict(owner, existing)
-            for manifest in render_router(owner, spec, config, settings.router_image):
-                if manifest["kind"] == "Service" and problem is not None:
-                    continue  # another object's Service: reported, never taken over
-                applied = await kube.apply(manifest)
-                if manifest["kind"] == "Deployment":
-                    deployment = applied
-    if deployment is None:
-        deployment = await kube.get("apps/v1", "Deployment", namespace, deployment_name(name))
-    status, events = compute_status(owner, spec, Observed(deployment, services, problem), previous)
-    patch = status_patch(dict(body.get("status") or {}), status.to_wire())
-    if patch is not None:
-        await kube.patch_status(API_VERSION, KIND, namespace, name, patch)
-    post_events(body, events)
 
 
-def _previous_status(body: Manifest) -> InferenceGraphStatus | None:
-    try:
-        return InferenceGraphStatus.model_validate(body.get("status") or {})
-    except ValidationError:
-        return None  # a status written by another version: start the conditions afresh
+@dataclass(frozen=True)
+class Plan:
+    config: RouterConfig | None
+    problem: GraphProblem | None
+
+
+class GraphReconciler:
+    kind: ClassVar[str] = KIND
+    status_model: ClassVar[type[Any]] = InferenceGraphStatus
+    status_first: ClassVar[bool] = False
+
+    def __init__(self, settings: OperatorSettings) -> None:
+        self.settings = settings
+
+    def parse(self, body: Manifest) -> InferenceGraphSpec:
+        return InferenceGraphSpec.model_validate(body.get("spec") or {})
+
+    def check(self, body: Manifest, spec: InferenceGraphSpec) -> None:
+        """Nothing beyond the schema: what else a graph can get wrong is reported by `router_config`."""
+
+    async def observe(self, ctx: Pass[InferenceGraphSpec]) -> Observed:
+        observed = Observed()
+        if ctx.spec is not None:
+            wanted = set(referenced_services(ctx.spec))
+            if wanted:
+                for isvc in await kube.list_objects(API_VERSION, "InferenceService", ctx.namespace):
+                    if isvc["metadata"]["name"] in wanted and not isvc["metadata"].get("deletionTimestamp"):
+                        ref = observe_service(isvc)
+                        observed.services[ref.name] = ref
+        observed.deployment = await kube.get("apps/v1", "Deployment", ctx.namespace, deployment_name(ctx.name))
+        return observed
+
+    def decide(self, ctx: Pass[InferenceGraphSpec], observed: Observed) -> Plan:
+        if ctx.spec is None:
+            return Plan(None, GraphProblem("InvalidGraph", ctx.invalid or ""))
+        config, problem = router_config(ctx.owner, ctx.spec, observed.services)
+        return Plan(config, problem)
+
+    async def apply(self, ctx: Pass[InferenceGraphSpec], observed: Observed, plan: Plan) -> Observed:
+        assert ctx.spec is not None
+        if plan.config is None:
+            return observed
+        observed.existing_service = await kube.get("v1", "Service", ctx.namespace, service_name(ctx.name))
+        conflict = service_conflict(ctx.owner, observed.existing_service)
+        for manifest in render_router(ctx.owner, ctx.spec, plan.config, self.settings.router_image):
+            if manifest["kind"] == "Service" and conflict is not None:
+                continue  # another object's Service: reported, never taken over
+            applied = await kube.apply(manifest)
+            if manifest["kind"] == "Deployment":
+                observed.deployment = applied
+        return observed
+
+    def status(
+        self,
+        ctx: Pass[InferenceGraphSpec],
+        observed: Observed,
+        plan: Plan,
+        previous: InferenceGraphStatus | None,
+    ) -> tuple[InferenceGraphStatus, Sequence[Event]]:
+        problem = plan.problem
+        if plan.config is not None and ctx.spec is not None:
+            problem = service_conflict(ctx.owner, observed.existing_service)
+        seen = StatusObserved(observed.deployment, observed.services, problem)
+        return compute_status(ctx.owner, ctx.spec, seen, previous)
+
+
+async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> None:
+    """One full pass for one InferenceGraph, read fresh (the skeleton: core/reconcile.py)."""
+    await run(GraphReconciler(settings), namespace, name)
 
 
 def services_named(spec: Manifest | None) -> set[str]:

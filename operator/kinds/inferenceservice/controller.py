@@ -11,7 +11,9 @@ instant: the next pass converges, creating nothing twice (deterministic names, s
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import kopf
 from pydantic import ValidationError
@@ -19,9 +21,9 @@ from pydantic import ValidationError
 from loom.workloads.server.config import EnrichmentConfig
 
 from ...core import client as kube
-from ...core.events import post_events
-from ...core.kit import Manifest, owner_of, status_patch
+from ...core.kit import Event, Manifest
 from ...core.model import API_VERSION, GROUP, VERSION, first_error
+from ...core.reconcile import Pass, run
 from ...core.runner import LastSeen, Runner, child_handlers, own_kind_handlers
 from ...defaults import Defaulted, EndpointDefaults, model_problem, training_job_manifest
 from ...defaults import inference_service as inference_service_defaults
@@ -44,7 +46,8 @@ from .render import (
 from .rollout import RolloutPlan, desired_total_replicas, plan_rollout
 from .routing import apply_routing
 from .scaling import recommend_replicas
-from .status import Observed, compute_status
+from .status import Observed as StatusObserved
+from .status import compute_status
 
 log = logging.getLogger("loom.operator.inferenceservice")
 
@@ -104,75 +107,121 @@ def _template_hash(deployment: Manifest | None) -> str | None:
     return annotations.get(CONFIG_HASH_ANNOTATION)
 
 
-async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> None:
-    """One full pass for one InferenceService, read fresh (the runner serialises passes per object, so a pass
-    sees the status the previous one wrote and announces each transition once)."""
-    body = await kube.get(API_VERSION, KIND, namespace, name)
-    if body is None or body["metadata"].get("deletionTimestamp"):
-        return
-    owner = owner_of(body, KIND)
-    previous = _previous_status(body)
-    stable = await kube.get("apps/v1", "Deployment", namespace, deployment_name(name, "stable"))
-    canary = await kube.get("apps/v1", "Deployment", namespace, deployment_name(name, "canary"))
-    invalid: str | None = None
+@dataclass
+class Observed:
+    """What a service's pass reads: its two tracks, its model and features resolved, its pods."""
+
+    stable: Manifest | None = None
+    canary: Manifest | None = None
+    pods: list[Manifest] = field(default_factory=list)
+    desired: ModelRef | None = None
     resolve_error: ResolveError | None = None
     features: EnrichmentConfig | None = None
     features_error: ResolveError | None = None
-    plan = RolloutPlan(stable_ref=None, stable_replicas=0, mode="waiting")
-    defaulted: Defaulted[InferenceServiceSpec] | None = None
-    try:
-        # The operator's endpoint defaults fill what the spec leaves unset (render/defaults.py).
-        defaulted = inference_service_defaults(
-            InferenceServiceSpec.model_validate(body.get("spec") or {}), EndpointDefaults.from_settings(settings)
+    plan: RolloutPlan = field(default_factory=lambda: RolloutPlan(stable_ref=None, stable_replicas=0, mode="waiting"))
+
+
+@dataclass(frozen=True)
+class Plan:
+    rollout: RolloutPlan
+    invalid: str | None  # the pass's own, or the server contract's refusal of what the CRD allows
+
+
+class ServiceReconciler:
+    kind: ClassVar[str] = KIND
+    status_model: ClassVar[type[Any]] = InferenceServiceStatus
+    status_first: ClassVar[bool] = False
+
+    def __init__(self, settings: OperatorSettings) -> None:
+        self.settings = settings
+        self.defaults = EndpointDefaults.from_settings(settings)
+
+    def parse(self, body: Manifest) -> Defaulted[InferenceServiceSpec]:
+        # The operator's endpoint defaults fill what the spec leaves unset (defaults.py).
+        return inference_service_defaults(InferenceServiceSpec.model_validate(body.get("spec") or {}), self.defaults)
+
+    def check(self, body: Manifest, spec: Defaulted[InferenceServiceSpec]) -> None:
+        rollout_strategy(spec.spec)  # raises InvalidSpec for what admission cannot catch
+        if (name_problem := INFERENCE_SERVICE.name_rule.problem(body["metadata"]["name"])) is not None:
+            raise InvalidSpec(name_problem)  # the CRD refuses it now
+
+    async def observe(self, ctx: Pass[Defaulted[InferenceServiceSpec]]) -> Observed:
+        namespace, name = ctx.namespace, ctx.name
+        observed = Observed(
+            stable=await kube.get("apps/v1", "Deployment", namespace, deployment_name(name, "stable")),
+            canary=await kube.get("apps/v1", "Deployment", namespace, deployment_name(name, "canary")),
         )
-        spec: InferenceServiceSpec | None = defaulted.spec
-    except ValidationError as exc:
-        spec, invalid = None, first_error(exc)
-    if spec is not None:
+        if ctx.spec is not None and ctx.valid:
+            spec = ctx.spec.spec
+            missing = model_problem(ctx.spec)
+            if missing is not None:
+                observed.resolve_error = missing  # nothing can be fetched without the endpoint
+            else:
+                observed.desired, observed.resolve_error = await _resolve(spec, namespace, self.defaults)
+            observed.features, observed.features_error = await _features(spec, namespace)
+            if observed.features_error is not None:
+                observed.desired = None
+                observed.resolve_error = observed.resolve_error or observed.features_error
+        observed.pods = await kube.list_objects("v1", "Pod", namespace, selector_string(ctx.owner))
+        return observed
+
+    def decide(self, ctx: Pass[Defaulted[InferenceServiceSpec]], observed: Observed) -> Plan:
+        if ctx.spec is None:
+            return Plan(observed.plan, ctx.invalid)
+        spec, stable, canary = ctx.spec.spec, observed.stable, observed.canary
         running = sum(int((d or {}).get("spec", {}).get("replicas", 0)) for d in (stable, canary))
         total = desired_total_replicas(spec, recommend_replicas(spec, running) if spec.autoscaling else None)
-        try:
-            rollout_strategy(spec)  # raises InvalidSpec for what admission cannot catch
-            if (name_problem := INFERENCE_SERVICE.name_rule.problem(name)) is not None:  # the CRD refuses it now
-                raise InvalidSpec(name_problem)
-            missing = model_problem(defaulted) if defaulted is not None else None
-            if missing is not None:
-                desired, resolve_error = None, missing  # nothing can be fetched without the endpoint
-            else:
-                desired, resolve_error = await _resolve(spec, namespace, EndpointDefaults.from_settings(settings))
-            features, features_error = await _features(spec, namespace)
-            if features_error is not None:
-                desired, resolve_error = None, resolve_error or features_error
-            if desired is not None:
-                # the server's own contract may refuse what the CRD allows
-                server_config(owner, spec, desired, features)
-        except (InvalidSpec, ValidationError) as exc:
-            invalid = first_error(exc) if isinstance(exc, ValidationError) else str(exc)
-        if invalid is not None or features_error is not None:
+        invalid = ctx.invalid
+        if invalid is None and observed.desired is not None:
+            try:
+                server_config(ctx.owner, spec, observed.desired, observed.features)  # the server's own contract
+            except (InvalidSpec, ValidationError) as exc:
+                invalid = first_error(exc) if isinstance(exc, ValidationError) else str(exc)
+        if invalid is not None or observed.features_error is not None:
             # Touch nothing; report what still runs. Without its FeatureView (not found, not Ready) a running
             # server keeps the features it was rendered with; none is rendered without them.
-            plan = plan_rollout(spec, None, stable, canary, total)
-        else:
-            plan = plan_rollout(spec, desired, stable, canary, total)
-            if plan.stable_ref is not None:
-                stable, canary, plan = await _apply(owner, spec, plan, stable, canary, settings, features)
-    serving_track: Track = "canary" if plan.canary_action == "apply" else "stable"
-    pods = await kube.list_objects("v1", "Pod", namespace, selector_string(owner))
-    observed = Observed(
-        plan=plan,
-        stable=stable,
-        canary=canary,
-        pods=pods,
-        serving_config_hash=_template_hash(canary if serving_track == "canary" else stable),
-        resolve_error=resolve_error,
-        invalid=invalid,
-    )
-    status, events = compute_status(owner, observed, previous)
-    status.endpoint_defaults = defaulted.status_field() if defaulted is not None else None
-    patch = status_patch(dict(body.get("status") or {}), status.to_wire())
-    if patch is not None:
-        await kube.patch_status(API_VERSION, KIND, namespace, name, patch)
-    post_events(body, events)
+            return Plan(plan_rollout(spec, None, stable, canary, total), invalid)
+        return Plan(plan_rollout(spec, observed.desired, stable, canary, total), None)
+
+    async def apply(
+        self, ctx: Pass[Defaulted[InferenceServiceSpec]], observed: Observed, plan: Plan
+    ) -> Observed:
+        assert ctx.spec is not None
+        observed.plan = plan.rollout
+        if plan.invalid is None and observed.features_error is None and plan.rollout.stable_ref is not None:
+            observed.stable, observed.canary, observed.plan = await _apply(
+                ctx.owner, ctx.spec.spec, plan.rollout, observed.stable, observed.canary, self.settings,
+                observed.features,
+            )  # fmt: skip
+        return observed
+
+    def status(
+        self,
+        ctx: Pass[Defaulted[InferenceServiceSpec]],
+        observed: Observed,
+        plan: Plan,
+        previous: InferenceServiceStatus | None,
+    ) -> tuple[InferenceServiceStatus, Sequence[Event]]:
+        rollout = observed.plan if ctx.valid else plan.rollout
+        serving_track: Track = "canary" if rollout.canary_action == "apply" else "stable"
+        seen = StatusObserved(
+            plan=rollout,
+            stable=observed.stable,
+            canary=observed.canary,
+            pods=observed.pods,
+            serving_config_hash=_template_hash(observed.canary if serving_track == "canary" else observed.stable),
+            resolve_error=observed.resolve_error,
+            invalid=plan.invalid,
+        )
+        status, events = compute_status(ctx.owner, seen, previous)
+        status.endpoint_defaults = ctx.spec.status_field() if ctx.spec is not None else None
+        return status, events
+
+
+async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> None:
+    """One full pass for one InferenceService, read fresh (the runner serialises passes per object, so a pass
+    sees the status the previous one wrote and announces each transition once; the skeleton: core/reconcile.py)."""
+    await run(ServiceReconciler(settings), namespace, name)
 
 
 async def _apply(
@@ -205,13 +254,6 @@ async def _apply(
         canary = None
         plan = RolloutPlan(stable_ref=plan.stable_ref, stable_replicas=plan.stable_replicas)  # steady from now
     return stable, canary, plan
-
-
-def _previous_status(body: Manifest) -> InferenceServiceStatus | None:
-    try:
-        return InferenceServiceStatus.model_validate(body.get("status") or {})
-    except ValidationError:
-        return None  # a status written by another version: start the conditions afresh
 
 
 def register(settings: OperatorSettings) -> None:

@@ -28,6 +28,7 @@ from loom.workloads.server.config import (
 )
 
 from ...core.kit import Manifest, child_metadata, labels, merge_env, restricted_security_context, s3_env, selector
+from ...core.model import InvalidSpec as InvalidSpec  # re-exported
 from .api import InferenceServiceSpec
 from .model import MODEL_ANNOTATION, ModelRef
 
@@ -65,10 +66,6 @@ SERVER_DRAIN_SECONDS = 6
 REQUEST_GRACE_SECONDS = 30
 # The preStop sleep, the server's drain window, the longest request, and 2 s to stop the data plane and exit.
 TERMINATION_GRACE_SECONDS = DRAIN_SECONDS + SERVER_DRAIN_SECONDS + REQUEST_GRACE_SECONDS + 2
-
-
-class InvalidSpec(ValueError):
-    """Something admission cannot catch; reported as a condition, never a crash loop."""
 
 
 def service_name(name: str) -> str:

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from loom.workloads.trainer import config as trainer
 
+from ...core.model import InvalidSpec
 from .api import CheckpointSpec, DeepSpeedOptions, FsdpOptions, Tracking, TrainingJobSpec
 
 CONFIG_DIR = "/etc/loom/trainer"
@@ -27,8 +28,8 @@ PROGRESS_PORT = 9400
 AGENT_MAX_RESTARTS = 3
 
 
-class SpecError(ValueError):
-    """The spec cannot be turned into a trainer config; reported as a condition, never retried."""
+# The spec cannot be turned into a trainer config; reported as a condition, never retried.
+SpecError = InvalidSpec
 
 
 def worker_range(spec: TrainingJobSpec) -> tuple[int, int]:

@@ -14,24 +14,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import kopf
-from pydantic import ValidationError
 
 from ... import defaults as endpoint_defaults
 from ...core import client as kube
 from ...core.events import post_events
-from ...core.kit import Event, status_patch
-from ...core.model import API_VERSION, GROUP, VERSION
-from ...core.runner import Runner
+from ...core.kit import Event, set_condition
+from ...core.model import Condition
+from ...core.reconcile import Pass, previous_status, run
+from ...core.runner import Indexes, Runner, own_kind_handlers
 from ...settings import OperatorSettings
 from . import render
 from .api import MlflowRun, TrainingJobSpec, TrainingJobStatus
 from .config import SpecError, rendezvous_service_name, samples_per_step
+from .data import DataObservation
 from .data_job import observe_training_data
 from .mlflow import TrackingError, ensure_run, finish_run
 from .observe import NodeView, ProgressReport, WorkerView, observe_node, observe_pod
@@ -51,88 +53,143 @@ NodeIndex = kopf.Index[str, NodeView]
 
 
 @dataclass
+class Observed:
+    """What a job's pass reads: its status as the last pass left it, its workers and their nodes (from Kopf's
+    indexes), rank 0's progress, and the outcomes of the MLflow run and the training-data Job it started."""
+
+    status: TrainingJobStatus
+    observed: list[tuple[WorkerView, str | None]] = field(default_factory=list)
+    nodes: dict[str, NodeView] = field(default_factory=dict)
+    progress: ProgressReport | None = None
+    spec_error: str | None = None
+    endpoint_problem: str | None = None
+    tracking_error: str | None = None
+    training_data: DataObservation | None = None
+    now: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def views(self) -> tuple[WorkerView, ...]:
+        return tuple(v for v, _ in self.observed)
+
+
+@dataclass
 class Controller:
+    """The TrainingJob kind on the reconcile skeleton (core/reconcile.py). Its status goes first (`status_first`):
+    a crash between the status write and the children is harmless, the next pass repeats the idempotent actions
+    and never re-counts a restart. Creating the MLflow run and the training-data Job happen while observing:
+    the decision needs their outcome."""
+
+    kind: ClassVar[str] = "TrainingJob"
+    status_model: ClassVar[type[Any]] = TrainingJobStatus
+    status_first: ClassVar[bool] = True
+
     image: str
     policy: Policy
     features_image: str = ""
     defaults: endpoint_defaults.EndpointDefaults = field(default_factory=endpoint_defaults.EndpointDefaults)
-    pods: PodIndex | None = None
-    nodes: NodeIndex | None = None
+    indexes: Indexes = field(default_factory=lambda: Indexes(POD_INDEX, NODE_INDEX))
     http: httpx.AsyncClient | None = None
 
-    def remember(self, kwargs: dict[str, Any]) -> None:
-        """Kopf hands its indexes to every handler; keep them for reconciles started elsewhere."""
-        self.pods = kwargs.get(POD_INDEX, self.pods)
-        self.nodes = kwargs.get(NODE_INDEX, self.nodes)
-
     def worker_views(self, namespace: str, name: str) -> list[tuple[WorkerView, str | None]]:
-        if self.pods is None:
+        pods: PodIndex | None = self.indexes.get(POD_INDEX)
+        if pods is None:
             return []
-        return list(self.pods.get((namespace, name), []))
+        return list(pods.get((namespace, name), []))
 
     async def reconcile(self, namespace: str, name: str) -> None:
-        job = await kube.get(API_VERSION, "TrainingJob", namespace, name)
-        if job is None or job["metadata"].get("deletionTimestamp"):
-            return
-        meta = job["metadata"]
+        await run(self, namespace, name)
+
+    def parse(self, body: kube.Manifest) -> endpoint_defaults.Defaulted[TrainingJobSpec]:
         # The operator's endpoint defaults fill what the spec leaves unset, before anything renders or calls out.
-        defaulted = endpoint_defaults.training_job(TrainingJobSpec.model_validate(job.get("spec") or {}), self.defaults)
-        spec = defaulted.spec
-        old_wire: dict[str, Any] = dict(job.get("status") or {})
-        try:
-            status = TrainingJobStatus.model_validate(old_wire)
-        except ValidationError:
+        return endpoint_defaults.training_job(TrainingJobSpec.model_validate(body.get("spec") or {}), self.defaults)
+
+    def check(self, body: kube.Manifest, spec: endpoint_defaults.Defaulted[TrainingJobSpec]) -> None:
+        """Nothing here: a name or config the job cannot run with is the state machine's `spec_error` (Failed)."""
+
+    async def observe(self, ctx: Pass[endpoint_defaults.Defaulted[TrainingJobSpec]]) -> Observed:
+        namespace, name, job = ctx.namespace, ctx.name, ctx.body
+        status = previous_status(TrainingJobStatus, job)
+        if status is None:
             log.warning("TrainingJob %s/%s has an unreadable status; starting from an empty one", namespace, name)
             status = TrainingJobStatus()
-        observed = self.worker_views(namespace, name)
-        views = tuple(v for v, _ in observed)
-        nodes: dict[str, NodeView] = {}
-        for view in views:
-            if view.node_name and self.nodes is not None and view.node_name in self.nodes:
-                nodes[view.node_name] = next(iter(self.nodes[view.node_name]))
-        endpoint_problem = defaulted.problem()
-        spec_error = render.name_problem(name, max(spec.workers.replicas, spec.workers.max_replicas or 0))
-        if spec_error is None and endpoint_problem is None:
+        seen = Observed(status=status, observed=self.worker_views(namespace, name))
+        if ctx.spec is None:
+            return seen
+        defaulted, spec = ctx.spec, ctx.spec.spec
+        nodes: NodeIndex | None = self.indexes.get(NODE_INDEX)
+        for view in seen.views:
+            if view.node_name and nodes is not None and view.node_name in nodes:
+                seen.nodes[view.node_name] = next(iter(nodes[view.node_name]))
+        seen.endpoint_problem = defaulted.problem()
+        seen.spec_error = render.name_problem(name, max(spec.workers.replicas, spec.workers.max_replicas or 0))
+        if seen.spec_error is None and seen.endpoint_problem is None:
             try:
                 render.config_map(job, spec)
             except SpecError as error:
-                spec_error = str(error)
-        tracking_error = None if endpoint_problem else await self.ensure_tracking(job, spec, status)
-        progress = await self.poll_progress(spec, status, observed)
-        training_data = None
+                seen.spec_error = str(error)
+        seen.tracking_error = None if seen.endpoint_problem else await self.ensure_tracking(job, spec, status)
+        seen.progress = await self.poll_progress(spec, status, seen.observed)
         data_built = status.training_data is not None and status.training_data.phase == "Succeeded"
-        blocked = spec_error is not None or endpoint_problem is not None
+        blocked = seen.spec_error is not None or seen.endpoint_problem is not None
         if not blocked and not data_built and status.phase not in FINISHED and not spec.run_policy.suspend:
-            training_data = await observe_training_data(job, spec, self.features_image, self.defaults)
+            seen.training_data = await observe_training_data(job, spec, self.features_image, self.defaults)
+        return seen
+
+    def decide(self, ctx: Pass[endpoint_defaults.Defaulted[TrainingJobSpec]], seen: Observed) -> Decision | None:
+        if ctx.spec is None:
+            return None
+        spec, status = ctx.spec.spec, seen.status
         decision = decide(
             Observation(
-                generation=meta.get("generation"),
+                generation=ctx.generation,
                 spec=spec,
                 status=status,
-                pods=views,
-                now=datetime.now(UTC),
-                nodes=nodes,
-                progress=progress,
+                pods=seen.views,
+                now=seen.now,
+                nodes=seen.nodes,
+                progress=seen.progress,
                 tracking_ready=spec.tracking is None
                 or spec.tracking.mlflow is None
                 or bool(status.mlflow and status.mlflow.run_id),
-                tracking_error=tracking_error,
-                spec_error=spec_error,
-                training_data=training_data,
-                endpoint_problem=endpoint_problem,
+                tracking_error=seen.tracking_error,
+                spec_error=seen.spec_error,
+                training_data=seen.training_data,
+                endpoint_problem=seen.endpoint_problem,
             ),
             self.policy,
         )
-        decision.status.endpoint_defaults = defaulted.status_field()
-        patch = status_patch(old_wire, decision.status.to_wire())
-        if patch is not None:
-            await kube.patch_status(API_VERSION, "TrainingJob", namespace, name, patch)
-        post_events(job, decision.events)
-        if endpoint_problem is not None:
-            return  # nothing renders without the endpoint; the next pass after a fix goes on
-        await self.act(job, spec, decision, views, spec_changed=status.observed_generation != meta.get("generation"))
+        decision.status.endpoint_defaults = ctx.spec.status_field()
+        return decision
+
+    def status(
+        self,
+        ctx: Pass[endpoint_defaults.Defaulted[TrainingJobSpec]],
+        seen: Observed,
+        decision: Decision | None,
+        previous: TrainingJobStatus | None,
+    ) -> tuple[TrainingJobStatus, Sequence[Event]]:
+        if decision is not None:
+            return decision.status, decision.events
+        # A spec that does not validate: say why on Ready, keep the rest as it was.
+        status = seen.status.model_copy()
+        invalid = Condition(
+            type="Ready", status="False", reason="InvalidSpec", message=ctx.invalid, observed_generation=ctx.generation
+        )
+        status.conditions = set_condition(list(status.conditions or []), invalid)
+        return status, []
+
+    async def apply(
+        self, ctx: Pass[endpoint_defaults.Defaulted[TrainingJobSpec]], seen: Observed, decision: Decision | None
+    ) -> Observed:
+        assert ctx.spec is not None and decision is not None
+        if seen.endpoint_problem is not None:
+            return seen  # nothing renders without the endpoint; the next pass after a fix goes on
+        spec, status = ctx.spec.spec, seen.status
+        spec_changed = status.observed_generation != ctx.generation
+        await self.act(ctx.body, spec, decision, seen.views, spec_changed=spec_changed)
         if decision.status.phase in FINISHED and status.phase not in FINISHED:
             await self.close_run(spec, decision)
+        return seen
 
     async def ensure_tracking(self, job: kube.Manifest, spec: TrainingJobSpec, status: TrainingJobStatus) -> str | None:
         """Create (or find) the MLflow run before any worker starts; its id goes into status with the rest."""
@@ -262,9 +319,8 @@ def register(settings: OperatorSettings) -> None:
         "TrainingJob", controller.reconcile, interval_s=settings.training_poll_s, timeout_s=settings.reconcile_timeout_s
     )
 
-    def remember(kwargs: dict[str, Any]) -> None:
-        controller.remember(kwargs)
-        runner.resync(kwargs.get(JOB_INDEX))
+    # The pod and node indexes, bound once at start-up, for passes started by any trigger.
+    controller.indexes.register()
 
     # Explicit ids: Kopf passes each index to handlers as a kwarg named by it (nested functions' default
     # ids would carry "register.<locals>.").
@@ -280,23 +336,18 @@ def register(settings: OperatorSettings) -> None:
     def loom_training_nodes(body: kopf.Body, **_: Any) -> dict[str, NodeView]:
         return {str(body.metadata.name): observe_node(dict(body))}
 
-    @kopf.on.resume(GROUP, VERSION, PLURAL)
-    @kopf.on.create(GROUP, VERSION, PLURAL)
-    @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-    async def trainingjob_changed(body: kopf.Body, **kwargs: Any) -> None:
-        remember(kwargs)
-        await runner.trigger(str(body.metadata.namespace), str(body.metadata.name))
-
     @kopf.on.event("pods", labels={render.JOB_LABEL: kopf.PRESENT})
     async def trainingjob_worker_event(body: kopf.Body, **kwargs: Any) -> None:
-        remember(kwargs)
+        runner.resync(kwargs.get(JOB_INDEX))
         await runner.trigger(str(body.metadata.namespace), body.metadata.labels[render.JOB_LABEL])
 
-    @kopf.index(GROUP, VERSION, PLURAL, id=JOB_INDEX)
-    def loom_training_jobs(body: kopf.Body, **_: Any) -> dict[tuple[str, str], bool]:
-        """Every TrainingJob, flagged True while the periodic resync has something to do for it (False once it
-        finished and, with a TTL, its children are deleted)."""
-        status, spec = body.get("status") or {}, body.get("spec") or {}
-        ttl = (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished")
-        idle = status.get("phase") in FINISHED and (ttl is None or bool(status.get("childrenDeleted")))
-        return {(str(body.metadata.namespace), str(body.metadata.name)): not idle}
+    # Every TrainingJob, flagged due while the periodic resync has something to do for it.
+    own_kind_handlers(runner, PLURAL, JOB_INDEX, due=resync_due)
+
+
+def resync_due(body: kopf.Body) -> bool:
+    """Whether the periodic resync has something to do for a job: False once it finished and, with a TTL, its
+    children are deleted."""
+    status, spec = body.get("status") or {}, body.get("spec") or {}
+    ttl = (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished")
+    return not (status.get("phase") in FINISHED and (ttl is None or bool(status.get("childrenDeleted"))))

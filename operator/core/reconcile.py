@@ -1,0 +1,156 @@
+"""The reconcile skeleton every kind's controller runs: one pass for one object, in the same five steps.
+
+    parse    the spec; a spec that does not validate, or that the kind cannot run (InvalidSpec), becomes one
+             message, here and nowhere else (`Pass.invalid`), and the pass goes on to report what still runs
+    observe  the children and whatever else the kind reads (from the watch cache where Kopf streams it)
+    decide   pure: what the children should be, from the spec and what was observed
+    apply    the writes the decision asks for (only for a valid spec)
+    status   pure: the status and the events, written here once per pass (a merge patch only when it changed)
+
+A kind supplies the four kind-specific steps as a `Reconciler`; `run` is the skeleton. Most kinds apply and then
+report what they applied; a kind whose status must be written before its children (a TrainingJob persists its
+attempt before creating that attempt's pods) says `status_first`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+from pydantic import ValidationError
+
+from . import client as kube
+from .events import post_events
+from .kit import Event, owner_of, status_patch
+from .model import API_VERSION, InvalidSpec, Manifest, StatusBase, first_error
+
+log = logging.getLogger("loom.operator.reconcile")
+
+SpecT = TypeVar("SpecT")
+ObservedT = TypeVar("ObservedT")
+PlanT = TypeVar("PlanT")
+StatusT = TypeVar("StatusT", bound=StatusBase)
+
+
+@dataclass(frozen=True)
+class Pass(Generic[SpecT]):
+    """What one pass knows before it observes anything: the object as read, and its spec or why it has none."""
+
+    namespace: str
+    name: str
+    body: Manifest
+    owner: Manifest
+    spec: SpecT | None
+    invalid: str | None  # the spec's first validation error or InvalidSpec message; then `spec` may be None
+
+    @property
+    def generation(self) -> int | None:
+        generation = self.body["metadata"].get("generation")
+        return None if generation is None else int(generation)
+
+    @property
+    def valid(self) -> bool:
+        return self.spec is not None and self.invalid is None
+
+
+class Reconciler(Protocol[SpecT, ObservedT, PlanT, StatusT]):
+    kind: ClassVar[str]
+    status_model: ClassVar[type[Any]]
+    status_first: ClassVar[bool]
+
+    def parse(self, body: Manifest) -> SpecT:
+        """The spec as the schema reads it (with whatever the kind fills in); raises ValidationError."""
+
+    def check(self, body: Manifest, spec: SpecT) -> None:
+        """What the schema cannot say (a name too long for the children, settings that cannot work together):
+        raises InvalidSpec. The pass keeps the spec to report what still runs."""
+
+    async def observe(self, ctx: Pass[SpecT]) -> ObservedT:
+        """What the pass reads: children, referenced objects (read-only)."""
+
+    def decide(self, ctx: Pass[SpecT], observed: ObservedT) -> PlanT:
+        """What should be (pure)."""
+
+    async def apply(self, ctx: Pass[SpecT], observed: ObservedT, plan: PlanT) -> ObservedT:
+        """The writes of a valid pass; returns what was observed, updated by what it wrote."""
+
+    def status(
+        self, ctx: Pass[SpecT], observed: ObservedT, plan: PlanT, previous: StatusT | None
+    ) -> tuple[StatusT, Sequence[Event]]:
+        """The status and the events of this pass (pure)."""
+
+
+def previous_status(model: type[StatusT], body: Manifest) -> StatusT | None:
+    """The status as the last pass wrote it; None when it does not parse (another version wrote it: the
+    conditions start afresh)."""
+    try:
+        return model.model_validate(body.get("status") or {})
+    except ValidationError:
+        return None
+
+
+def parse(reconciler: Reconciler[Any, Any, Any, Any], body: Manifest) -> tuple[Any, str | None]:
+    """The spec (None when it does not validate) and the message status shows when it cannot run: the one place
+    a spec error becomes InvalidSpec."""
+    try:
+        spec = reconciler.parse(body)
+    except ValidationError as exc:
+        return None, first_error(exc)
+    try:
+        reconciler.check(body, spec)
+    except ValidationError as exc:
+        return spec, first_error(exc)
+    except InvalidSpec as exc:
+        return spec, str(exc)
+    return spec, None
+
+
+async def read(kind: str, namespace: str, name: str, cache: Mapping[tuple[str, str], Any] | None) -> Manifest | None:
+    """The object: from the watch cache when the controller keeps one (a Kopf index of its bodies), else a GET."""
+    if cache is not None:
+        bodies = cache.get((namespace, name))
+        for body in bodies or ():
+            return dict(body)
+        return None
+    return await kube.get(API_VERSION, kind, namespace, name)
+
+
+async def run(
+    reconciler: Reconciler[SpecT, ObservedT, PlanT, StatusT],
+    namespace: str,
+    name: str,
+    *,
+    body: Manifest | None = None,
+    cache: Mapping[tuple[str, str], Any] | None = None,
+) -> None:
+    """One pass of the skeleton for one object (read fresh unless `body` is handed in)."""
+    kind = reconciler.kind
+    if body is None:
+        body = await read(kind, namespace, name, cache)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return
+    spec: SpecT | None
+    spec, invalid = parse(reconciler, body)
+    ctx = Pass(namespace, name, body, owner_of(body, kind), spec, invalid)
+    previous = previous_status(reconciler.status_model, body)
+    observed = await reconciler.observe(ctx)
+    plan = reconciler.decide(ctx, observed)
+    if reconciler.status_first:
+        await write_status(kind, body, *reconciler.status(ctx, observed, plan, previous))
+        if ctx.valid:
+            await reconciler.apply(ctx, observed, plan)
+        return
+    if ctx.valid:
+        observed = await reconciler.apply(ctx, observed, plan)
+    await write_status(kind, body, *reconciler.status(ctx, observed, plan, previous))
+
+
+async def write_status(kind: str, body: Manifest, status: StatusBase, events: Sequence[Event]) -> None:
+    """The status as a merge patch (only when it changed), then the events: once per pass, for every kind."""
+    patch = status_patch(dict(body.get("status") or {}), status.to_wire())
+    meta = body["metadata"]
+    if patch is not None:
+        await kube.patch_status(API_VERSION, kind, meta["namespace"], meta["name"], patch)
+    post_events(body, events)
