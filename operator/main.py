@@ -76,7 +76,7 @@ def run(settings: OperatorSettings | None = None) -> None:
             clusterwide=not ours.namespaces,
             namespaces=ours.namespaces,
             liveness_endpoint=endpoint(ours.health_host, ours.health_port, "/healthz"),
-            # Peering (HA) when a peering name is set: the oldest live replica reconciles (controllers/leadership.py).
+            # Peering (HA) when a peering name is set: the oldest live replica reconciles (core/leadership.py).
             standalone=ours.peering_name is None,
             peering_name=ours.peering_name,
             priority=priority,

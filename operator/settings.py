@@ -64,7 +64,7 @@ class OperatorSettings(BaseModel):
     activator_timeout_s: float = Field(120.0, gt=0, le=3600)
     activator_max_held: int = Field(1000, ge=1, le=100_000)
     # Cluster-wide endpoint defaults (the chart's `defaults.*` values), filled into the fields an object leaves
-    # unset (operator/render/defaults.py; status.endpointDefaults shows what was used): the S3 endpoint and the
+    # unset (operator/defaults.py; status.endpointDefaults shows what was used): the S3 endpoint and the
     # name of a credentials Secret expected in each object's namespace (referenced by pods, never read by the
     # operator) for checkpoints, model sources, feature sources and registries; the MLflow tracking server of
     # TrainingJob tracking and models:/ sources. Unset: no default (no S3 endpoint means AWS; a missing tracking

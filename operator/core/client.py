@@ -67,7 +67,7 @@ RESOURCES: dict[tuple[str, str], Resource] = {
     ("loom.dev/v1alpha1", "InferenceService"): Resource("loom.dev/v1alpha1", "inferenceservices"),
     ("loom.dev/v1alpha1", "InferenceGraph"): Resource("loom.dev/v1alpha1", "inferencegraphs"),
     ("loom.dev/v1alpha1", "FeatureView"): Resource("loom.dev/v1alpha1", "featureviews"),
-    # Kopf peering (high availability): read by controllers/leadership.py.
+    # Kopf peering (high availability): read by core/leadership.py.
     ("kopf.dev/v1", "ClusterKopfPeering"): Resource("kopf.dev/v1", "clusterkopfpeerings", namespaced=False),
 }
 

@@ -1,6 +1,6 @@
 """The render kit: what every kind's pure rendering and status code shares (no I/O).
 
-A new kind's `render/<kind>.py` builds its children from these pieces, so every child object looks the same:
+A new kind's `kinds/<kind>/render.py` builds its children from these pieces, so every child object looks the same:
 
 - `Manifest`: a Kubernetes object as a plain dict (what server-side apply sends).
 - `owner_of(body, kind)`: the owner view of a Loom object; `child_metadata(owner, name, component)` gives a

@@ -1,6 +1,7 @@
 """The reconcile runner: when, and how often, a controller's pass runs for one object. Every controller uses it.
 
-A controller supplies one coroutine, `reconcile(namespace, name)`: a full, idempotent pass that reads the object
+A controller supplies one coroutine, `reconcile(namespace, name)` (the skeleton in reconcile.py run over the kind's
+Reconciler): a full, idempotent pass that reads the object
 fresh from the API server (its status is the only memory) and converges everything about it. The runner adds:
 
 - Serialisation: at most one pass per object at a time, whoever triggers it (create/update handlers, watch
@@ -16,7 +17,7 @@ fresh from the API server (its status is the only memory) and converges everythi
 - No per-object memory outlives a pass. What a controller must remember per object between passes goes in a
   `LastSeen`, which drops an object when it is deleted (`forget`); `Runner.forget` drops a pending re-run.
 - Observability: every pass is timed and its failure counted per kind, its log lines name the object
-  (loom.operator.observability); the resync skips its rounds while this replica stands by (controllers.leadership).
+  (loom.operator.observability); the resync skips its rounds while this replica stands by (core.leadership).
 
 How a new controller uses it (InferenceGraph, say):
 
@@ -26,10 +27,10 @@ How a new controller uses it (InferenceGraph, say):
         own_kind_handlers(runner, "inferencegraphs", "loom_inferencegraphs")
         child_handlers(runner, "inferencegraph", ("apps", "v1", "deployments"))  # its router Deployment
 
-`own_kind_handlers` registers what every kind needs for its own objects; `child_handlers` reconciles the owner
-when one of its children (labelled by the render kit) changes. A kind whose resync must skip idle
-objects (a finished TrainingJob) writes the same three handlers itself, its index flagging each object due or
-not, and calls `runner.resync(kwargs[index_id])` from its handlers.
+`own_kind_handlers` registers what every kind needs for its own objects (a kind whose resync must skip idle
+objects, a finished TrainingJob, passes `due`; more trigger fields go in `also_on`, work on deletion in `deleted`);
+`child_handlers` reconciles the owner when one of its children (labelled by the render kit) changes. `Indexes`
+hands a controller's Kopf indexes (its watch cache) to passes started by any trigger.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def test_every_rule_says_why_it_is_there() -> None:
 @pytest.mark.parametrize(
     ("group", "resource", "verbs"),
     [
-        # What the current controllers and Kopf do (operator/kube/client.py callers, Kopf watches and patches).
+        # What the current controllers and Kopf do (operator/core/client.py callers, Kopf watches and patches).
         ("loom.dev", "trainingjobs", {"get", "list", "watch", "patch"}),
         ("loom.dev", "inferenceservices/status", {"patch"}),
         ("loom.dev", "inferenceservices/scale", {"patch"}),

@@ -1,4 +1,4 @@
-"""FeatureView controller: thin Kopf handlers around one idempotent `reconcile` on the shared runner.
+"""FeatureView controller: its Reconciler on the skeleton (core/reconcile.py) and thin Kopf handlers.
 
 A pass for one view reads the view and every FeatureView of its project, plans the project's FeaturesConfig
 (pure), server-side applies the project's ConfigMap, Service and feature server Deployment, creates the Jobs that
@@ -9,7 +9,7 @@ Jobs are only ever created, never re-applied (their templates are immutable), an
 what they do (content hash, token, view name), so a pass repeated after a crash creates nothing twice. One writer
 of a project's registry at a time: no apply, delete or manual materialization Job starts while another Job of the
 project runs (the file registry is rewritten whole, without locking); the scheduled CronJob is Forbid-concurrent.
-No finalizer: see render/featureview.py for how deletion converges while the operator is down.
+No finalizer: see render.py for how deletion converges while the operator is down.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ RETRY_FAILED_AFTER = timedelta(minutes=5)
 
 
 def _spec(body: Manifest, defaults: EndpointDefaults) -> FeatureViewSpec | None:
-    """The view's spec with the operator's S3 defaults filled in (render/defaults.py); None when unreadable."""
+    """The view's spec with the operator's S3 defaults filled in (defaults.py); None when unreadable."""
     try:
         return feature_view_defaults(FeatureViewSpec.model_validate(body.get("spec") or {}), defaults).spec
     except ValidationError:

@@ -247,7 +247,7 @@ def compute_status(
         url=observed.url,
         last_materialization=last,
         next_materialization=next_time,
-        # Written by the autoscaler (controllers/autoscaler.py) on the view whose server autoscaling is in force;
+        # Written by the autoscaler (autoscale/loop.py) on the view whose server autoscaling is in force;
         # carried so this pass never clears it.
         autoscaling=old.autoscaling,
     )

@@ -1,11 +1,11 @@
-"""InferenceGraph controller: thin Kopf handlers around one idempotent `reconcile`.
+"""InferenceGraph controller: its Reconciler on the skeleton (core/reconcile.py) and thin Kopf handlers.
 
-A pass: read the graph and the InferenceServices of its namespace -> render the RouterConfig (pure; problems
-become a condition, never a crash loop) -> server-side apply ConfigMap, Deployment, Service -> status (pure) ->
-status patch + events. Every entry point goes through the shared runner (runner.py): create/resume/spec update,
-the periodic resync, a change of the router Deployment, and a change of a referenced InferenceService (found
-through an index from (namespace, service) to the graphs naming it), so readiness and model names follow the
-services without polling.
+A pass: observe the InferenceServices its steps name and its router Deployment -> decide the RouterConfig (pure;
+problems become a condition, never a crash loop) -> server-side apply ConfigMap, Deployment, Service -> status
+(pure), written with the events by the skeleton. Every entry point goes through the shared runner
+(core/runner.py): create/resume/spec update, the periodic resync, a change of the router Deployment, and a change
+of a referenced InferenceService (found through an index from (namespace, service) to the graphs naming it), so
+readiness and model names follow the services without polling.
 """
 
 from __future__ import annotations

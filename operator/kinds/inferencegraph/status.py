@@ -194,7 +194,7 @@ def compute_status(
         selector=selector_string(owner),  # the scale subresource's labelSelectorPath
         services=f"{ready_services}/{len(wanted)}",
         nodes=nodes,
-        # Written by the autoscaler (controllers/autoscaler.py); carried so this pass never clears it.
+        # Written by the autoscaler (autoscale/loop.py); carried so this pass never clears it.
         autoscaling=previous.autoscaling if previous else None,
     )
     return status, condition_events(old, conditions, WARNING_REASONS)

@@ -58,7 +58,7 @@ def routes_to_activator(enabled: bool, wanted_replicas: int, ready_replicas: int
 
 
 def render_routed_service(owner: Manifest, to_activator: bool) -> Manifest:
-    """The service's Service (loom.operator.render.inferenceservice.render_service), selecting the activator's
+    """The service's Service (render.render_service), selecting the activator's
     pod instead of the model servers' while `to_activator`. Both listen on the container port named http."""
     service = render_service(owner)
     if to_activator:

@@ -1,9 +1,10 @@
-"""InferenceService controller: thin Kopf handlers around one idempotent `reconcile`.
+"""InferenceService controller: its Reconciler on the skeleton (core/reconcile.py) and thin Kopf handlers.
 
 Every entry point (create/resume/spec update, the periodic resync, a change of one of our Deployments, a new
-checkpoint of a referenced TrainingJob) triggers the same pass through the shared runner (runner.py), which
-serialises, coalesces and bounds passes per object. A pass: read -> resolve the model -> plan (pure) -> render
-(pure) -> server-side apply -> status (pure) -> status patch + events. Everything the pass needs is in the
+checkpoint of a referenced TrainingJob) triggers the same pass through the shared runner (core/runner.py), which
+serialises, coalesces and bounds passes per object. A pass: parse -> observe (its Deployments, the model and features
+resolved, its pods) -> plan (pure) -> render (pure) and server-side apply -> status (pure), written with the events by
+the skeleton. Everything the pass needs is in the
 cluster (the stable model is an annotation on the stable Deployment), so the operator can be killed at any
 instant: the next pass converges, creating nothing twice (deterministic names, server-side apply).
 """

@@ -1,4 +1,4 @@
-"""Applying an InferenceService's scale-to-zero routing (the I/O around render/inferenceservice_activator.py).
+"""Applying an InferenceService's scale-to-zero routing (the I/O around activator.py).
 
 Called by the reconcile pass in place of applying the Service alone. Order matters for traffic: with the
 activator, its objects go first and then the Service (which may select its pod); without it, the Service goes

@@ -208,7 +208,7 @@ def compute_status(
         selector=selector_string(owner),
         model_version=plan.stable_ref.display_version if plan.stable_ref else None,
         canary=_canary(plan, canary),
-        # Written by the autoscaler (controllers/autoscaler.py); kept as it is.
+        # Written by the autoscaler (autoscale/loop.py); kept as it is.
         autoscaling=previous.autoscaling if previous else None,
     )
     return status, condition_events(old, conditions, WARNING_REASONS)

@@ -1,4 +1,4 @@
-"""TrainingJob controller: thin Kopf handlers around the pure state machine.
+"""TrainingJob controller: its Reconciler on the skeleton (core/reconcile.py) around the pure state machine.
 
 One reconcile = read the job fresh from the API server (status is the only memory), take worker pods and
 nodes from Kopf's in-memory indexes (no list calls), create the MLflow run if needed, poll rank 0's

@@ -8,7 +8,7 @@ never re-applied, so an operator killed at any instant finds it on its next pass
 starting a second one. Once it succeeded, status.trainingData records it and the Job is not looked at again.
 
 The Job runs against the FeatureView's Feast project exactly as that project's own Jobs do (its ConfigMap, env
-from Secrets, its volume), built by render/featureview.py; it carries no Feast-project label, so the FeatureView
+from Secrets, its volume), built by kinds/featureview/render.py; it carries no Feast-project label, so the FeatureView
 controller never counts it as a registry writer (retrieval only reads the registry).
 """
 

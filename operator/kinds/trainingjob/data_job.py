@@ -1,4 +1,4 @@
-"""TrainingJob spec.trainingData: the I/O around the retrieval Job (render/trainingjob_data.py is the pure part).
+"""TrainingJob spec.trainingData: the I/O around the retrieval Job (data.py is the pure part).
 
 Called on every pass until status.trainingData says the set is built: read the FeatureView, create the retrieval
 Job if it does not exist yet (create-only: an operator that died after creating it finds it and waits), and read

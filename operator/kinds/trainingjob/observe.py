@@ -74,7 +74,7 @@ class NodeView:
 
 @dataclass(frozen=True)
 class ProgressReport:
-    """The trainer's progress document (served by rank 0; see controllers/trainingjob_progress.py)."""
+    """The trainer's progress document (served by rank 0; see progress.py)."""
 
     step: int | None = None
     total_steps: int | None = None

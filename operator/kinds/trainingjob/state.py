@@ -73,7 +73,7 @@ class Observation:
     tracking_ready: bool = True  # the MLflow run exists (or no tracking is configured)
     tracking_error: str | None = None  # why the run could not be created yet
     spec_error: str | None = None  # the spec cannot be rendered (reported, never retried)
-    # An endpoint neither the spec nor the operator's defaults name (render/defaults.py): Pending, Ready=False
+    # An endpoint neither the spec nor the operator's defaults name (defaults.py): Pending, Ready=False
     # EndpointNotConfigured, until the object or the operator's configuration gives one.
     endpoint_problem: str | None = None
     training_data: DataObservation | None = None  # spec.trainingData not built yet: where it stands
