@@ -114,6 +114,7 @@ def test_chart_lints_and_renders_what_the_api_server_accepts(cluster: Cluster, t
             "trainer": {"repository": "registry.example/loom/trainer", "tag": "1.2.3"},
             "server": {"repository": "registry.example/loom/server", "tag": "1.2.3"},
             "router": {"repository": "registry.example/loom/server", "tag": "1.2.3"},
+            "features": {"repository": "registry.example/loom/features", "tag": "1.2.3"},
         },
         "podAnnotations": {"team": "ml"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],

@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
+from loom.e2e.stack_images import IMAGE_ENV
 from loom.operator.api.featureview import FeatureViewSpec
 from loom.operator.api.inferenceservice import InferenceServiceSpec
 from loom.operator.api.trainingjob import TrainingJobSpec, TrainingJobStatus
@@ -196,7 +197,7 @@ def test_settings_and_chart_values() -> None:
         }
     )
     assert EndpointDefaults.from_settings(settings) == CLUSTER
-    assert EndpointDefaults.from_settings(OperatorSettings.from_env({})) == EndpointDefaults()
+    assert EndpointDefaults.from_settings(OperatorSettings.from_env(IMAGE_ENV)) == EndpointDefaults()
     for bad in ({"LOOM_DEFAULT_S3_ENDPOINT": "minio:9000"}, {"LOOM_DEFAULT_S3_SECRET_NAME": "Not_A_Name"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             OperatorSettings.from_env(bad)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from loom.e2e.stack_images import IMAGE_SETTINGS
 from loom.operator.controllers import featureview as controller
 from loom.operator.render.featureview import MATERIALIZE_NOW, REGISTERED_VIEWS
 from loom.operator.render.featureview_config import delete_job_name
@@ -18,7 +19,7 @@ from loom.operator.settings import OperatorSettings
 
 Key = tuple[str, str, str | None, str]
 NS = "ml"
-SETTINGS = OperatorSettings(features_image="loom/features:test")
+SETTINGS = OperatorSettings(**{**IMAGE_SETTINGS, "features_image": "localhost/loom/features:test"})
 
 
 class FakeApi:

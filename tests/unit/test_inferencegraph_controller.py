@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 
+from loom.e2e.stack_images import IMAGE_SETTINGS
 from loom.operator.controllers import inferencegraph as controller
 from loom.operator.settings import OperatorSettings
 
 Key = tuple[str, str, str | None, str]
 GRAPH = ("loom.dev/v1alpha1", "InferenceGraph", "ml", "bot")
-SETTINGS = OperatorSettings(router_image="loom/server:test")
+SETTINGS = OperatorSettings(**{**IMAGE_SETTINGS, "router_image": "localhost/loom/server:test"})
 
 
 class FakeApi:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from loom.e2e.stack_images import IMAGE_SETTINGS
 from loom.operator.controllers import inferenceservice as controller
 from loom.operator.render.inferenceservice_model import MODEL_ANNOTATION, ModelRef
 from loom.operator.settings import OperatorSettings
@@ -104,7 +105,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
     return fake
 
 
-SETTINGS = OperatorSettings(server_image="loom/server:test")
+SETTINGS = OperatorSettings(**{**IMAGE_SETTINGS, "server_image": "localhost/loom/server:test"})
 
 
 def put_isvc(api: FakeApi, spec: dict[str, Any]) -> dict[str, Any]:
