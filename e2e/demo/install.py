@@ -18,8 +18,8 @@ from loom.devstack.cluster import Cluster, StackConfig, current, up
 from loom.devstack.cluster.pki import AGENT_NODE_NAME
 from loom.devstack.prometheus import prometheus_binary, scrape_config
 from loom.e2e.helm_operator import CHART, helm, wait_default_service_account
-from loom.e2e.stack_images import CHART_VALUES
 from loom.e2e.pytest_operator import apply_crds
+from loom.e2e.stack_images import CHART_VALUES
 
 from .stage import API_KEY_SECRET, NAMESPACE, WORKDIR, Demo, Outcome, wait
 
