@@ -8,8 +8,10 @@ registry namespace of anyone else can answer to.
 
 from __future__ import annotations
 
+import importlib.util
 import tomllib
 from pathlib import Path
+from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[1]
 VERSION: str = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
@@ -27,3 +29,12 @@ IMAGE_SETTINGS: dict[str, str] = {f"{key}_image": image(name) for key, name in W
 IMAGE_ENV: dict[str, str] = {f"LOOM_{key.upper()}": value for key, value in IMAGE_SETTINGS.items()}
 # For a test's `helm install`: every Loom image from one registry path.
 CHART_VALUES: dict[str, dict[str, str]] = {"image": {"registry": REGISTRY}}
+
+
+def push_tool() -> ModuleType:
+    """images/push.py (`make images push`), a standard-library script outside the package, as a module."""
+    spec = importlib.util.spec_from_file_location("loom_images_push", REPO / "images" / "push.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
