@@ -9,6 +9,7 @@ registry namespace of anyone else can answer to.
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import tomllib
 from pathlib import Path
 from types import ModuleType
@@ -38,3 +39,28 @@ def push_tool() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _run(argv: list[str]) -> str:
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr.strip()}")
+    return result.stdout.strip()
+
+
+def build_stand_ins(state: Path, names: tuple[str, ...] = ("operator", "trainer", "server", "features")) -> None:
+    """The smallest images buildah builds, under the names images/build.sh gives the real ones
+    (localhost/loom/<name>:<appVersion>) in the storage `make push` pushes from: `scratch` plus one file and a label
+    naming the image, so that each has its own digest (a push that swapped two would be caught). Under a second
+    each; the real four take half an hour (images/README.md), and pushing, digests and the chart's references do
+    not depend on what the layers hold."""
+    buildah = ["buildah", "--root", str(state / "storage"), "--runroot", str(state / "run"), "--storage-driver", "vfs"]
+    version = push_tool().app_version()
+    for name in names:
+        content = state / f"{name}.txt"
+        content.write_text(f"a stand-in for the loom/{name} image in a test of `make images push`\n")
+        ctr = _run([*buildah, "from", "scratch"])
+        _run([*buildah, "copy", "--quiet", ctr, str(content), "/stand-in.txt"])
+        _run([*buildah, "config", "--label", f"dev.loom.image={name}", ctr])
+        target = f"localhost/loom/{name}:{version}"
+        _run([*buildah, "commit", "--quiet", "--rm", ctr, target])
