@@ -13,6 +13,7 @@ import subprocess
 import tomllib
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 VERSION: str = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
@@ -64,3 +65,18 @@ def build_stand_ins(state: Path, names: tuple[str, ...] = ("operator", "trainer"
         _run([*buildah, "config", "--label", f"dev.loom.image={name}", ctr])
         target = f"localhost/loom/{name}:{version}"
         _run([*buildah, "commit", "--quiet", "--rm", ctr, target])
+
+
+def pod_images(manifest: dict[str, Any]) -> set[str]:
+    """Every container image of a Pod, or of the pod template of a Deployment, Job or CronJob."""
+    spec = manifest.get("spec") or {}
+    if manifest.get("kind") == "CronJob":
+        spec = spec["jobTemplate"]["spec"]
+    pod = spec["template"]["spec"] if "template" in spec else spec
+    return {c["image"] for key in ("initContainers", "containers") for c in pod.get(key) or []}
+
+
+# Distinct images per setting, from a registry no default could name: a pod showing one proves which setting fed it.
+DISTINCT_IMAGE_SETTINGS: dict[str, str] = {
+    f"{key}_image": f"registry.test/wired/{key}@sha256:{index}" + "0" * 63 for index, key in enumerate(WORKLOADS)
+}

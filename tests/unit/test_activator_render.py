@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from loom.e2e.stack_images import IMAGE_SETTINGS
+from loom.e2e.stack_images import DISTINCT_IMAGE_SETTINGS, IMAGE_SETTINGS, pod_images
 from loom.operator.api.inferenceservice import InferenceServiceSpec
 from loom.operator.controllers import inferenceservice_activator as controller
 from loom.operator.render.inferenceservice import server_selector
@@ -165,3 +165,14 @@ async def test_a_service_that_stops_scaling_to_zero_loses_its_activator_after_th
     monkeypatch.setattr(controller, "kube", fake)
     await controller.apply_routing(OWNER, spec(minReplicas=1), plan, deployment(1), None, SETTINGS)
     assert fake.deleted == []
+
+
+async def test_the_activator_runs_the_server_image_the_operator_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LOOM_SERVER_IMAGE (the chart's <image.registry>/server) is what the scale-to-zero activator runs."""
+    fake = FakeKube()
+    monkeypatch.setattr(controller, "kube", fake)
+    settings = OperatorSettings(**DISTINCT_IMAGE_SETTINGS)
+    plan = RolloutPlan(stable_ref=None, stable_replicas=0)
+    assert await controller.apply_routing(OWNER, spec(minReplicas=0), plan, deployment(0), None, settings) is True
+    [activator] = [o for o in fake.applied if o["kind"] == "Deployment"]
+    assert pod_images(activator) == {DISTINCT_IMAGE_SETTINGS["server_image"]}
