@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml setup.py
 	@rm -f $(VENV)/.installed-*; touch $@
 
 lint: venv
-	$(BIN)/ruff check operator workloads devstack e2e tests bench setup.py
+	$(BIN)/ruff check operator workloads devstack e2e tests bench images setup.py
 	$(BIN)/lint-imports
 
 # mypy strict on the operator and the workloads. mypy cannot follow the editable install's package-dir
@@ -40,7 +40,7 @@ unit: venv
 stack: venv
 	$(BIN)/loom dev build
 
-e2e: venv stack
+e2e: venv stack image-tools
 	$(BIN)/pytest -q e2e
 
 # `make test` must fit 45 minutes on a fresh 2-core machine, cold stack build included. A cold run has two
@@ -57,7 +57,7 @@ e2e: venv stack
 # - every tier runs even when an earlier one failed, and --durations keeps the slowest tests in the CI log.
 E2E_WORKERS ?= 2
 CLUSTER_FREE_NICE ?= 10
-test: venv
+test: venv image-tools
 	@mkdir -p .state; rm -f .state/cluster-free.failed; failed=""; \
 	( nice -n $(CLUSTER_FREE_NICE) $(MAKE) --no-print-directory test-cluster-free > .state/cluster-free.log 2>&1 ) & cluster_free=$$!; \
 	echo "make test: static checks and cluster-free tiers running in the background (.state/cluster-free.log)"; \
@@ -101,11 +101,25 @@ bench: venv
 	@set -e; for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f; done
 
 # The images in images/ built for real, without a Docker engine or a pulled base image (buildah FROM a Debian
-# base made here by mmdebstrap; images/build.sh). Not part of `make test`. IMAGES="operator server trainer" for all.
-IMAGES ?= operator
-.PHONY: images
+# base made here by mmdebstrap; images/build.sh). Not part of `make test` (its registry test pushes a small image).
+# `REGISTRY=host/path make images push` builds all four and pushes them (images/push.py, `buildah push`), tagged
+# with the chart's appVersion, then prints the `helm install` flags that pin them by digest. TLS_VERIFY=false for a
+# plain-HTTP registry (the local stack's). Alone, `make images` builds IMAGES (default: the operator).
+ALL_IMAGES := operator trainer server features
+IMAGES ?= $(if $(filter push,$(MAKECMDGOALS)),$(ALL_IMAGES),operator)
+TLS_VERIFY ?= true
+.PHONY: images push image-tools
 images:
+	bash images/tools.sh buildah mmdebstrap
 	bash images/build.sh $(IMAGES)
+
+push:
+	bash images/tools.sh buildah
+	python3 images/push.py --registry "$(REGISTRY)" --tls-verify=$(TLS_VERIFY) $(IMAGES)
+
+# buildah for the registry test of `make test` (apt-get when missing: a fresh machine has none).
+image-tools:
+	bash images/tools.sh buildah
 
 clean:
 	rm -rf $(VENV) .state

@@ -68,10 +68,13 @@ def status(as_json: bool) -> None:
 
 @dev.command()
 def env() -> None:
-    """Print the exports a shell needs: eval "$(loom dev env)"."""
+    """Print the exports a shell needs: eval "$(loom dev env)" (LOOM_REGISTRY: the stack's image registry)."""
     from loom.devstack.cluster.build import is_built, stack_bin_dir
+    from loom.devstack.cluster.lifecycle import StackState
     from loom.devstack.cluster.paths import KUBECONFIG
 
     if not is_built():
         raise click.ClickException("the local stack is not built yet: `loom dev build` first")
-    click.echo(f"export KUBECONFIG={KUBECONFIG} PATH={stack_bin_dir()}:$PATH")
+    state = StackState.load()
+    registry = f" LOOM_REGISTRY=127.0.0.1:{state.ports.registry}" if state and state.ports.registry else ""
+    click.echo(f"export KUBECONFIG={KUBECONFIG} PATH={stack_bin_dir()}:$PATH{registry}")

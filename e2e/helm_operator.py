@@ -26,14 +26,17 @@ import yaml
 
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.pki import AGENT_NODE_NAME
+from loom.e2e.stack_images import CHART_VALUES
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "loom"
 READY_TIMEOUT_S = 120.0
 
-# What every in-cluster test install sets: fast polling like the host-process fixture, the pod on the node
+# What every in-cluster test install sets: the images (the chart has no default; the node agent records them and
+# runs this checkout, loom.e2e.stack_images), fast polling like the host-process fixture, the pod on the node
 # agent (the only node that really runs pods), a small CPU request (the agent's node has 2 CPUs to share).
 TEST_VALUES: dict[str, Any] = {
+    **CHART_VALUES,
     "settings": {"training_poll_s": 1, "node_lost_grace_s": 10},
     "nodeSelector": {"kubernetes.io/hostname": AGENT_NODE_NAME},
     "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "1Gi"}},

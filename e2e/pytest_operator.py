@@ -33,6 +33,7 @@ import yaml
 from loom.devstack.cluster.paths import AGENT_STATE_DIR
 from loom.devstack.servers import free_port
 from loom.e2e.secrets_scan import record_namespace
+from loom.e2e.stack_images import IMAGE_ENV, IMAGE_SETTINGS
 from loom.operator.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,7 +92,8 @@ def operator_process(
     """Run `loom operator` until the block ends (SIGTERM, then SIGKILL after 20 s).
 
     It watches namespaces `<prefix>-*`; a random prefix unless one is given (e.g. to restart an operator
-    on the same namespaces). With `defaults` every other LOOM_* setting keeps its default (ports included).
+    on the same namespaces). With `defaults` every other LOOM_* setting keeps its default (ports included), except
+    the workload images, which have none (loom.e2e.stack_images).
     """
     prefix = prefix or f"lo{uuid.uuid4().hex[:6]}"
     # With defaults, no LOOM_* of the caller's environment reaches the operator either.
@@ -99,13 +101,14 @@ def operator_process(
     env.update(
         {
             "LOOM_NAMESPACES": f"{prefix}-*",
+            **IMAGE_ENV,
             "PYTHONSAFEPATH": "1",
             "PYTHONUNBUFFERED": "1",
             "NO_PROXY": "127.0.0.1,localhost,::1",
             "no_proxy": "127.0.0.1,localhost,::1",
         }
     )
-    default = OperatorSettings()
+    default = OperatorSettings(**IMAGE_SETTINGS)
     metrics_port, health_port = default.metrics_port, default.health_port
     if not defaults:
         metrics_port, health_port = free_port(), free_port()

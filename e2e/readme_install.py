@@ -20,6 +20,8 @@ SECTION = "Install on a real cluster"
 # What the README's commands call the release, its namespace and the namespaces it watches.
 RELEASE = "loom"
 NAMESPACE = "loom-system"
+# The values file `make images push` writes (images/push.py) and `helm install` reads.
+PUSHED_VALUES = ".state/images/pushed-values.yaml"
 
 
 def section(text: str, title: str = SECTION) -> str:
@@ -105,14 +107,43 @@ def inline_values(body: str) -> dict[str, str | None]:
     return found
 
 
-def adapt(argv: list[str], *, release: str, namespace: str, watch: list[str], extra_values: Path) -> list[str]:
+def environment(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """`REGISTRY=x make images push` -> ({"REGISTRY": "x"}, ["make", "images", "push"])."""
+    env = {}
+    while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", argv[0]):
+        key, _, value = argv[0].partition("=")
+        env[key] = value
+        argv = argv[1:]
+    return env, argv
+
+
+def adapt(
+    argv: list[str],
+    *,
+    release: str,
+    namespace: str,
+    watch: list[str],
+    extra_values: Path,
+    registry: str = "",
+    images_state: Path | None = None,
+) -> list[str]:
     """One README command for a test install: the release, its namespace and the watched namespaces renamed,
     paths made absolute, and `helm install` given one more values file (`extra_values`: what the local stack
-    needs, e.g. the node the pod must run on). Nothing else changes."""
+    needs, e.g. the node the pod must run on). The push goes to `registry` (the local stack's, plain HTTP) from
+    `images_state`, where the test built small stand-ins of the images (`make images` would build the real ones
+    for half an hour: the push and what follows are the same), and the install reads the values it wrote there.
+    Nothing else changes."""
+    env, command = environment(argv)
+    if command[:2] == ["make", "images"] and "push" in command:
+        assert images_state is not None and registry, "a README push needs a registry and the images to push"
+        pushed = {**env, "REGISTRY": registry, "TLS_VERIFY": "false", "LOOM_IMAGES_STATE": str(images_state)}
+        return [f"{key}={value}" for key, value in pushed.items()] + ["make", "-C", str(REPO), "push"]
     out = []
     for i, arg in enumerate(argv):
         previous = argv[i - 1] if i else ""
-        if argv[0] == "helm" and i == 2 and arg == RELEASE:
+        if previous == "-f" and arg == PUSHED_VALUES and images_state is not None:
+            arg = str(images_state / Path(PUSHED_VALUES).name)
+        elif argv[0] == "helm" and i == 2 and arg == RELEASE:
             arg = release
         elif previous in ("-n", "--namespace") and arg == NAMESPACE:
             arg = namespace

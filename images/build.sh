@@ -17,8 +17,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STATE=${LOOM_IMAGES_STATE:-$ROOT/.state/images}
 SUITE=${LOOM_IMAGES_SUITE:-bookworm}
 BASE=localhost/loom-base:$SUITE
-VERSION=$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' \
-  "$ROOT/pyproject.toml")
+# The chart's appVersion: the tag `make images push` pushes and the chart's default tag.
+VERSION=$(python3 -c 'import sys; sys.path[:0] = [sys.argv[1]]; import push; print(push.app_version())' "$ROOT/images")
 NAMES=("$@")
 [ ${#NAMES[@]} -gt 0 ] || NAMES=(operator)
 

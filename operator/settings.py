@@ -15,6 +15,19 @@ FIELD_MANAGER = "loom-operator"
 FINALIZER = f"{PREFIX}/finalizer"
 ENV_PREFIX = "LOOM_"
 
+# A fully qualified image reference: a registry host first (it has a dot or a port, or is localhost: the rule
+# container runtimes use to tell a host from a path), then the path, then a tag, a sha256 digest or both.
+# The chart's values.schema.json checks its registry and repository values with the same host and path parts.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_HOST = rf"(?:(?:localhost|{_LABEL}(?:\.{_LABEL})+)(?::[0-9]+)?|{_LABEL}:[0-9]+)"
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_TAG, _DIGEST = r":[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", r"@sha256:[a-f0-9]{64}"
+IMAGE_REFERENCE = rf"^{_HOST}(?:/{_PATH})+(?:{_TAG}(?:{_DIGEST})?|{_DIGEST})$"
+_IMAGE_HINT = (
+    "each LOOM_*_IMAGE must name its registry host and a tag or digest, e.g. registry.example.com/loom/trainer:0.1.0"
+    " (Loom publishes no image: `make images push` pushes them and prints the chart's image.registry to set)"
+)
+
 
 class OperatorSettings(BaseModel):
     namespaces: list[str] = Field(default_factory=list, description="Namespaces to watch; empty = cluster-wide.")
@@ -30,11 +43,14 @@ class OperatorSettings(BaseModel):
     # "json": one JSON object per line (python-json-logger, Kopf's field names) with an `object` field (apiVersion,
     # kind, namespace, name) on every line about an object; "text" prefixes such lines with [Kind namespace/name].
     log_format: Literal["text", "json"] = "text"
-    trainer_image: str = "loom/trainer:0.1.0"
-    server_image: str = "loom/server:0.1.0"
-    router_image: str = "loom/server:0.1.0"
+    # The images of the pods the operator creates. No defaults: Loom publishes no image, and an unqualified name
+    # (`loom/trainer`) would resolve to the default public registry's `loom` namespace, which Loom does not own.
+    # Each must name its registry host (the chart sets them from image.registry; `make images push` prints them).
+    trainer_image: str = Field(pattern=IMAGE_REFERENCE)
+    server_image: str = Field(pattern=IMAGE_REFERENCE)
+    router_image: str = Field(pattern=IMAGE_REFERENCE)
     # Feast pods (apply/materialize Jobs, the feature server): the [features] extra.
-    features_image: str = "loom/features:0.1.0"
+    features_image: str = Field(pattern=IMAGE_REFERENCE)
     # Admission webhook (operator/admission): served with TLS only when a certificate folder is set (the chart
     # mounts its Secret there); a host-process operator serves none. In a pod the chart sets the host 0.0.0.0.
     webhook_cert_dir: str | None = None
@@ -98,8 +114,16 @@ class OperatorSettings(BaseModel):
         try:
             return cls.model_validate(values)
         except ValidationError as error:
-            problems = []
+            problems, images = [], False
             for e in error.errors():
-                key = ENV_PREFIX + str(e["loc"][0]).upper()
-                problems.append(f"{key}={env.get(key)!r}: {e['msg']}")
+                field = str(e["loc"][0])
+                key = ENV_PREFIX + field.upper()
+                if field.endswith("_image"):  # say what to set, not the pattern
+                    images = True
+                    found = f"{key}={env[key]!r} is no qualified image" if key in env else f"{key} is not set"
+                    problems.append(found)
+                else:
+                    problems.append(f"{key}={env.get(key)!r}: {e['msg']}")
+            if images:
+                problems.append(_IMAGE_HINT)
             raise ValueError(f"invalid operator settings: {'; '.join(problems)}") from None

@@ -27,6 +27,7 @@ from loom.devstack.cluster.paths import GO_MODULES_DIR, cache_root
 KUBERNETES_VERSION = "v1.37.2"
 HELM_VERSION = "v4.3.1"
 PROMETHEUS_VERSION = "3.16.0"  # Go module github.com/prometheus/prometheus v0.316.0
+REGISTRY_VERSION = "v3.1.2"  # Go module github.com/distribution/distribution/v3 (go/registry/go.mod)
 
 Progress = Callable[[str], None]
 
@@ -54,6 +55,9 @@ class GoModule:
     renames: tuple[tuple[str, str], ...] = ()
     # Go build tags (Prometheus compiles in only Kubernetes discovery with them).
     tags: tuple[str, ...] = ()
+    # What `go build` builds: the module's `tool` packages, or its own main package (".": the registry, whose
+    # main.go links only the storage driver the stack uses).
+    packages: tuple[str, ...] = ("tool",)
 
     @property
     def source_dir(self) -> Path:
@@ -71,6 +75,8 @@ class GoModule:
         h.update(self.ldflags.encode())
         if self.tags:  # only when set, so the digests (and caches) of the other modules stay as they are
             h.update(",".join(self.tags).encode())
+        for source in sorted(self.source_dir.glob("*.go")):  # a module's own main package (none in the others)
+            h.update(source.name.encode() + source.read_bytes())
         h.update(f"{platform.system()}-{platform.machine()}".encode())
         return h.hexdigest()[:16]
 
@@ -97,6 +103,13 @@ MODULES: tuple[GoModule, ...] = (
         ("prometheus",),
         (f"-X github.com/prometheus/common/version.Version={PROMETHEUS_VERSION}",),
         tags=("remove_all_sd", "enable_kubernetes_sd"),
+    ),
+    # The CNCF distribution registry that `make images push` pushes to on the local stack (components.py).
+    GoModule(
+        "registry",
+        ("registry",),
+        (f"-X github.com/distribution/distribution/v3/version.version={REGISTRY_VERSION}",),
+        packages=(".",),
     ),
 )
 
@@ -144,7 +157,7 @@ def _build_module(module: GoModule, progress: Progress) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{module.name}-", dir=final.parent.parent))
     staging.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be shared.
     tags = [f"-tags={','.join(module.tags)}"] if module.tags else []
-    cmd = [go, "build", "-v", "-trimpath", *tags, f"-ldflags={module.ldflags}", "-o", f"{staging}/", "tool"]
+    cmd = [go, "build", "-v", "-trimpath", *tags, f"-ldflags={module.ldflags}", "-o", f"{staging}/", *module.packages]
     progress(f"{module.name}: go build {', '.join(module.binaries)} (cold builds take a while)")
     started = time.monotonic()
     last_report = started

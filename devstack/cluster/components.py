@@ -8,7 +8,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loom.devstack.cluster.paths import AGENT_MAIN, AGENT_STATE_DIR, ETCD_DATA_DIR, KWOK_STAGES_FILE, STACK_DIR
+from loom.devstack.cluster.paths import (
+    AGENT_MAIN,
+    AGENT_STATE_DIR,
+    ETCD_DATA_DIR,
+    KWOK_STAGES_FILE,
+    REGISTRY_CONFIG,
+    REGISTRY_DATA_DIR,
+    STACK_DIR,
+)
 from loom.devstack.cluster.pki import AGENT_NODE_NAME, SERVICE_CIDR, Pki
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -26,6 +34,8 @@ class Ports:
     scheduler: int
     kwok: int
     kubelet: int
+    # The image registry (0 in a stack.json written before it existed: `up` then picks a port).
+    registry: int = 0
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -194,6 +204,29 @@ def control_plane(bin_dir: Path, pki: Pki, ports: Ports) -> list[Component]:
         env,
     )
     return [etcd, apiserver, controller_manager, scheduler, kwok, egress]
+
+
+def registry_config(port: int, data_dir: Path = REGISTRY_DATA_DIR) -> dict[str, Any]:
+    """The distribution registry's configuration: loopback only, plain HTTP (nothing leaves the machine), blobs on
+    disk under the stack's state, deletes allowed (a test may clean up), quiet logs."""
+    return {
+        "version": 0.1,
+        "log": {"level": "warn", "accesslog": {"disabled": True}},
+        "storage": {
+            "filesystem": {"rootdirectory": str(data_dir)},
+            "delete": {"enabled": True},
+            "maintenance": {"uploadpurging": {"enabled": False}},
+        },
+        "http": {"addr": f"127.0.0.1:{port}", "headers": {"X-Content-Type-Options": ["nosniff"]}},
+    }
+
+
+def registry(bin_dir: Path, config_file: Path = REGISTRY_CONFIG) -> Component:
+    """The CNCF distribution registry (go/registry): what `make images push` pushes to on the local stack, and where
+    a test pulls manifests from by digest. Its configuration (port included) is in `config_file`."""
+    # Its OpenTelemetry exporter would otherwise try an OTLP collector on localhost for every request.
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
+    return Component("registry", [str(bin_dir / "registry"), "serve", str(config_file)], env)
 
 
 def node_agent(pki: Pki, ports: Ports, gpus: int) -> Component | None:

@@ -30,6 +30,8 @@ class Cluster:
     server: str
     bin_dir: Path
     ca_cert: Path
+    # host:port of the stack's image registry (plain HTTP on loopback); empty for a stack started before it existed.
+    registry: str = ""
 
     @property
     def env(self) -> dict[str, str]:
@@ -85,7 +87,8 @@ class Cluster:
             time.sleep(0.5)  # a just-created CRD's conditions appear within milliseconds: no busy loop meanwhile
 
     def shell_exports(self) -> str:
-        return f"export KUBECONFIG={self.kubeconfig} PATH={self.bin_dir}:$PATH"
+        registry = f" LOOM_REGISTRY={self.registry}" if self.registry else ""
+        return f"export KUBECONFIG={self.kubeconfig} PATH={self.bin_dir}:$PATH{registry}"
 
 
 def wait_until(predicate: Callable[[], T | None], timeout: float, what: str, interval: float = 0.25) -> T:

@@ -17,7 +17,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +35,27 @@ from loom.devstack.cluster.components import (
     egress_selector_config,
     kubeconfig_path,
     node_agent,
+    registry,
+    registry_config,
 )
 from loom.devstack.cluster.handle import Cluster
 from loom.devstack.cluster.nodes import NodeShape, ensure_nodes, wait_nodes_ready
-from loom.devstack.cluster.paths import KUBECONFIG, LOCK_FILE, PKI_DIR, STACK_DIR, STACK_FILE, USERS_DIR
+from loom.devstack.cluster.paths import (
+    KUBECONFIG,
+    LOCK_FILE,
+    PKI_DIR,
+    REGISTRY_CONFIG,
+    REGISTRY_DATA_DIR,
+    STACK_DIR,
+    STACK_FILE,
+    USERS_DIR,
+)
 from loom.devstack.cluster.pki import AGENT_NODE_NAME, Pki, ensure_pki
 
 Progress = Callable[[str], None]
 COMPONENT_ORDER = (
-    "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "egress-proxy", "node-agent"
+    "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "egress-proxy", "node-agent",
+    "registry",
 )
 START_TIMEOUT = 90.0
 
@@ -124,7 +136,7 @@ def _port_free(port: int) -> bool:
 
 def _pick_ports(previous: Ports | None) -> Ports:
     """Keep last time's ports where still free (a shell's KUBECONFIG keeps working); else fresh ones."""
-    if previous is not None and all(_port_free(p) for p in asdict(previous).values()):
+    if previous is not None and previous.registry and all(_port_free(p) for p in asdict(previous).values()):
         return previous
     sockets = []
     try:
@@ -136,6 +148,15 @@ def _pick_ports(previous: Ports | None) -> Ports:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def _with_registry_port(ports: Ports) -> Ports:
+    """A stack recorded before the registry existed has no port for it: a free one, the others kept."""
+    if ports.registry:
+        return ports
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return replace(ports, registry=sock.getsockname()[1])
 
 
 def _write_kubeconfig(path: Path, user: str, server: str, pki: Pki, cert_name: str) -> None:
@@ -207,6 +228,8 @@ def _ready_check(component: str, pki: Pki, ports: Ports) -> Callable[[], bool] |
         )
     if component == "egress-proxy":
         return EGRESS_SOCKET.exists
+    if component == "registry":  # the registry API's base endpoint answers 200 once it serves
+        return lambda: httpx.get(f"http://127.0.0.1:{ports.registry}/v2/", timeout=5).status_code == 200
     if component == "kube-scheduler":
         return lambda: httpx.get(f"https://127.0.0.1:{ports.scheduler}/healthz", verify=False).status_code == 200
     return None
@@ -233,7 +256,7 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
         previous = StackState.load()
         anything_running = any(procs.running(name) for name in COMPONENT_ORDER)
         if previous is not None and anything_running:
-            ports = previous.ports
+            ports = _with_registry_port(previous.ports)
             # A person's `loom dev up` takes the stack over: test sessions then leave it running.
             started_by = "cli" if started_by == "cli" else previous.started_by
         else:
@@ -246,13 +269,16 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
         )
         _write_kubeconfig(kubeconfig_path("scheduler"), "system:kube-scheduler", server, pki, "scheduler")
         EGRESS_CONFIG.write_text(yaml.safe_dump(egress_selector_config(EGRESS_SOCKET)))
+        REGISTRY_DATA_DIR.mkdir(parents=True, exist_ok=True)
+        REGISTRY_CONFIG.write_text(yaml.safe_dump(registry_config(ports.registry)))
         state = StackState(ports=ports, config=config, started_by=started_by, bin_dir=str(bin_dir))
         state.save()
 
         etcd, apiserver, *controllers = control_plane(bin_dir, pki, ports)
         agent = node_agent(pki, ports, config.agent_gpus)
-        # etcd, then the API server, then everything that only talks to the API server, together.
-        for phase in ([etcd], [apiserver], [*controllers, *([agent] if agent else [])]):
+        # etcd, then the API server, then everything that only talks to the API server (and the image registry,
+        # which talks to nothing), together.
+        for phase in ([etcd], [apiserver], [*controllers, *([agent] if agent else []), registry(bin_dir)]):
             for component in phase:
                 _ensure_running(component, progress)
             for component in phase:
@@ -262,7 +288,13 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
             if phase == [apiserver]:
                 progress(f"API server ready at {server} ({time.monotonic() - started:.1f}s)")
 
-        cluster = Cluster(kubeconfig=KUBECONFIG, server=server, bin_dir=bin_dir, ca_cert=pki.ca_cert)
+        cluster = Cluster(
+            kubeconfig=KUBECONFIG,
+            server=server,
+            bin_dir=bin_dir,
+            ca_cert=pki.ca_cert,
+            registry=f"127.0.0.1:{ports.registry}",
+        )
         with cluster.api_client() as api:
             names = ensure_nodes(api, config.shape())
             wait_nodes_ready(api, names, timeout=START_TIMEOUT)
@@ -320,7 +352,7 @@ def _strays() -> list[int]:
         if (
             argv
             and Path(argv[0].decode(errors="replace")).name
-            in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+            in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "registry")
             and any(marker in a.decode(errors="replace") for a in argv)
         ):
             found.append(int(entry.name))
@@ -376,7 +408,10 @@ def current() -> Cluster | None:
             return None
     except (httpx.HTTPError, OSError):
         return None
-    return Cluster(kubeconfig=KUBECONFIG, server=state.server, bin_dir=Path(state.bin_dir), ca_cert=pki.ca_cert)
+    registry = f"127.0.0.1:{state.ports.registry}" if state.ports.registry else ""
+    return Cluster(
+        kubeconfig=KUBECONFIG, server=state.server, bin_dir=Path(state.bin_dir), ca_cert=pki.ca_cert, registry=registry
+    )
 
 
 __all__ = ["AGENT_NODE_NAME", "Cluster", "StackConfig", "current", "down", "status", "up"]

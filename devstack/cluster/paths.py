@@ -24,6 +24,8 @@ KUBECONFIG = STACK_DIR / "admin.kubeconfig"
 STACK_FILE = STACK_DIR / "stack.json"
 LOCK_FILE = STACK_DIR / ".lock"
 AGENT_STATE_DIR = STATE_DIR / "agent"
+REGISTRY_CONFIG = STACK_DIR / "registry.yaml"
+REGISTRY_DATA_DIR = STACK_DIR / "registry-data"
 
 
 def cache_root() -> Path:

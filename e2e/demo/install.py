@@ -19,6 +19,7 @@ from loom.devstack.cluster.pki import AGENT_NODE_NAME
 from loom.devstack.prometheus import prometheus_binary, scrape_config
 from loom.e2e.helm_operator import CHART, helm, wait_default_service_account
 from loom.e2e.pytest_operator import apply_crds
+from loom.e2e.stack_images import CHART_VALUES
 
 from .stage import API_KEY_SECRET, NAMESPACE, WORKDIR, Demo, Outcome, wait
 
@@ -38,6 +39,8 @@ def stack(progress: Any) -> tuple[Cluster, bool]:
 
 def values() -> dict[str, Any]:
     return {
+        # The images the node agent records (it runs this checkout's code): loom.e2e.stack_images.
+        **CHART_VALUES,
         "watchNamespaces": [NAMESPACE],
         "prometheus": {"url": PROMETHEUS_URL},
         # Status every second (the progress bar), the default autoscaler round.

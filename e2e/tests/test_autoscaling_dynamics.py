@@ -44,6 +44,7 @@ from loom.e2e.autoscaling import (
 from loom.e2e.exporter import Exporter, local_prometheus
 from loom.e2e.pytest_operator import OperatorProcess, apply_crds, operator_namespace_for, operator_process
 from loom.e2e.pytest_services import apply_s3_secret
+from loom.e2e.stack_images import IMAGE_SETTINGS
 from loom.operator.kinds.inferenceservice.adapter import engine_object
 from loom.operator.kinds.inferenceservice.api import Autoscaling
 from loom.operator.kinds.inferenceservice.render import SERVER_PORT
@@ -256,7 +257,7 @@ def test_engines_keda_and_hpa_render_objects_the_api_server_accepts_and_never_wr
     cluster: Cluster, fast_operator: OperatorProcess, prometheus: PrometheusEndpoint, s3: S3Endpoint, bucket: str
 ) -> None:
     op = fast_operator
-    settings = OperatorSettings(prometheus_url=prometheus.url)
+    settings = OperatorSettings(**IMAGE_SETTINGS, prometheus_url=prometheus.url)
     with operator_namespace_for(cluster, op) as namespace:
         # Every metric each engine can scale on, as rendered: KEDA's schema and autoscaling/v2 accept them whole.
         keda_specs: list[dict[str, Any]] = [

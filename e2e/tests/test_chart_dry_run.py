@@ -1,5 +1,6 @@
-"""charts/loom rendered with `helm template` for the default values and for every values file in charts/loom/ci/
-(the maximal one turns every option on), each accepted by the real API server in a server-side dry run.
+"""charts/loom rendered with `helm template` for every values file in charts/loom/ci/ (the least an install needs:
+the registry path of Loom's images; the maximal one turns every option on), each accepted by the real API server in
+a server-side dry run. The chart's own defaults name no image (Loom publishes none) and are refused.
 
 The ServiceMonitor of the maximal values is checked against the Prometheus Operator's own CRD, taken from its Go
 module (like KEDA's in loom.devstack.cluster.keda): installed for real when the cluster lacks it, as are the
@@ -76,13 +77,11 @@ def documents(rendered: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(rendered) if d]
 
 
-@pytest.mark.parametrize("values", [None, *CI_VALUES], ids=lambda v: "defaults" if v is None else v.name)
-def test_lint_and_server_side_dry_run(cluster: Cluster, crds: None, values: Path | None) -> None:
-    files = [] if values is None else [values]
-    if values is not None:  # the default values are linted in test_helm_install.py
-        lint = helm(cluster, "lint", "--strict", str(CHART), "-f", str(values))
-        assert "0 chart(s) failed" in lint.stdout, lint.stdout
-    rendered = render(cluster, *files)
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda v: v.name)
+def test_lint_and_server_side_dry_run(cluster: Cluster, crds: None, values: Path) -> None:
+    lint = helm(cluster, "lint", "--strict", str(CHART), "-f", str(values))
+    assert "0 chart(s) failed" in lint.stdout, lint.stdout
+    rendered = render(cluster, values)
     # --force-conflicts: the shared stack's CRDs may have been installed by another manager (helm) from another
     # revision of crds/; a dry run takes the fields over on paper only, and every object is still validated.
     result = cluster.kubectl(
@@ -101,6 +100,13 @@ def test_the_maximal_values_render_every_optional_object(cluster: Cluster) -> No
         assert kind in kinds, kinds
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    # Digests pin where given (the tag is then not used); a repository of its own wins over image.registry.
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        "registry.example/platform/loom-operator@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+    )
+    assert env["LOOM_TRAINER_IMAGE"] == "registry.example/loom/trainer@sha256:" + "1" * 64
+    assert env["LOOM_SERVER_IMAGE"] == "registry.example/loom/server:1.2.3"
+    assert env["LOOM_ROUTER_IMAGE"] == "registry.example/loom/router:1.2.4"
     assert env["LOOM_FEATURES_IMAGE"] == "registry.example/loom/features:1.2.3"
     assert env["LOOM_PROMETHEUS_URL"] == "http://prometheus-operated.monitoring:9090"
     assert env["LOOM_LOG_FORMAT"] == "json" and env["LOOM_LOG_LEVEL"] == "DEBUG"
@@ -122,6 +128,6 @@ def test_the_maximal_values_render_every_optional_object(cluster: Cluster) -> No
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
         (key, text), *_ = cm["data"].items()
         assert json.loads(text)["uid"] == key.removesuffix(".json")
-    # The default values render none of the optional objects.
-    default_kinds = {d["kind"] for d in documents(render(cluster))}
+    # The least values (the chart's defaults plus the registry) render none of the optional objects.
+    default_kinds = {d["kind"] for d in documents(render(cluster, CHART / "ci" / "registry-values.yaml"))}
     assert not default_kinds & {"ServiceMonitor", "PodDisruptionBudget", "ClusterKopfPeering", "ConfigMap"}

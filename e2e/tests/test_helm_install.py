@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -37,12 +38,17 @@ from loom.e2e.helm_operator import (
 from loom.e2e.helm_operator import loom_operator_in_cluster as loom_operator_in_cluster  # the fixture
 from loom.e2e.pytest_operator import crd_names
 from loom.e2e.pytest_services import apply_s3_secret
-from loom.e2e.readme_install import adapt, readme_commands
+from loom.e2e.readme_install import adapt, environment, readme_commands
+from loom.e2e.stack_images import CHART_VALUES, WORKLOADS, build_stand_ins
+from loom.e2e.tests.test_image_registry import manifest as registry_manifest
 from loom.e2e.tests.test_inferenceservice import manifest, upload_placeholder_model, wait_rolled_out
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
+
+# Where the images are: the chart names none (tests/unit/test_chart.py; e2e/tests/test_image_registry.py).
+REGISTRY = ("--set", "image.registry=registry.example/loom")
 
 
 def kubectl_json(cluster: Cluster, *args: str) -> Any:
@@ -98,12 +104,13 @@ def can_i(cluster: Cluster, op: InClusterOperator, *args: str) -> bool:
 
 
 def test_chart_lints_and_renders_what_the_api_server_accepts(cluster: Cluster, tmp_path: Path) -> None:
-    lint = helm(cluster, "lint", "--strict", str(CHART))
+    lint = helm(cluster, "lint", "--strict", str(CHART), *REGISTRY)
     assert "0 chart(s) failed" in lint.stdout
     # values.schema.json refuses what the operator would refuse at start-up.
-    bad = helm(cluster, "template", "x", str(CHART), "--set", "logLevel=LOUD", check=False)
+    bad = helm(cluster, "template", "x", str(CHART), *REGISTRY, "--set", "logLevel=LOUD", check=False)
     assert bad.returncode != 0 and "logLevel" in bad.stderr
-    # The default values and a maximal values file render objects the real API server accepts.
+    # The default values (plus where the images are: the chart has no default) and a maximal values file render
+    # objects the real API server accepts.
     maximal = {
         "watchNamespaces": ["default", "kube-public"],
         "logLevel": "DEBUG",
@@ -114,13 +121,14 @@ def test_chart_lints_and_renders_what_the_api_server_accepts(cluster: Cluster, t
             "trainer": {"repository": "registry.example/loom/trainer", "tag": "1.2.3"},
             "server": {"repository": "registry.example/loom/server", "tag": "1.2.3"},
             "router": {"repository": "registry.example/loom/server", "tag": "1.2.3"},
+            "features": {"repository": "registry.example/loom/features", "tag": "1.2.3"},
         },
         "podAnnotations": {"team": "ml"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
         "nodeSelector": {"kubernetes.io/os": "linux"},
     }
     (tmp_path / "max.yaml").write_text(yaml.safe_dump(maximal))
-    for extra in ([], ["-f", str(tmp_path / "max.yaml")]):
+    for extra in (list(REGISTRY), ["-f", str(tmp_path / "max.yaml")]):
         rendered = helm(cluster, "template", "dry", str(CHART), "-n", "default", "--include-crds", *extra).stdout
         cluster.kubectl("apply", "--dry-run=server", "--server-side", "-f", "-", stdin=rendered)
     docs = [d for d in yaml.safe_load_all(rendered) if d]
@@ -302,19 +310,40 @@ def test_a_namespace_pattern_is_watched_cluster_wide_including_namespaces_create
 def test_the_readmes_install_upgrade_and_uninstall_commands_work(cluster: Cluster, tmp_path: Path) -> None:
     """README.md's "Install on a real cluster" commands, run as shown and in order (e2e/readme_install.py; the
     values they set are checked against the chart by tests/unit/test_readme_install.py, which also pins their
-    order). Only the release, its namespace and the watched namespaces are renamed, and the install gets one more
-    values file: the node the pod must run on (the only node that runs pods here) and a small CPU request."""
+    order). Only the release, its namespace and the watched namespaces are renamed; the push goes to the local
+    stack's registry with small stand-ins of the four images (the real build takes half an hour: `make images`),
+    and the install gets one more values file: the node the pod must run on (the only node that runs pods here)
+    and a small CPU request. The operator's images are then the pushed ones, pinned by digest, found in the
+    registry by that digest (the node agent records the image and runs this checkout's code)."""
     release = f"loom{uuid.uuid4().hex[:6]}"
     namespace, watch = f"{release}-system", [f"{release}-a", f"{release}-b"]
+    assert cluster.registry, "this stack runs no image registry (started before it existed): `loom dev up` again"
+    registry = f"{cluster.registry}/{release}"
+    images = tmp_path / "images"
+    images.mkdir()
+    build_stand_ins(images)
     for ns in watch:
         cluster.kubectl("create", "namespace", ns)
     stack_values = tmp_path / "stack.yaml"
-    stack_values.write_text(yaml.safe_dump(TEST_VALUES))
+    # Not the test installs' image values: the images are the ones the README's push names.
+    stack_values.write_text(yaml.safe_dump({k: v for k, v in TEST_VALUES.items() if k not in CHART_VALUES}))
     op = InClusterOperator(cluster, release, namespace, tuple(watch), stack_values)
 
     def run(argv: list[str]) -> None:
-        command = adapt(argv, release=release, namespace=namespace, watch=watch, extra_values=stack_values)
-        if command[0] == "helm":
+        adapted = adapt(
+            argv,
+            release=release,
+            namespace=namespace,
+            watch=watch,
+            extra_values=stack_values,
+            registry=registry,
+            images_state=images,
+        )
+        env, command = environment(adapted)
+        if command[0] == "make":
+            done = subprocess.run(command, env={**cluster.env, **env}, capture_output=True, text=True, timeout=180)
+            assert done.returncode == 0, done.stdout + done.stderr
+        elif command[0] == "helm":
             helm(cluster, *command[1:])
         else:
             cluster.kubectl(*command[1:], timeout=150)
@@ -322,19 +351,28 @@ def test_the_readmes_install_upgrade_and_uninstall_commands_work(cluster: Cluste
     def deployment() -> dict[str, Any]:
         return dict(kubectl_json(cluster, "get", "deployment", op.name, "-n", namespace))
 
-    install, rollout, crds, upgrade, uninstall = readme_commands()
+    push, install, rollout, crds, upgrade, uninstall = readme_commands()
     try:
+        run(push)
         run(install)
         container = deployment()["spec"]["template"]["spec"]["containers"][0]
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["LOOM_NAMESPACES"] == ",".join(watch) and env["LOOM_PROMETHEUS_URL"], env
+        # The images are the pushed ones, pinned by digest, and the registry has each under that digest.
+        images_named = [container["image"]] + [env[f"LOOM_{key.upper()}_IMAGE"] for key in WORKLOADS]
+        for reference, name in zip(images_named, ["operator", *WORKLOADS.values()], strict=True):
+            assert reference.startswith(f"{registry}/{name}@sha256:"), reference
+            assert registry_manifest(cluster.registry, reference)[0] == 200, reference
         run(rollout)  # returns once the operator pod is Ready
         op.wait_ready(timeout=10)
+        pod = op.pod()
+        assert pod is not None and pod["spec"]["containers"][0]["image"] == container["image"]
         run(crds)  # the same CRDs again: accepted, nothing to change
         generation = deployment()["metadata"]["generation"]
         run(upgrade)  # --reuse-values: the install's values kept, nothing rolled
         kept = yaml.safe_load(helm(cluster, "get", "values", release, "-n", namespace, "-o", "yaml").stdout)
         assert kept["watchNamespaces"] == watch and kept["prometheus"]["url"], kept
+        assert kept["image"]["registry"] == registry and kept["image"]["digest"], kept
         assert deployment()["metadata"]["generation"] == generation
         assert all(exists(cluster, "rolebinding", op.name, "-n", ns) for ns in watch)
         run(uninstall)  # removes what the chart installed; the CRDs and the namespaces stay

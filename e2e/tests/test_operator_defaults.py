@@ -18,6 +18,7 @@ from loom.devstack.cluster import Cluster
 from loom.devstack.servers import S3Endpoint
 from loom.e2e.pytest_operator import apply_crds, operator_namespace_for, operator_process
 from loom.e2e.pytest_services import apply_s3_secret
+from loom.e2e.stack_images import IMAGE_SETTINGS
 from loom.e2e.tests.test_inferenceservice import (
     fresh_client,
     infer_body,
@@ -34,7 +35,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 def test_operator_with_default_settings_serves_a_model_on_the_local_stack(
     cluster: Cluster, s3: S3Endpoint, bucket: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    defaults = OperatorSettings()
+    defaults = OperatorSettings(**IMAGE_SETTINGS)
     apply_crds(cluster)
     log = tmp_path_factory.mktemp("loom-operator-defaults") / "loom_operator.log"
     with (

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from loom.e2e.stack_images import DISTINCT_IMAGE_SETTINGS, IMAGE_SETTINGS, pod_images
 from loom.operator.kinds.inferenceservice import routing as controller
 from loom.operator.kinds.inferenceservice.activator import (
     activator_config,
@@ -22,6 +23,7 @@ from loom.operator.kinds.inferenceservice.rollout import RolloutPlan, desired_to
 from loom.operator.settings import OperatorSettings
 from loom.workloads.activator.config import ActivatorConfig
 
+SETTINGS = OperatorSettings(**IMAGE_SETTINGS)
 OWNER = {
     "apiVersion": "loom.dev/v1alpha1",
     "kind": "InferenceService",
@@ -129,7 +131,7 @@ async def test_apply_routing_with_the_activator(monkeypatch: pytest.MonkeyPatch)
     fake = FakeKube()
     monkeypatch.setattr(controller, "kube", fake)
     plan = RolloutPlan(stable_ref=None, stable_replicas=0)
-    settings = OperatorSettings(activator_timeout_s=15)
+    settings = OperatorSettings(**IMAGE_SETTINGS, activator_timeout_s=15)
     routed = await controller.apply_routing(OWNER, spec(minReplicas=0), plan, deployment(1), None, settings)
     assert routed is True
     assert [o["kind"] for o in fake.applied] == ["ServiceAccount", "Role", "RoleBinding", "Deployment", "Service"]
@@ -150,7 +152,7 @@ async def test_a_service_that_stops_scaling_to_zero_loses_its_activator_after_th
     fake = FakeKube(existing={("Deployment", "chat-activator")})
     monkeypatch.setattr(controller, "kube", fake)
     plan = RolloutPlan(stable_ref=None, stable_replicas=1)
-    routed = await controller.apply_routing(OWNER, spec(minReplicas=1), plan, deployment(0), None, OperatorSettings())
+    routed = await controller.apply_routing(OWNER, spec(minReplicas=1), plan, deployment(0), None, SETTINGS)
     assert routed is False
     assert [o["kind"] for o in fake.applied] == ["Service"]
     assert fake.applied[0]["spec"]["selector"] == server_selector(OWNER)
@@ -161,5 +163,16 @@ async def test_a_service_that_stops_scaling_to_zero_loses_its_activator_after_th
     # Without an activator there is nothing to delete (no call beyond one read).
     fake = FakeKube()
     monkeypatch.setattr(controller, "kube", fake)
-    await controller.apply_routing(OWNER, spec(minReplicas=1), plan, deployment(1), None, OperatorSettings())
+    await controller.apply_routing(OWNER, spec(minReplicas=1), plan, deployment(1), None, SETTINGS)
     assert fake.deleted == []
+
+
+async def test_the_activator_runs_the_server_image_the_operator_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LOOM_SERVER_IMAGE (the chart's <image.registry>/server) is what the scale-to-zero activator runs."""
+    fake = FakeKube()
+    monkeypatch.setattr(controller, "kube", fake)
+    settings = OperatorSettings(**DISTINCT_IMAGE_SETTINGS)
+    plan = RolloutPlan(stable_ref=None, stable_replicas=0)
+    assert await controller.apply_routing(OWNER, spec(minReplicas=0), plan, deployment(0), None, settings) is True
+    [activator] = [o for o in fake.applied if o["kind"] == "Deployment"]
+    assert pod_images(activator) == {DISTINCT_IMAGE_SETTINGS["server_image"]}

@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
+from loom.e2e.stack_images import IMAGE_SETTINGS
 from loom.operator.settings import OperatorSettings
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "loom"
@@ -25,7 +26,7 @@ def test_defaults_fail_open_quickly_and_warn_about_missing_references() -> None:
     assert values["enabled"] is True
     assert values["failurePolicy"] == "Ignore" and values["timeoutSeconds"] <= 10
     assert values["missingReferences"] == "Warn"
-    assert OperatorSettings().webhook_missing_references == "Warn"
+    assert OperatorSettings(**IMAGE_SETTINGS).webhook_missing_references == "Warn"
 
 
 @pytest.mark.parametrize(
@@ -35,6 +36,8 @@ def test_defaults_fail_open_quickly_and_warn_about_missing_references() -> None:
 def test_the_schema_refuses_what_the_api_server_or_operator_would(bad: dict[str, Any]) -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     values = yaml.safe_load((CHART / "values.yaml").read_text())
+    values["image"]["registry"] = "registry.example.com/loom"  # valid but for `bad` (the defaults name no image)
+    jsonschema.validate(values, schema)
     values["webhook"].update(bad)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(values, schema)

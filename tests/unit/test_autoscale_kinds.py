@@ -14,6 +14,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from loom.e2e.stack_images import IMAGE_SETTINGS
 from loom.operator.api.crd import crd_for
 from loom.operator.api.kinds import INFERENCE_GRAPH
 from loom.operator.autoscale import loop as module
@@ -225,7 +226,7 @@ async def test_a_router_is_scaled_up_on_its_request_rate_through_the_graphs_scal
     api = FakeApi([graph], {"app.kubernetes.io/instance=g": [pod("g-router-1-a")]})
     install(monkeypatch, api)
     queries: list[str] = []
-    scaler = module.Autoscaler(OperatorSettings(), adapter=GRAPH_ADAPTER, clock=lambda: 1000.0)
+    scaler = module.Autoscaler(OperatorSettings(**IMAGE_SETTINGS), adapter=GRAPH_ADAPTER, clock=lambda: 1000.0)
     scaler._prometheus = prometheus(35.0, 1000.0, queries)  # 35 requests/s against 10 per replica
     assert module.autoscaled(graph["spec"], GRAPH_ADAPTER) and not module.autoscaled(graph["spec"], ISVC_ADAPTER)
     await scaler.round([("ns", "g")])
@@ -253,7 +254,7 @@ async def test_the_feature_server_is_scaled_by_the_oldest_autoscaled_view_only(
     api = FakeApi([younger, older, deployment], {"loom.dev/feast-project=rides": [pod("rides-features-1-a")]})
     install(monkeypatch, api)
     queries: list[str] = []
-    scaler = module.Autoscaler(OperatorSettings(), adapter=FEATURE_VIEW, clock=lambda: 1000.0)
+    scaler = module.Autoscaler(OperatorSettings(**IMAGE_SETTINGS), adapter=FEATURE_VIEW, clock=lambda: 1000.0)
     scaler._prometheus = prometheus(120.0, 1000.0, queries)  # the query: 120 against 50 per replica
     await scaler.round([("ns", "a"), ("ns", "b")])
     scale = [(k, n, b) for k, n, sub, b in api.writes if sub == "scale"]

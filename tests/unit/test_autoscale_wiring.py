@@ -13,6 +13,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from loom.e2e.stack_images import IMAGE_SETTINGS
 from loom.operator.autoscale import loop as module
 from loom.operator.autoscale.decision import MetricUnavailable, MetricValue, Observation, ScalingState, decide
 from loom.operator.autoscale.prometheus import PrometheusClient
@@ -192,9 +193,7 @@ def prometheus(utilisation: dict[str, float], now: float) -> PrometheusClient:
     def answer(request: httpx.Request) -> httpx.Response:
         query = parse_qs(request.content.decode())["query"][0]
         taken = query.startswith("(min by (pod) (timestamp(")
-        result = [
-            {"metric": {"pod": p}, "value": [now, str(now - 2 if taken else v)]} for p, v in utilisation.items()
-        ]
+        result = [{"metric": {"pod": p}, "value": [now, str(now - 2 if taken else v)]} for p, v in utilisation.items()]
         return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": result}})
 
     return PrometheusClient("http://prom:9090", client=httpx.AsyncClient(transport=httpx.MockTransport(answer)))
@@ -226,7 +225,9 @@ async def test_a_round_scales_up_once_through_the_scale_subresource_despite_a_ra
 ) -> None:
     clock = [1000.0]
     scaler = module.Autoscaler(
-        OperatorSettings(prometheus_url="http://prom:9090"), adapter=ISVC_ADAPTER, clock=lambda: clock[0]
+        OperatorSettings(**IMAGE_SETTINGS, prometheus_url="http://prom:9090"),
+        adapter=ISVC_ADAPTER,
+        clock=lambda: clock[0],
     )
     scaler._prometheus = prometheus({"chat-1-a": 90.0}, 1000.0)
     api.conflicts = 1  # a status write of the reconcile pass lands first
@@ -254,7 +255,7 @@ async def test_without_prometheus_the_replicas_hold_and_the_condition_says_why(
     api: FakeApi, events: list[tuple[str, str]]
 ) -> None:
     api.body["spec"]["replicas"] = 3
-    scaler = module.Autoscaler(OperatorSettings(), adapter=ISVC_ADAPTER, clock=lambda: 1000.0)
+    scaler = module.Autoscaler(OperatorSettings(**IMAGE_SETTINGS), adapter=ISVC_ADAPTER, clock=lambda: 1000.0)
     await scaler.round([("ns", "chat")])
     assert not [w for w in api.writes if w[0] == "scale"]
     (cond,) = api.body["status"]["conditions"]
@@ -274,7 +275,9 @@ async def test_engines_hpa_and_keda_get_their_object_and_the_loop_never_writes_r
 ) -> None:
     api.body["spec"]["autoscaling"]["engine"] = "hpa"
     scaler = module.Autoscaler(
-        OperatorSettings(prometheus_url="http://prom:9090"), adapter=ISVC_ADAPTER, clock=lambda: 1000.0
+        OperatorSettings(**IMAGE_SETTINGS, prometheus_url="http://prom:9090"),
+        adapter=ISVC_ADAPTER,
+        clock=lambda: 1000.0,
     )
     scaler._prometheus = prometheus({"chat-1-a": 99.0}, 1000.0)
     await scaler.round([("ns", "chat")])
@@ -295,7 +298,7 @@ async def test_engines_hpa_and_keda_get_their_object_and_the_loop_never_writes_r
 
 async def test_an_engine_that_cannot_do_it_is_announced_once(api: FakeApi, events: list[tuple[str, str]]) -> None:
     api.body["spec"]["autoscaling"].update({"engine": "hpa", "metric": "gpu-memory"})
-    scaler = module.Autoscaler(OperatorSettings(), adapter=ISVC_ADAPTER, clock=lambda: 1000.0)
+    scaler = module.Autoscaler(OperatorSettings(**IMAGE_SETTINGS), adapter=ISVC_ADAPTER, clock=lambda: 1000.0)
     await scaler.round([("ns", "chat")])
     await scaler.round([("ns", "chat")])
     assert events == [("Warning", "AutoscalingInvalid")] and not api.applied and not api.writes
@@ -306,7 +309,9 @@ async def test_a_status_write_lost_to_a_race_is_repaired_with_the_last_scale(
 ) -> None:
     clock = [1000.0]
     scaler = module.Autoscaler(
-        OperatorSettings(prometheus_url="http://prom:9090"), adapter=ISVC_ADAPTER, clock=lambda: clock[0]
+        OperatorSettings(**IMAGE_SETTINGS, prometheus_url="http://prom:9090"),
+        adapter=ISVC_ADAPTER,
+        clock=lambda: clock[0],
     )
     scaler._prometheus = prometheus({"chat-1-a": 90.0}, 1000.0)
     api.status_conflicts = 1  # the reconcile pass writes the status between the scale and ours

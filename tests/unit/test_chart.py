@@ -14,6 +14,7 @@ import jsonschema
 import pytest
 import yaml
 
+from loom.operator import settings
 from loom.operator.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,19 +52,69 @@ def test_chart_crds_are_the_generated_ones() -> None:
     assert {p.name for p in (CHART / "crds").glob("*.yaml")} - set(chart) == {"kopf.dev_clusterkopfpeerings.yaml"}
 
 
-def test_default_values_are_valid_and_bad_ones_are_refused() -> None:
+def installable() -> dict[str, Any]:
+    """The chart's defaults plus the one value they lack: where Loom's images are."""
+    values = defaults()
+    values["image"]["registry"] = "registry.example.com/loom"
+    return values
+
+
+def test_default_values_plus_a_registry_are_valid_and_bad_ones_are_refused() -> None:
     validator = schema_validator()
-    assert list(validator.iter_errors(defaults())) == []
+    assert list(validator.iter_errors(installable())) == []
     for bad in (
         {"logLevel": "LOUD"},
         {"settings": {"health_host": "0.0.0.0"}},  # the chart sets it; a value would be a second source
         {"settings": {"Bad-Key": 1}},
-        {"image": {"repository": "", "tag": "1"}},
+        {"image": {"registry": "registry.example.com/loom", "tag": "1.0 beta"}},
         {"metrics": {"port": 70000}},
         {"watchNamespaces": ["a", "a"]},
         {"unknown": True},
     ):
-        assert list(validator.iter_errors({**defaults(), **bad})), bad
+        assert list(validator.iter_errors({**installable(), **bad})), bad
+
+
+def test_no_image_is_a_default_and_an_unqualified_one_is_refused() -> None:
+    """Loom publishes no image: the defaults name none and are refused, as is a registry path without a host (it
+    would resolve to the default public registry) or an operator repository alone (the workloads' would be unset)."""
+    validator = schema_validator()
+    values = defaults()
+    assert all(not v for v in values["image"].values() if v != values["image"]["pullPolicy"])
+    assert all(not v for image in values["workloadImages"].values() for v in image.values())
+    assert list(validator.iter_errors(values))
+
+    def errors(image: dict[str, str], workloads: dict[str, dict[str, str]] | None = None) -> list[str]:
+        candidate = defaults()
+        candidate["image"].update(image)
+        for name, fields in (workloads or {}).items():
+            candidate["workloadImages"][name].update(fields)
+        return [e.message for e in validator.iter_errors(candidate)]
+
+    for registry in ("registry.example.com/loom", "127.0.0.1:5000/loom", "localhost/loom", "reg:5000", "a.io"):
+        assert errors({"registry": registry}) == [], registry
+    for registry in ("loom", "loom/images", "https://registry.example.com/loom", "registry.example.com/Loom/"):
+        assert errors({"registry": registry}), registry
+    assert errors({"repository": "registry.example.com/loom/operator"})  # the workload images would have none
+    named = {
+        name: {"repository": f"registry.example.com/ml/{name}"} for name in ("trainer", "server", "router", "features")
+    }
+    assert errors({"repository": "registry.example.com/loom/operator"}, named) == []
+    assert errors({"repository": "registry.example.com/loom/operator"}, {**named, "trainer": {"repository": "loom/t"}})
+    assert errors({"registry": "a.io/loom", "digest": "sha256:" + "0" * 64}) == []
+    assert errors({"registry": "a.io/loom", "digest": "sha256:xyz"}) and errors(
+        {"registry": "a.io/loom", "digest": "0" * 64}
+    )
+    assert errors({"registry": "a.io/loom"}, {"server": {"digest": "sha256:" + "f" * 64}}) == []
+
+
+def test_the_schema_and_the_operator_agree_on_what_a_qualified_image_is() -> None:
+    """values.schema.json's registry and repository patterns are built from the operator's own host and path
+    expressions (operator/settings.py), so the chart cannot render a LOOM_*_IMAGE the operator refuses."""
+    definitions = json.loads((CHART / "values.schema.json").read_text())["definitions"]
+    assert definitions["registry"]["pattern"] == f"^(?:{settings._HOST}(?:/{settings._PATH})*)?$"
+    assert definitions["repository"]["pattern"] == f"^(?:{settings._HOST}(?:/{settings._PATH})+)?$"
+    assert definitions["tag"]["pattern"] == f"^(?:{settings._TAG[1:]})?$"
+    assert definitions["digest"]["pattern"] == f"^(?:{settings._DIGEST[1:]})?$"
 
 
 def test_every_loom_variable_the_deployment_sets_is_an_operator_setting() -> None:
@@ -75,7 +126,7 @@ def test_every_loom_variable_the_deployment_sets_is_an_operator_setting() -> Non
     reserved = json.loads((CHART / "values.schema.json").read_text())["properties"]["settings"]["propertyNames"]
     assert {f"LOOM_{n.upper()}" for n in reserved["not"]["enum"]} == names
     # In a pod the endpoints listen on the pod's address, so the kubelet's probes reach them.
-    assert "{name: LOOM_HEALTH_HOST, value: \"0.0.0.0\"}" in template
+    assert '{name: LOOM_HEALTH_HOST, value: "0.0.0.0"}' in template
     assert template.count("path: /healthz, port: health") == 3  # startup, readiness, liveness
 
 

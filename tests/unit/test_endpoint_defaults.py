@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
+from loom.e2e.stack_images import IMAGE_ENV
 from loom.operator import defaults
 from loom.operator.defaults import EndpointDefaults
 from loom.operator.kinds.featureview.api import FeatureViewSpec
@@ -190,18 +191,21 @@ def test_featureview_s3_locations_only() -> None:
 def test_settings_and_chart_values() -> None:
     settings = OperatorSettings.from_env(
         {
+            **IMAGE_ENV,
             "LOOM_DEFAULT_S3_ENDPOINT": "http://minio.storage:9000",
             "LOOM_DEFAULT_S3_SECRET_NAME": "s3-credentials",
             "LOOM_DEFAULT_MLFLOW_TRACKING_URI": "http://mlflow.mlops:5000",
         }
     )
     assert EndpointDefaults.from_settings(settings) == CLUSTER
-    assert EndpointDefaults.from_settings(OperatorSettings.from_env({})) == EndpointDefaults()
+    assert EndpointDefaults.from_settings(OperatorSettings.from_env(IMAGE_ENV)) == EndpointDefaults()
     for bad in ({"LOOM_DEFAULT_S3_ENDPOINT": "minio:9000"}, {"LOOM_DEFAULT_S3_SECRET_NAME": "Not_A_Name"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
-            OperatorSettings.from_env(bad)
+            OperatorSettings.from_env({**IMAGE_ENV, **bad})
     validator = jsonschema.Draft7Validator(json.loads((CHART / "values.schema.json").read_text()))
     values = yaml.safe_load((CHART / "values.yaml").read_text())
+    values["image"]["registry"] = "registry.example.com/loom"  # the defaults name no image
+    assert list(validator.iter_errors(values)) == []
     maximal = {**values, **yaml.safe_load((CHART / "ci" / "max-values.yaml").read_text())}
     assert list(validator.iter_errors(maximal)) == []
     assert all(maximal["defaults"][group][key] for group in ("s3", "mlflow") for key in maximal["defaults"][group])

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from loom.e2e.stack_images import DISTINCT_IMAGE_SETTINGS, IMAGE_SETTINGS, pod_images
 from loom.operator.kinds.featureview import controller
 from loom.operator.kinds.featureview.config import delete_job_name
 from loom.operator.kinds.featureview.render import MATERIALIZE_NOW, REGISTERED_VIEWS
@@ -18,7 +19,7 @@ from loom.operator.settings import OperatorSettings
 
 Key = tuple[str, str, str | None, str]
 NS = "ml"
-SETTINGS = OperatorSettings(features_image="loom/features:test")
+SETTINGS = OperatorSettings(**{**IMAGE_SETTINGS, "features_image": "localhost/loom/features:test"})
 
 
 class FakeApi:
@@ -220,3 +221,18 @@ async def test_an_invalid_spec_is_a_condition(api: FakeApi) -> None:
     await controller.reconcile(NS, "a", SETTINGS)
     assert cond(api, "a", "Registered") == ("False", "InvalidSpec")
     assert api.jobs() == []
+
+
+async def test_every_feast_pod_runs_the_features_image_the_operator_was_given(api: FakeApi) -> None:
+    """LOOM_FEATURES_IMAGE (the chart's <image.registry>/features) is what the Feast Jobs, the materialization
+    CronJob and the feature server run."""
+    settings = OperatorSettings(**DISTINCT_IMAGE_SETTINGS)
+    put_view(api, "a", "2026-01-01T00:00:00Z", annotations={MATERIALIZE_NOW: "t1"})
+    await controller.reconcile(NS, "a", settings)
+    [apply_a] = api.jobs("apply")
+    api.finish(apply_a, APPLIED)
+    await controller.reconcile(NS, "a", settings)
+    kinds = {"Job", "CronJob", "Deployment"}
+    workloads = [o for (_, kind, _, _), o in api.objects.items() if kind in kinds]
+    assert {o["kind"] for o in workloads} == kinds, [o["kind"] for o in workloads]
+    assert set().union(*map(pod_images, workloads)) == {DISTINCT_IMAGE_SETTINGS["features_image"]}

@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 
+from loom.e2e.stack_images import DISTINCT_IMAGE_SETTINGS, IMAGE_SETTINGS, pod_images
 from loom.operator.kinds.inferencegraph import controller
 from loom.operator.settings import OperatorSettings
 
 Key = tuple[str, str, str | None, str]
 GRAPH = ("loom.dev/v1alpha1", "InferenceGraph", "ml", "bot")
-SETTINGS = OperatorSettings(router_image="loom/server:test")
+SETTINGS = OperatorSettings(**{**IMAGE_SETTINGS, "router_image": "localhost/loom/server:test"})
 
 
 class FakeApi:
@@ -159,3 +160,13 @@ async def test_a_service_of_the_same_name_owned_by_an_inferenceservice_is_left_a
     api.router_available()
     got = await status(api)
     assert "Service/bot" in api.applied and reasons(got)["Ready"] == "Serving"
+
+
+async def test_the_router_runs_the_router_image_the_operator_was_given(api: FakeApi) -> None:
+    """LOOM_ROUTER_IMAGE (the chart's <image.registry>/server) is what the router pods run."""
+    api.put("InferenceGraph", "bot", SPEC)
+    api.put("InferenceService", "a", {"model": {"uri": "s3://m/a"}}, READY)
+    api.put("InferenceService", "b", {"model": {"uri": "s3://m/b"}}, READY)
+    await controller.reconcile("ml", "bot", OperatorSettings(**DISTINCT_IMAGE_SETTINGS))
+    router = api.objects[("apps/v1", "Deployment", "ml", "bot-router")]
+    assert pod_images(router) == {DISTINCT_IMAGE_SETTINGS["router_image"]}

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from loom.e2e.stack_images import DISTINCT_IMAGE_SETTINGS, IMAGE_SETTINGS, pod_images
 from loom.operator.kinds.inferenceservice import controller
 from loom.operator.kinds.inferenceservice.model import MODEL_ANNOTATION, ModelRef
 from loom.operator.settings import OperatorSettings
@@ -104,7 +105,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
     return fake
 
 
-SETTINGS = OperatorSettings(server_image="loom/server:test")
+SETTINGS = OperatorSettings(**{**IMAGE_SETTINGS, "server_image": "localhost/loom/server:test"})
 
 
 def put_isvc(api: FakeApi, spec: dict[str, Any]) -> dict[str, Any]:
@@ -344,3 +345,17 @@ async def test_features_wait_for_a_ready_feature_view_then_reach_the_server_conf
     assert api.deployment("gpt") == before
     assert cond(status, "RolledOut") == ("False", "FeatureViewNotReady")
     assert (cond(status, "Ready"), status["phase"]) == (("True", "Serving"), "Degraded")
+
+
+async def test_every_pod_runs_the_server_image_the_operator_was_given(api: FakeApi) -> None:
+    """LOOM_SERVER_IMAGE (the chart's <image.registry>/server) is what the model server pods run."""
+    settings = OperatorSettings(**DISTINCT_IMAGE_SETTINGS)
+    put_isvc(api, spec("v1"))
+    await controller.reconcile("ml", "gpt", settings)
+    api.settle("gpt")
+    await controller.reconcile("ml", "gpt", settings)
+    put_isvc(api, spec("v2", canary=20))
+    await controller.reconcile("ml", "gpt", settings)
+    deployments = [o for (_, kind, _, _), o in api.objects.items() if kind == "Deployment"]
+    assert len(deployments) == 2  # stable and canary
+    assert set().union(*map(pod_images, deployments)) == {DISTINCT_IMAGE_SETTINGS["server_image"]}

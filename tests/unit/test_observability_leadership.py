@@ -14,6 +14,7 @@ from kopf._cogs.aiokits import aiotoggles
 from kopf._core.engines import peering as kopf_peering
 from prometheus_client import REGISTRY
 
+from loom.e2e.stack_images import IMAGE_ENV, IMAGE_SETTINGS
 from loom.operator.core import leadership
 from loom.operator.core.leadership import Leadership, leads, priority_of
 from loom.operator.core.runner import Runner
@@ -85,11 +86,16 @@ class _FrozenDatetime(datetime.datetime):
 
 
 def test_the_oldest_replica_has_the_highest_priority_unless_one_is_set() -> None:
-    older, newer = priority_of(OperatorSettings(), 1000.0), priority_of(OperatorSettings(), 1000.5)
+    older, newer = (
+        priority_of(OperatorSettings(**IMAGE_SETTINGS), 1000.0),
+        priority_of(OperatorSettings(**IMAGE_SETTINGS), 1000.5),
+    )
     assert older > newer and older == -1_000_000
-    assert priority_of(OperatorSettings(peering_priority=7), 1000.0) == 7
-    assert leadership.identity_of(OperatorSettings(pod_name="loom-operator-abc")) == "loom-operator-abc"
-    assert "@" in leadership.identity_of(OperatorSettings())
+    assert priority_of(OperatorSettings(**IMAGE_SETTINGS, peering_priority=7), 1000.0) == 7
+    assert (
+        leadership.identity_of(OperatorSettings(**IMAGE_SETTINGS, pod_name="loom-operator-abc")) == "loom-operator-abc"
+    )
+    assert "@" in leadership.identity_of(OperatorSettings(**IMAGE_SETTINGS))
 
 
 async def test_leadership_reads_the_peering_object(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -157,7 +163,7 @@ async def test_a_standing_by_replica_autoscales_nothing(monkeypatch: pytest.Monk
         return leading
 
     monkeypatch.setattr(leadership.LEADERSHIP, "leads", leads)
-    autoscaler = Autoscaler(OperatorSettings(autoscale_interval_s=0.01), adapter=ISVC_ADAPTER)
+    autoscaler = Autoscaler(OperatorSettings(**IMAGE_SETTINGS, autoscale_interval_s=0.01), adapter=ISVC_ADAPTER)
 
     async def round(due: list[tuple[str, str]]) -> None:
         rounds.append(due)
@@ -177,8 +183,11 @@ async def test_a_standing_by_replica_autoscales_nothing(monkeypatch: pytest.Monk
 
 def test_kopf_gets_cluster_wide_peering_with_the_lifetime() -> None:
     settings = kopf.OperatorSettings()
-    configure(settings, OperatorSettings(peering_name="loom-operator", peering_lifetime_s=15, namespaces=["a"]))
+    configure(
+        settings,
+        OperatorSettings(**IMAGE_SETTINGS, peering_name="loom-operator", peering_lifetime_s=15, namespaces=["a"]),
+    )
     assert settings.peering.clusterwide is True  # one object per release, even for a namespaced operator
     assert (settings.peering.lifetime, settings.peering.stealth) == (15, True)
     with pytest.raises(ValueError, match="LOOM_PEERING_NAME"):
-        OperatorSettings.from_env({"LOOM_PEERING_NAME": "Not A Name"})
+        OperatorSettings.from_env({**IMAGE_ENV, "LOOM_PEERING_NAME": "Not A Name"})

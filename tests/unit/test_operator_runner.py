@@ -177,6 +177,7 @@ def _registered() -> Any:
     """A fresh Kopf registry holding every handler the operator's controllers register."""
     import kopf
 
+    from loom.e2e.stack_images import IMAGE_SETTINGS
     from loom.operator import controllers
     from loom.operator.settings import OperatorSettings
 
@@ -184,7 +185,7 @@ def _registered() -> Any:
     registry = kopf.OperatorRegistry()
     kopf.set_default_registry(registry)
     try:
-        controllers.register(OperatorSettings())
+        controllers.register(OperatorSettings(**IMAGE_SETTINGS))
     finally:
         kopf.set_default_registry(previous)
     return registry

@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import re
+
 import kopf
 import pytest
 
+from loom.e2e.stack_images import IMAGE_ENV, IMAGE_SETTINGS
 from loom.operator.main import configure, endpoint
 from loom.operator.settings import FINALIZER, OperatorSettings
 
 
 def test_settings_from_env() -> None:
-    s = OperatorSettings.from_env({"LOOM_NAMESPACES": "a, b", "LOOM_METRICS_PORT": "9100"})
+    s = OperatorSettings.from_env({**IMAGE_ENV, "LOOM_NAMESPACES": "a, b", "LOOM_METRICS_PORT": "9100"})
     assert s.namespaces == ["a", "b"]
     assert s.metrics_port == 9100
-    assert OperatorSettings.from_env({}).namespaces == []
+    assert OperatorSettings.from_env(IMAGE_ENV).namespaces == []
 
 
 def test_every_controller_setting_comes_from_its_loom_variable() -> None:
     s = OperatorSettings.from_env(
         {
+            **IMAGE_ENV,
             "LOOM_TRAINING_POLL_S": "1",
             "LOOM_NODE_LOST_GRACE_S": "10",
             "LOOM_RESYNC_INTERVAL_S": "2.5",
@@ -38,7 +42,7 @@ def test_every_controller_setting_comes_from_its_loom_variable() -> None:
 def test_endpoints_listen_on_loopback_by_default() -> None:
     """Run on a machine (`loom operator`), the operator takes no port on other addresses: on the local stack the
     model servers share the host network and listen on 8080 of their own 127.x address."""
-    s = OperatorSettings.from_env({})
+    s = OperatorSettings.from_env(IMAGE_ENV)
     assert (s.health_host, s.metrics_host) == ("127.0.0.1", "127.0.0.1")
     assert endpoint(s.health_host, s.health_port, "/healthz") == "http://127.0.0.1:8080/healthz"
     assert endpoint("::", 8080, "/healthz") == "http://[::]:8080/healthz"
@@ -46,14 +50,36 @@ def test_endpoints_listen_on_loopback_by_default() -> None:
 
 def test_a_bad_setting_names_its_variable() -> None:
     with pytest.raises(ValueError) as error:
-        OperatorSettings.from_env({"LOOM_TRAINING_POLL_S": "soon", "LOOM_HEALTH_PORT": "70000"})
+        OperatorSettings.from_env({**IMAGE_ENV, "LOOM_TRAINING_POLL_S": "soon", "LOOM_HEALTH_PORT": "70000"})
     assert "LOOM_TRAINING_POLL_S='soon'" in str(error.value)
     assert "LOOM_HEALTH_PORT='70000'" in str(error.value)
 
 
+def test_the_operator_refuses_to_start_without_qualified_workload_images() -> None:
+    """No default image (Loom publishes none), and no name without a registry host: `loom/trainer` would resolve to
+    the default public registry's `loom` namespace, which Loom does not own. The message says what to set."""
+    with pytest.raises(ValueError) as error:
+        OperatorSettings.from_env({})
+    message = str(error.value)
+    for name in ("TRAINER", "SERVER", "ROUTER", "FEATURES"):
+        assert f"LOOM_{name}_IMAGE is not set" in message
+    assert "registry host" in message and "make images push" in message
+    for unqualified in ("loom/trainer:0.1.0", "trainer:1", "registry.example.com/loom/trainer", "https://r.io/t:1"):
+        with pytest.raises(ValueError, match=f"LOOM_TRAINER_IMAGE='{re.escape(unqualified)}' is no qualified image"):
+            OperatorSettings.from_env({**IMAGE_ENV, "LOOM_TRAINER_IMAGE": unqualified})
+    digest = "sha256:" + "ab" * 32
+    for qualified in (
+        "registry.example.com/loom/trainer:0.1.0",
+        f"127.0.0.1:5000/loom/trainer@{digest}",
+        f"localhost/loom/trainer:0.1.0@{digest}",
+        "registry:5000/trainer:1",
+    ):
+        assert OperatorSettings.from_env({**IMAGE_ENV, "LOOM_TRAINER_IMAGE": qualified}).trainer_image == qualified
+
+
 def test_kopf_uses_loom_prefix_and_finalizer() -> None:
     settings = kopf.OperatorSettings()
-    configure(settings, OperatorSettings(watch_server_timeout_s=120))
+    configure(settings, OperatorSettings(**IMAGE_SETTINGS, watch_server_timeout_s=120))
     assert settings.persistence.finalizer == FINALIZER == "loom.dev/finalizer"
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
     assert settings.persistence.progress_storage.prefix == "loom.dev"

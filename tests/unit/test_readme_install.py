@@ -21,18 +21,22 @@ import yaml
 from loom.e2e.readme_install import (
     CHART_DIR,
     NAMESPACE,
+    PUSHED_VALUES,
     README,
     RELEASE,
     REPO,
     SECTION,
     adapt,
     commands,
+    environment,
+    flag_values,
     inline_values,
     nest,
     readme_commands,
     section,
     set_values,
 )
+from loom.e2e.stack_images import push_tool
 
 CHART = REPO / CHART_DIR
 BODY = section(README.read_text())
@@ -75,9 +79,29 @@ def helm_commands() -> list[list[str]]:
     return [argv for argv in readme_commands() if argv[0] == "helm"]
 
 
-def test_the_section_shows_install_upgrade_and_uninstall_of_this_chart() -> None:
-    shown = [argv[:2] for argv in readme_commands()]
+def pushed_values(argv: list[str]) -> dict[str, Any]:
+    """What `make images push` writes for the registry the README's push names (images/push.py's own function),
+    with made-up digests."""
+    env, command = environment(argv)
+    assert command == ["make", "images", "push"], command
+    push = push_tool()
+    digests = {name: "sha256:" + f"{i}" * 64 for i, name in enumerate(push.NAMES)}
+    return dict(push.helm_values(push.check_registry(env["REGISTRY"]), digests))
+
+
+def installed_values(argv: list[str]) -> dict[str, Any]:
+    """The values `helm install` gets from the files the README gives it (the chart's defaults under them)."""
+    values = defaults()
+    for path in flag_values(argv, "-f"):
+        assert path == PUSHED_VALUES, f"helm install -f {path}: not the file `make images push` writes"
+        values = merged(values, pushed_values(readme_commands()[0]))
+    return values
+
+
+def test_the_section_shows_push_install_upgrade_and_uninstall_of_this_chart() -> None:
+    shown = [environment(argv)[1][:2] for argv in readme_commands()]
     assert shown == [
+        ["make", "images"],  # REGISTRY=... make images push
         ["helm", "install"],
         ["kubectl", "-n"],  # rollout status
         ["kubectl", "apply"],  # the CRDs
@@ -91,22 +115,34 @@ def test_the_section_shows_install_upgrade_and_uninstall_of_this_chart() -> None
 
 
 def test_every_value_the_commands_set_exists_and_passes_the_schema() -> None:
+    install = helm_commands()[0]
+    # The chart's defaults name no image: without what `make images push` wrote, the install is refused.
+    assert schema_errors(defaults()) and schema_errors(merged(defaults(), nest(set_values(install))))
+    assert schema_errors(installed_values(install) | nest(set_values(install))) == []
     shown = [set_values(argv) for argv in helm_commands()]
     assert shown[0], "helm install sets no value"
     for pairs in shown:
         for key in pairs:
             assert known(key), f"--set {key}: not a value of charts/loom"
-        assert schema_errors(merged(defaults(), nest(pairs))) == [], pairs
+        assert schema_errors(merged(installed_values(install), nest(pairs))) == [], pairs
+
+
+def test_the_push_writes_what_pins_every_image_by_digest() -> None:
+    values = pushed_values(readme_commands()[0])
+    assert values["image"]["registry"] == "registry.example.com/loom" and values["image"]["digest"]
+    assert set(values["workloadImages"]) == {"trainer", "server", "router", "features"}
+    assert values["workloadImages"]["router"] == values["workloadImages"]["server"]  # the router is the server image
 
 
 def test_every_value_the_prose_names_exists_and_the_values_it_shows_pass_the_schema() -> None:
     named = inline_values(BODY)
-    assert {"replicas", "webhook.failurePolicy", "metrics.serviceMonitor.enabled"} <= set(named)
+    assert {"replicas", "webhook.failurePolicy", "metrics.serviceMonitor.enabled", "image.registry"} <= set(named)
+    base = installed_values(helm_commands()[0])
     for key, value in named.items():
         assert known(key), f"`{key}` is not a value of charts/loom"
         if value is not None:
             shown = yaml.safe_load(value)  # `replicas=2` -> 2, `logFormat=json` -> "json"
-            assert schema_errors(merged(defaults(), nest({key: shown}))) == [], (key, value)
+            assert schema_errors(merged(base, nest({key: shown}))) == [], (key, value)
 
 
 def test_the_commands_name_what_the_chart_makes() -> None:
@@ -132,11 +168,28 @@ def test_a_value_that_does_not_exist_is_caught() -> None:
 
 
 def test_adapt_renames_only_the_release_its_namespace_and_the_watched_namespaces(tmp_path: Path) -> None:
-    install, rollout, crds, upgrade, uninstall = (
-        adapt(argv, release="r1", namespace="r1-system", watch=["w1", "w2"], extra_values=tmp_path / "v.yaml")
+    push, install, rollout, crds, upgrade, uninstall = (
+        adapt(
+            argv,
+            release="r1",
+            namespace="r1-system",
+            watch=["w1", "w2"],
+            extra_values=tmp_path / "v.yaml",
+            registry="127.0.0.1:5000/loom",
+            images_state=tmp_path / "images",
+        )
         for argv in readme_commands()
     )
+    # The push goes to the given registry from the given image storage, without the half-hour build.
+    env, command = environment(push)
+    assert command == ["make", "-C", str(REPO), "push"]
+    assert env == {
+        "REGISTRY": "127.0.0.1:5000/loom",
+        "TLS_VERIFY": "false",
+        "LOOM_IMAGES_STATE": str(tmp_path / "images"),
+    }
     assert install[:6] == ["helm", "install", "r1", str(CHART), "-n", "r1-system"]
+    assert flag_values(install, "-f") == [str(tmp_path / "images" / "pushed-values.yaml"), str(tmp_path / "v.yaml")]
     assert "watchNamespaces={w1,w2}" in install and install[-2:] == ["-f", str(tmp_path / "v.yaml")]
     assert rollout[-1] == "deployment/r1-operator" and rollout[2] == "r1-system"
     assert crds[-1] == str(REPO / "crds/")

@@ -66,3 +66,27 @@ def test_modules_that_share_dependencies_require_each_at_one_version() -> None:
     # The check has something to hold: Kubernetes' client libraries are required by all three.
     assert all("k8s.io/client-go" in reqs for reqs in by_module.values())
 
+
+# The registry module (the CNCF distribution registry) shares the control plane's telemetry and RPC libraries (otel,
+# grpc, protobuf, x/net, prometheus' client): at the same versions, its cold build compiles only what is its own.
+# Newer in it, on purpose: distribution v3.1.2 requires these above what the others use; raising them there would
+# rebuild Kubernetes for a leaf package.
+REGISTRY_NEWER = {"github.com/sirupsen/logrus"}
+
+
+def test_the_registry_module_requires_shared_dependencies_at_the_shared_versions() -> None:
+    assert "registry" in {m.name for m in MODULES}
+    shared: dict[str, set[str]] = {}
+    for name in SHARING:
+        for path, version in requirements((GO_MODULES_DIR / name / "go.mod").read_text()).items():
+            shared.setdefault(path, set()).add(version)
+    registry = requirements((GO_MODULES_DIR / "registry" / "go.mod").read_text())
+    drifted = {
+        path: (version, shared[path]) for path, version in registry.items() if shared.get(path, {version}) != {version}
+    }
+    assert set(drifted) == REGISTRY_NEWER, (
+        "raise each of these in go/registry to the version the other modules use (`go get path@version`): "
+        f"{ {p: v for p, v in drifted.items() if p not in REGISTRY_NEWER} }"
+    )
+    # Something is shared, so the check holds something: the telemetry and RPC stacks.
+    assert {"google.golang.org/grpc", "go.opentelemetry.io/otel"} <= set(registry) & set(shared)

@@ -30,8 +30,46 @@ namespace gets a RoleBinding.
 {{- if or (empty .Values.watchNamespaces) (gt $patterns 0) }}true{{ end -}}
 {{- end -}}
 
-{{- define "loom.image" -}}
-{{- printf "%s:%s" .repository .tag -}}
+{{/*
+An image reference: <repository>@<digest> when a digest pins it, else <repository>:<tag>, the tag defaulting to
+the chart's appVersion. Argument: (dict "repository" "tag" "digest" "appVersion").
+*/}}
+{{- define "loom.imageRef" -}}
+{{- if .digest -}}
+{{- printf "%s@%s" .repository .digest -}}
+{{- else -}}
+{{- printf "%s:%s" .repository (.tag | default .appVersion) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The operator's image. Loom publishes no image, so there is no default: without image.repository or
+image.registry the install fails here, naming them (values.schema.json refuses it first; this message is for
+--skip-schema-validation).
+*/}}
+{{- define "loom.operatorImage" -}}
+{{- $image := .Values.image -}}
+{{- $repository := $image.repository | default (and $image.registry (printf "%s/operator" $image.registry)) -}}
+{{- if not $repository -}}
+{{- fail "set image.registry (the registry path `make images push` pushed Loom's images to, e.g. registry.example.com/loom) or image.repository: Loom publishes no image, so the chart has no default" -}}
+{{- end -}}
+{{- include "loom.imageRef" (dict "repository" $repository "tag" $image.tag "digest" $image.digest "appVersion" .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/*
+A workload image (LOOM_<NAME>_IMAGE): workloadImages.<key>, its repository defaulting to <image.registry>/<name>.
+Argument: (list $ "<key>" "<image name>").
+*/}}
+{{- define "loom.workloadImage" -}}
+{{- $root := index . 0 -}}
+{{- $key := index . 1 -}}
+{{- $image := index $root.Values.workloadImages $key | default dict -}}
+{{- $registry := $root.Values.image.registry -}}
+{{- $repository := $image.repository | default (and $registry (printf "%s/%s" $registry (index . 2))) -}}
+{{- if not $repository -}}
+{{- fail (printf "set image.registry (the registry path `make images push` pushed Loom's images to) or workloadImages.%s.repository: Loom publishes no image, so the chart has no default" $key) -}}
+{{- end -}}
+{{- include "loom.imageRef" (dict "repository" $repository "tag" $image.tag "digest" $image.digest "appVersion" $root.Chart.AppVersion) -}}
 {{- end -}}
 
 {{/*
