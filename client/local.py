@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from loom.operator.api import TrainingJob
 from loom.operator.render.trainingjob_config import SpecError, trainer_config
 from loom.workloads.trainer import config as trainer
 
-from .mlflow_rest import ensure_run
+from .mlflow_rest import ensure_run, set_run_status
 from .models import name_of, namespace_of
 from .validation import validate
 
@@ -216,6 +217,8 @@ def run_local(
             uri, experiment, run_name=f"local/{name_of(job)}", key_tag=(LOCAL_RUN_TAG, key)
         )
         env_run["MLFLOW_RUN_ID"] = run.mlflow_run_id
+        # A rerun after a failure logs into the same run again.
+        set_run_status(uri, run.mlflow_run_id, "RUNNING")
     sink = output if output is not None else sys.stdout
     process = subprocess.Popen(the_plan.argv, env=env_run, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, start_new_session=True)
@@ -233,4 +236,8 @@ def run_local(
         # Ctrl-C: SIGTERM lets the trainer write a final checkpoint, as a pod being stopped does.
         os.killpg(process.pid, signal.SIGTERM)
         run.returncode = process.wait()
+    if the_plan.mlflow is not None and run.mlflow_run_id:
+        # As the operator does when a job ends: the run is FINISHED or FAILED (a rerun resumes it).
+        set_run_status(the_plan.mlflow[0], run.mlflow_run_id, "FINISHED" if run.succeeded else "FAILED",
+                       int(time.time() * 1000))
     return run

@@ -120,3 +120,17 @@ def ensure_run(tracking_uri: str, experiment: str, *, run_name: str, key_tag: tu
         })
         run_id = str(created["run"]["info"]["run_id"])
     return run_id, f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def set_run_status(tracking_uri: str, run_id: str, status: str, end_time_ms: int | None = None) -> None:
+    """RUNNING, FINISHED or FAILED, as the operator marks a job's run when the job starts and ends."""
+    body: dict[str, Any] = {"run_id": run_id, "status": status}
+    if end_time_ms is not None:
+        body["end_time"] = end_time_ms
+    try:
+        response = httpx.post(f"{tracking_uri.rstrip('/')}/api/2.0/mlflow/runs/update", json=body, timeout=TIMEOUT,
+                              trust_env=False)
+    except httpx.HTTPError as error:
+        raise MlflowError(f"MLflow at {tracking_uri} is unreachable: {error}") from error
+    if response.status_code != 200:
+        raise MlflowError(f"MLflow answered {response.status_code} to runs/update: {response.text[:300]}")
