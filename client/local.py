@@ -134,6 +134,21 @@ def plan(
                 f"env {var.name} comes from valueFrom ({', '.join(var.value_from)}), which needs the cluster: "
                 f"set {var.name} in this environment (or pass it in env=)"
             )
+    mlflow: tuple[str, str] | None = None
+    if spec.tracking is not None and spec.tracking.mlflow is not None:
+        uri = tracking_uri or spec.tracking.mlflow.tracking_uri
+        if not uri:
+            raise LocalRunRefused(
+                "spec.tracking.mlflow names no trackingUri (in the cluster the operator's default applies): "
+                "give one with --tracking-uri (tracking_uri=)"
+            )
+        mlflow = (uri, spec.tracking.mlflow.experiment)
+        tracking = spec.tracking.model_copy(
+            update={"mlflow": spec.tracking.mlflow.model_copy(update={"tracking_uri": uri})}
+        )
+        spec = spec.model_copy(update={"tracking": tracking})
+    elif tracking_uri:
+        raise LocalRunRefused("--tracking-uri needs spec.tracking.mlflow (the experiment to log to)")
     try:
         config = trainer_config(spec)
     except SpecError as error:
@@ -152,17 +167,6 @@ def plan(
         updates["checkpoint"] = config.checkpoint.model_copy(update=checkpoint_updates)
     elif checkpoint_dir is not None:
         raise LocalRunRefused("--checkpoint-dir needs spec.checkpoint (its uri names the bucket and prefix)")
-    mlflow: tuple[str, str] | None = None
-    if config.tracking.mlflow is not None or tracking_uri:
-        experiment = config.tracking.mlflow.experiment if config.tracking.mlflow else trainer.DEFAULT_MLFLOW_EXPERIMENT
-        uri = tracking_uri or (config.tracking.mlflow.tracking_uri if config.tracking.mlflow else None)
-        if not uri:
-            raise LocalRunRefused(
-                "spec.tracking.mlflow names no trackingUri (the cluster's operator default applies there): "
-                "give one with --tracking-uri"
-            )
-        updates["tracking"] = trainer.TrackingSpec(mlflow=trainer.MLflowSpec(tracking_uri=uri, experiment=experiment))
-        mlflow = (uri, experiment)
     config = config.model_copy(update=updates)
     config = trainer.TrainerConfig.model_validate(json.loads(config.to_json()))  # the trainer's own checks
 
