@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 UV := $(BIN)/uv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha1sum | cut -c1-12)
 
-.PHONY: demo test test-quick venv lint typecheck unit e2e bench crds stack clean chaos
+.PHONY: demo test test-quick venv lint typecheck unit e2e bench crds docs stack clean chaos
 
 venv: $(STAMP)
 
@@ -34,6 +34,10 @@ typecheck: venv
 	@ln -s ../../operator $(MYPY_TREE)/loom/operator && ln -s ../../workloads $(MYPY_TREE)/loom/workloads
 	@ln -s ../../client $(MYPY_TREE)/loom/client
 	cd $(MYPY_TREE) && ../$(BIN)/mypy --config-file ../pyproject.toml -p loom.operator -p loom.workloads -p loom.client
+
+# The API reference in docs/, generated from the same models as the CRDs and the SDK (a test fails on drift).
+docs: venv
+	$(BIN)/python -m loom.client.docs > docs/api-reference.md
 
 unit: venv
 	$(BIN)/pytest -q tests
