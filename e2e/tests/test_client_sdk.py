@@ -11,7 +11,6 @@ outside a cluster) is not exercised here; its piping is unit-tested (tests/unit/
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,18 @@ import yaml
 from click.testing import CliRunner
 from nbclient import NotebookClient
 
-from loom.client import Client, Direct, Entrypoint, TrainingJob, TrainingJobSpec, WaitFailed, training_job
+from loom.client import (
+    Client,
+    Direct,
+    Entrypoint,
+    InvalidObject,
+    TrainingJob,
+    TrainingJobSpec,
+    WaitFailed,
+    training_job,
+)
 from loom.client import cli as client_cli
+from loom.client.models import name_of
 from loom.devstack.agent.proxies import service_address
 from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.paths import AGENT_STATE_DIR
@@ -127,4 +136,10 @@ def test_the_sdk_notebook_trains_serves_and_queries_and_the_cli_agrees(
     assert "loom_no_such_package" in str(caught.value), str(caught.value)
     failed = cli("wait", "trainingjob/broken", "-n", ns, "--for=phase=Succeeded", "--timeout=60s")
     assert failed.exit_code == 1 and "loom_no_such_package" in failed.output
-    os.environ.pop("LOOM_API_KEY", None)
+
+    # list and delete; a spec the API server would refuse never leaves this process.
+    assert [name_of(j) for j in client.list(TrainingJob)] == ["broken", "chargpt"]
+    assert client.delete(broken) is True and client.delete(TrainingJob, "broken") is False
+    bad = training_job("Bad_Name", TrainingJobSpec(engine="fsdp", entrypoint=Entrypoint(module="a.b:c")))
+    with pytest.raises(InvalidObject, match="DNS-1035"):
+        client.apply(bad)

@@ -241,3 +241,49 @@ def test_get_prints_the_crds_printer_columns() -> None:
     lines = table(kind_named("trainingjobs"), items, wide=False).splitlines()
     assert lines[0].split() == ["NAME", "ENGINE", "PHASE", "READY", "DESIRED", "STEP", "TOTAL", "RESTARTS", "AGE"]
     assert lines[1].split() == ["gpt", "fsdp", "Running", "7", "20", "1"]
+
+
+# ------------------------------------------------------------------------------------------- the OpenAI client
+
+
+def test_the_openai_client_is_pointed_at_the_services_v1_api_with_its_key() -> None:
+    import http.server
+    import types
+
+    from loom.client import InferenceService, Service
+
+    seen: list[tuple[str, str | None]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append((self.path, self.headers.get("authorization")))
+            body = json.dumps({"object": "list", "data": [{"id": "chat", "object": "model", "created": 0,
+                                                           "owned_by": "loom"}]}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    isvc = InferenceService.model_validate({
+        "metadata": {"name": "chat", "namespace": "team-a"},
+        "spec": {"model": {"uri": "s3://models/chat"}},
+        "status": {"url": "http://chat.team-a.svc"},
+    })
+    # The cluster side is a stand-in (a Client that returns this object); the HTTP side is a real server.
+    cluster = types.SimpleNamespace(
+        get=lambda *_: isvc, access=Direct(lambda name, ns: "127.0.0.1"), namespace="team-a"
+    )
+    service = Service(cluster, "chat", "team-a", api_key="k-123")  # type: ignore[arg-type]
+    port = server.server_address[1]
+    isvc.status.url = f"http://chat.team-a.svc:{port}"  # type: ignore[union-attr]
+    with service.openai() as api:
+        models = api.models.list()
+    server.shutdown()
+    assert [m.id for m in models.data] == ["chat"]
+    assert seen == [("/v1/models", "Bearer k-123")]
