@@ -117,7 +117,8 @@ class Connection:
             raise _error(exc) from None
         try:
             pending = b""
-            for chunk in response.stream(4096, decode_content=True):
+            # amt=None: each chunk as the server flushes it (watch events, log lines), as kubernetes.watch reads.
+            for chunk in response.stream(amt=None, decode_content=False):
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 yield from lines

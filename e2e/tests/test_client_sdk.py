@@ -126,7 +126,7 @@ def test_the_sdk_notebook_trains_serves_and_queries_and_the_cli_agrees(
     assert isinstance(json.loads(predicted.output)["text_output"][0], str)
     chatted = cli("chat", "chargpt", "The ", "-n", ns, "--url", address, "--max-tokens", "8")
     assert chatted.exit_code == 0 and chatted.output.strip(), chatted.output
-    logged = cli("logs", "chargpt", "-n", ns, "--tail", "5")
+    logged = cli("logs", "chargpt", "-n", ns, "--tail", "40")
     assert logged.exit_code == 0 and '"event": "done"' in logged.output, logged.output
 
     # The broken job: WaitFailed with the job's condition message (the trainer's own, naming the module).
