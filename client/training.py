@@ -213,10 +213,14 @@ class Training:
         run_id = run_url = mlflow_model = None
         versions: list[RegisteredVersion] = []
         if self._tracking(job) is not None:
-            def read(reader: MlflowReader, run: str) -> tuple[dict[str, float], list[RegisteredVersion]]:
-                return reader.latest_metrics(run), reader.registered_versions(run)
+            def read(
+                reader: MlflowReader, run: str
+            ) -> tuple[dict[str, float], list[RegisteredVersion], dict[str, str]]:
+                return reader.latest_metrics(run), reader.registered_versions(run), reader.tags(run)
 
-            metrics, versions = self._with_mlflow(job, read)
+            metrics, versions, tags = self._with_mlflow(job, read)
+            # The trainer tags the run with where it exported the model (output.uri may differ from the default).
+            model_uri = tags.get("loom.model.uri", model_uri) if phase == "Succeeded" else None
             assert status is not None and status.mlflow is not None
             run_id, run_url = status.mlflow.run_id, status.mlflow.url
             mlflow_model = f"runs:/{run_id}/model" if phase == "Succeeded" else None
