@@ -287,3 +287,20 @@ def test_the_openai_client_is_pointed_at_the_services_v1_api_with_its_key() -> N
     server.shutdown()
     assert [m.id for m in models.data] == ["chat"]
     assert seen == [("/v1/models", "Bearer k-123")]
+
+
+def test_loom_run_local_refuses_the_gpu_example_on_a_machine_without_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from loom.client import local
+    from loom.client.cli import run
+
+    # What torch reports on a machine without CUDA devices (so the test means the same on a GPU machine).
+    monkeypatch.setattr(local, "visible_gpus", lambda: 0)
+    example = Path(__file__).resolve().parents[2] / "examples" / "trainingjob-deepspeed-elastic-gpu.yaml"
+    result = CliRunner().invoke(run, ["-f", str(example), "--local", "--workdir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "asks for GPUs (workers.gpusPerWorker: 8" in result.output and "0 CUDA device(s)" in result.output
+    assert not (tmp_path / "trainer.json").exists()  # nothing was started
