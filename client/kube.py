@@ -68,7 +68,8 @@ class Connection:
             kubernetes.config.load_incluster_config(client_configuration=configuration)
             default_ns = SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
         else:
-            config_file = str(kubeconfig) if kubeconfig else None
+            # $KUBECONFIG as it is now: the kubernetes package reads it once, when it is first imported.
+            config_file = str(kubeconfig) if kubeconfig else os.environ.get("KUBECONFIG") or None
             kubernetes.config.load_kube_config(
                 config_file=config_file, context=context, client_configuration=configuration
             )
