@@ -304,3 +304,30 @@ def test_loom_run_local_refuses_the_gpu_example_on_a_machine_without_gpus(
     assert result.exit_code == 1
     assert "asks for GPUs (workers.gpusPerWorker: 8" in result.output and "0 CUDA device(s)" in result.output
     assert not (tmp_path / "trainer.json").exists()  # nothing was started
+
+
+def test_the_client_takes_the_kubeconfig_context_and_its_namespace_as_kubectl_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import yaml
+
+    from loom.client import Client, PortForward
+
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "a",
+        "clusters": [{"name": "c1", "cluster": {"server": "https://127.0.0.1:6443"}},
+                     {"name": "c2", "cluster": {"server": "https://10.0.0.2:6443"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "a", "context": {"cluster": "c1", "user": "u", "namespace": "team-a"}},
+                     {"name": "b", "context": {"cluster": "c2", "user": "u"}}],
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    current = Client()
+    assert current.namespace == "team-a" and current.connection.api.configuration.host == "https://127.0.0.1:6443"
+    assert isinstance(current.access, PortForward)  # outside a pod: Services through a port-forward
+    other = Client(context="b")
+    assert other.namespace == "default" and other.connection.api.configuration.host == "https://10.0.0.2:6443"
+    assert Client(context="b", namespace="x").namespace == "x"
