@@ -102,12 +102,14 @@ def test_the_sdk_notebook_trains_serves_and_queries_and_the_cli_agrees(
     assert job.status is not None and job.status.phase == "Succeeded" and job.status.checkpoint is not None
     latest = job.status.checkpoint.latest
     assert latest == f"s3://{bucket}/sdk-chargpt/step-{30:09d}"
-    assert f"checkpoint: {latest}" in text[4]
-    assert f"model: s3://{bucket}/sdk-chargpt/final" in text[4]
-    assert job.status.mlflow is not None and f"MLflow run: {job.status.mlflow.run_id}" in text[4]
-    assert "at step 30" in text[5]
-    assert "final-step-30" in text[6]
-    assert "pieces:" in text[7] and "text_output" in text[7]
+    # Code cells: 0 parameters, 1 client, 2 train, 3 result, 4 metrics and logs, 5 serve, 6 query.
+    shown = "\n".join(f"cell {i}: {t}" for i, t in enumerate(text))
+    assert f"checkpoint: {latest}" in text[3], shown
+    assert f"model: s3://{bucket}/sdk-chargpt/final" in text[3], shown
+    assert job.status.mlflow is not None and f"MLflow run: {job.status.mlflow.run_id}" in text[3], shown
+    assert "at step 30" in text[4] and '"event": "done"' in text[4], shown
+    assert "final-step-30" in text[5], shown
+    assert "text_output" in text[6] and "pieces:" in text[6], shown
 
     # The CLI verbs, as kubectl's.
     got = cli("get", "ltj", "chargpt", "-n", ns, "-o", "json")
