@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 UV := $(BIN)/uv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha1sum | cut -c1-12)
 
-.PHONY: demo test test-quick venv lint typecheck unit e2e bench crds stack clean chaos
+.PHONY: demo test test-quick venv lint typecheck unit e2e bench crds docs stack clean chaos
 
 venv: $(STAMP)
 
@@ -18,11 +18,11 @@ $(STAMP): pyproject.toml setup.py
 	@$(BIN)/python -m pip install -q --disable-pip-version-check 'uv>=0.4,<1'
 	# torch first: deepspeed's sdist imports it at build time.
 	$(UV) pip install --python $(BIN)/python -q 'torch>=2.5,<3'
-	$(UV) pip install --python $(BIN)/python -q --no-build-isolation-package deepspeed -e '.[dev,train,serve,features]'
+	$(UV) pip install --python $(BIN)/python -q --no-build-isolation-package deepspeed -e '.[dev,train,serve,features,client]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
 lint: venv
-	$(BIN)/ruff check operator workloads devstack e2e tests bench images setup.py
+	$(BIN)/ruff check operator workloads client devstack e2e tests bench images setup.py
 	$(BIN)/lint-imports
 
 # mypy strict on the operator and the workloads. mypy cannot follow the editable install's package-dir
@@ -32,7 +32,12 @@ MYPY_TREE := .mypy-tree
 typecheck: venv
 	@rm -rf $(MYPY_TREE) && mkdir -p $(MYPY_TREE)/loom
 	@ln -s ../../operator $(MYPY_TREE)/loom/operator && ln -s ../../workloads $(MYPY_TREE)/loom/workloads
-	cd $(MYPY_TREE) && ../$(BIN)/mypy --config-file ../pyproject.toml -p loom.operator -p loom.workloads
+	@ln -s ../../client $(MYPY_TREE)/loom/client
+	cd $(MYPY_TREE) && ../$(BIN)/mypy --config-file ../pyproject.toml -p loom.operator -p loom.workloads -p loom.client
+
+# The API reference in docs/, generated from the same models as the CRDs and the SDK (a test fails on drift).
+docs: venv
+	$(BIN)/python -m loom.client.docs > docs/api-reference.md
 
 unit: venv
 	$(BIN)/pytest -q tests

@@ -16,6 +16,8 @@ ROOT = Path(__file__).resolve().parent
 PACKAGE_DIRS = {
     "loom.operator": "operator",
     "loom.workloads": "workloads",
+    # The Python SDK and its CLI verbs (`loom get`, `loom run --local`, ...): for the people who train and serve.
+    "loom.client": "client",
     # Dev and test only, absent from the images (images/*.Dockerfile never copy them).
     "loom.devstack": "devstack",
     "loom.e2e": "e2e",

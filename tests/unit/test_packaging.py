@@ -51,6 +51,7 @@ def test_checkout_packages_every_folder_with_an_init() -> None:
     assert package_dir == {
         "loom.operator": "operator",
         "loom.workloads": "workloads",
+        "loom.client": "client",
         "loom.devstack": "devstack",
         "loom.e2e": "e2e",
     }
@@ -63,7 +64,10 @@ def test_checkout_packages_every_folder_with_an_init() -> None:
 
 
 def test_the_editable_install_resolves_every_package() -> None:
-    code = "import loom.operator, loom.workloads, loom.devstack.cluster, loom.devstack.agent, loom.e2e; print('ok')"
+    code = (
+        "import loom.operator, loom.workloads, loom.client, loom.devstack.cluster, loom.devstack.agent, loom.e2e;"
+        " print('ok')"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"
 

@@ -19,6 +19,8 @@ import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
+from .s3_folder import FILE_SCHEME, FolderClient
+
 # 8 MiB parts: the S3 minimum is 5 MiB and larger parts cost latency on small checkpoints.
 DEFAULT_TRANSFER = TransferConfig(
     multipart_threshold=8 * 1024 * 1024,
@@ -52,8 +54,12 @@ class S3Location:
 
 
 def make_client(endpoint_url: str | None = None, max_attempts: int = 10) -> Any:
-    """A boto3 S3 client; endpoint falls back to AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL from the env."""
+    """A boto3 S3 client; endpoint falls back to AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL from the env. A `file:///folder`
+    endpoint gives a FolderClient: that folder stands in for S3."""
     endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint and endpoint.startswith(FILE_SCHEME):
+        # A local folder standing in for the bucket (the SDK's local mode): same calls, same layout.
+        return FolderClient.from_endpoint(endpoint)
     config = Config(
         retries={"max_attempts": max_attempts, "mode": "standard"},
         # Path-style addressing works with every S3-compatible server (MinIO, moto, Ceph).
