@@ -25,6 +25,7 @@ from .common import (
     cel,
     validations,
 )
+from .inferenceservice_vllm import VllmSpec
 
 ServingPhase = Literal["Pending", "Loading", "Ready", "RollingOut", "Degraded", "Failed"]
 
@@ -109,7 +110,8 @@ class ScalingRules(ApiModel):
 
 
 AutoscalingMetric = Literal[
-    "gpu-utilization", "gpu-memory", "queue-depth", "concurrency", "requests-per-second", "prometheus"
+    "gpu-utilization", "gpu-memory", "queue-depth", "concurrency", "requests-per-second", "prometheus",
+    "llm-waiting-requests", "llm-kv-cache-usage", "llm-ttft-p95",
 ]
 
 
@@ -140,8 +142,10 @@ class Autoscaling(ApiModel):
     metric: AutoscalingMetric = Field(
         "concurrency",
         description="What drives scaling: gpu-utilization and gpu-memory (percent, dcgm-exporter series), "
-        "queue-depth and concurrency (requests per replica), requests-per-second (per replica), or prometheus "
-        "(the user's query: one number for the whole service).",
+        "queue-depth and concurrency (requests per replica), requests-per-second (per replica), prometheus "
+        "(the user's query: one number for the whole service), or for runtime vllm llm-waiting-requests "
+        "(requests the engine queues), llm-kv-cache-usage (percent of the KV cache in use) and llm-ttft-p95 "
+        "(seconds to the first token, 95th percentile).",
     )
     query: str | None = Field(
         None, min_length=1, max_length=4096, description="PromQL for metric prometheus (a vector is summed)."
@@ -221,7 +225,21 @@ class FeatureEnrichment(ApiModel):
 
 
 class InferenceServiceSpec(ApiModel):
+    model_config = validations(
+        cel("self.runtime == 'vllm' || !has(self.vllm)", "vllm options need runtime: vllm", field_path=".vllm"),
+        cel("self.runtime != 'vllm' || !has(self.features)", "runtime vllm takes no feature enrichment",
+            field_path=".features"),
+        cel("self.runtime == 'vllm' || !has(self.autoscaling) || !self.autoscaling.metric.startsWith('llm-')",
+            "llm-* autoscaling metrics need runtime: vllm", field_path=".autoscaling.metric"),
+    )
+
     model: ModelSource
+    runtime: Literal["default", "vllm"] = Field(
+        "default",
+        description="default: Loom's model server (OIP v2, the handlers); vllm: the vLLM engine behind Loom's "
+        "OpenAI-compatible front (the model is a Hugging Face-format folder).",
+    )
+    vllm: VllmSpec | None = Field(None, description="vLLM engine options and LLM limits (runtime vllm).")
     handler: str = Field(
         "auto",
         description=f"How to load and call the model: {' | '.join(server.BUILTIN_HANDLERS)} | "
@@ -247,6 +265,11 @@ class InferenceServiceSpec(ApiModel):
     rollout: Rollout = Field(default_factory=Rollout)
     features: FeatureEnrichment | None = None
     cache_size_limit: Quantity = Field("10Gi", description="Size limit of the model cache volume.")
+
+    @property
+    def serving_handler(self) -> str:
+        """The handler the fetch step's config names: the vllm runtime loads no handler (noop keeps it valid)."""
+        return "noop" if self.runtime == "vllm" else self.handler
 
 
 class CanaryStatus(ApiModel):
@@ -274,6 +297,7 @@ class AutoscalingStatus(ApiModel):
 class InferenceServiceStatus(StatusBase):
     phase: ServingPhase | None = None
     url: str | None = None
+    openai_base_url: str | None = Field(None, description="Base URL of the OpenAI-compatible API (runtime vllm).")
     replicas: int = Field(0, description="Replicas running (scale subresource).")
     ready_replicas: int = 0
     selector: str | None = Field(None, description="Label selector of the serving pods (scale subresource).")

@@ -29,6 +29,7 @@ from loom.workloads.server.config import (
 
 from ..api.inferenceservice import InferenceServiceSpec
 from .inferenceservice_model import MODEL_ANNOTATION, ModelRef
+from .inferenceservice_vllm import apply_vllm_runtime
 from .kit import Manifest, child_metadata, labels, merge_env, restricted_security_context, s3_env
 
 Track = Literal["stable", "canary"]
@@ -373,4 +374,5 @@ def render_deployment(
             "template": pod_template(owner, spec, track, ref, config_json, image),
         },
     }
-    return config_map, deployment
+    # runtime vllm: the same Deployment with the OpenAI front over vLLM in the server container
+    return apply_vllm_runtime(spec, config_map, deployment, config, CONFIG_DIR, CONFIG_HASH_ANNOTATION)

@@ -25,6 +25,7 @@ from ..api.inferenceservice import CanaryStatus, InferenceServiceStatus, Serving
 from .inferenceservice import CONFIG_HASH_ANNOTATION, selector_string, service_url
 from .inferenceservice_model import ResolveError
 from .inferenceservice_rollout import RolloutPlan, rolled_out
+from .inferenceservice_vllm import openai_base_url
 from .kit import Condition, Event, Manifest, condition_events, set_condition
 
 
@@ -203,6 +204,7 @@ def compute_status(
         conditions=conditions,
         phase=_phase(observed, model_loaded, rolled, ready_cond, ready, wanted),
         url=service_url(owner),
+        openai_base_url=openai_base_url(service_url(owner)) if owner.get("spec", {}).get("runtime") == "vllm" else None,
         replicas=running,
         ready_replicas=ready,
         selector=selector_string(owner),

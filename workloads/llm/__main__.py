@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from loom.workloads.common.lifecycle import (
     Drain,
@@ -19,11 +20,21 @@ from loom.workloads.common.lifecycle import (
     check_drain_arguments,
     uvicorn_config,
 )
+from loom.workloads.server.fetch import read_marker
 
 from .app import build_app
 from .config import LlmServerConfig
 
 log = logging.getLogger("loom.workloads.llm")
+
+
+def resolve_model_folder(config: LlmServerConfig) -> LlmServerConfig:
+    """The folder the fetch init step put the model in (it records it in a marker under modelDir), as the
+    default runtime finds it; modelDir itself when there is no marker (a local folder)."""
+    marker = read_marker(Path(config.model_dir))
+    if marker is None:
+        return config
+    return config.model_copy(update={"model_dir": str(Path(config.model_dir) / marker.folder)})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     add_drain_arguments(parser)
     args = parser.parse_args(argv)
     check_drain_arguments(parser, args)
-    config = LlmServerConfig.from_file(args.config)
+    config = resolve_model_folder(LlmServerConfig.from_file(args.config))
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     drain = Drain(args.drain_seconds)
     failed: list[str] = []
