@@ -67,3 +67,20 @@ def test_greedy_decoding_is_deterministic_and_uses_the_last_positions() -> None:
     first, again = greedy(model, [5, 6, 7], 6), greedy(model, [5, 6, 7], 6)
     assert first == again and len(first) == 6 and all(0 <= t < 300 for t in first)
     assert greedy(model, list(range(100)), 2)  # longer than maxPositions: the window slides, no error
+
+
+def test_the_huggingface_export_format_reaches_the_trainer_and_needs_a_task_that_writes_it(tmp_path: Path) -> None:
+    import pytest
+
+    from loom.operator.api.trainingjob import TrainingJobSpec
+    from loom.operator.render.trainingjob_config import trainer_config
+    from loom.workloads.trainer.examples.chargpt import CharGPTTask
+    from loom.workloads.trainer.loop import huggingface_writer
+
+    wire = {"engine": "fsdp", "entrypoint": {"module": "loom.workloads.trainer.examples.llama:task"}, "maxSteps": 5,
+            "workers": {"replicas": 1}, "checkpoint": {"uri": "s3://ckpt/llama", "exportFormat": "huggingface"}}
+    assert trainer_config(TrainingJobSpec.model_validate(wire)).output.format == "huggingface"
+    del wire["checkpoint"]["exportFormat"]  # type: ignore[attr-defined]
+    assert trainer_config(TrainingJobSpec.model_validate(wire)).output.format == "loom"
+    with pytest.raises(ValueError, match="CharGPTTask has no Hugging Face export"):
+        huggingface_writer(CharGPTTask())({}, {}, tmp_path)
