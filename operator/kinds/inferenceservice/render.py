@@ -31,6 +31,7 @@ from ...core.kit import Manifest, child_metadata, labels, merge_env, restricted_
 from ...core.model import InvalidSpec as InvalidSpec  # re-exported
 from .api import InferenceServiceSpec
 from .model import MODEL_ANNOTATION, ModelRef
+from .vllm_render import apply_vllm_runtime
 
 Track = Literal["stable", "canary"]
 
@@ -370,4 +371,5 @@ def render_deployment(
             "template": pod_template(owner, spec, track, ref, config_json, image),
         },
     }
-    return config_map, deployment
+    # runtime vllm: the same Deployment with the OpenAI front over vLLM in the server container
+    return apply_vllm_runtime(spec, config_map, deployment, config, CONFIG_DIR, CONFIG_HASH_ANNOTATION)

@@ -26,6 +26,7 @@ from .api import CanaryStatus, InferenceServiceStatus, ServingPhase
 from .model import ResolveError
 from .render import CONFIG_HASH_ANNOTATION, selector_string, service_url
 from .rollout import RolloutPlan, rolled_out
+from .vllm_render import openai_base_url
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,7 @@ def compute_status(
         conditions=conditions,
         phase=_phase(observed, model_loaded, rolled, ready_cond, ready, wanted),
         url=service_url(owner),
+        openai_base_url=openai_base_url(service_url(owner)) if owner.get("spec", {}).get("runtime") == "vllm" else None,
         replicas=running,
         ready_replicas=ready,
         selector=selector_string(owner),

@@ -132,6 +132,12 @@ class CheckpointSpec(ApiModel):
     resume: str = Field(
         trainer.DEFAULT_RESUME, description="latest | none | an explicit s3:// checkpoint URI.", max_length=1024
     )
+    export_format: trainer.ExportFormat = Field(
+        "loom",
+        description="Format of the final export at <uri>/final: loom (model.pt + config.json) or huggingface (a "
+        "Hugging Face folder, which an InferenceService with runtime vllm serves; the task must write it, as the "
+        "bundled Llama example does).",
+    )
 
 
 class MlflowTracking(ApiModel):

@@ -71,6 +71,7 @@ def trainer_config(spec: TrainingJobSpec) -> trainer.TrainerConfig:
                 task_args=task_args(spec.entrypoint.args) if module is not None else {},
             ),
             checkpoint=_checkpoint(spec.checkpoint),
+            output=trainer.OutputSpec(format=spec.checkpoint.export_format if spec.checkpoint else "loom"),
             tracking=_tracking(spec.tracking),
             progress=trainer.ProgressSpec(metrics_port=PROGRESS_PORT),
         )

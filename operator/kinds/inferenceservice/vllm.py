@@ -1,0 +1,73 @@
+"""InferenceService spec.vllm: the vLLM engine's options for `runtime: vllm`, typed with vLLM's defaults (unset:
+vLLM decides), plus `extraArgs`, the documented passthrough of any other vllm flag.
+
+Limits and flag rules come from the runtime's own config model (loom.workloads.llm.config): one definition.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, field_validator
+
+from loom.workloads.llm.config import RESERVED_FLAGS, Dtype, EngineOptions
+
+from ...core.model import ApiModel, cel, validations
+
+# Hyphens need no escape outside a character class (and CEL strings refuse "\\-").
+_RESERVED_RE = "^(" + "|".join(RESERVED_FLAGS) + ")(=.*)?$"
+
+
+class VllmSpec(ApiModel):
+    """vLLM engine options and the front's per-key LLM limits."""
+
+    model_config = validations(
+        cel("self.extraArgs.all(a, a.matches('^--[a-z0-9][a-z0-9-]*(=.*)?$'))",
+            "each extraArgs entry must be '--flag' or '--flag=value'", field_path=".extraArgs"),
+        cel(f"!self.extraArgs.exists(a, a.matches('{_RESERVED_RE}'))",
+            "extraArgs may not set " + ", ".join(RESERVED_FLAGS) + ": Loom sets them", field_path=".extraArgs"),
+    )
+
+    max_model_len: Annotated[int, Field(ge=16, le=10_000_000)] | None = Field(
+        None, description="vllm --max-model-len: longest prompt + completion in tokens (default: the model's).")
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        None, description="vllm --gpu-memory-utilization: GPU memory fraction for weights and KV cache (0.9).")
+    kv_cache_memory_bytes: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="vllm --kv-cache-memory-bytes: the KV cache's size (overrides the GPU memory fraction; "
+                          "on CPU, the KV-cache space).")
+    dtype: Dtype = Field("auto", description="vllm --dtype.")
+    tensor_parallel_size: Annotated[int, Field(ge=1, le=16)] | None = Field(
+        None, description="vllm --tensor-parallel-size (default: spec.gpus when GPUs are asked, else 1).")
+    enable_prefix_caching: bool | None = Field(None, description="vllm --[no-]enable-prefix-caching (vLLM: on).")
+    max_num_seqs: Annotated[int, Field(ge=1, le=65_536)] | None = Field(
+        None, description="vllm --max-num-seqs: most sequences decoded together.")
+    chat_template: str | None = Field(
+        None, max_length=65_536, description="A Jinja chat template used instead of the tokenizer's.")
+    enforce_eager: bool = Field(False, description="vllm --enforce-eager: no graph compilation (faster start).")
+    extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(
+        default_factory=list, max_length=64,
+        description="Passthrough: any other vllm flag, '--flag' or '--flag=value' (see vLLM's engine arguments).")
+    requests_per_minute: Annotated[int, Field(ge=1, le=10_000_000)] | None = Field(
+        None, description="Requests per minute per API key (429 past it).")
+    tokens_per_minute: Annotated[int, Field(ge=1, le=1_000_000_000)] | None = Field(
+        None, description="Prompt + generated tokens per minute per API key (429 past it).")
+    request_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(
+        600.0, description="Longest a request (a whole stream) may take.")
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        4096, description="Largest max_tokens a request may ask for.")
+
+    @field_validator("extra_args")
+    @classmethod
+    def _check_extra(cls, value: list[str]) -> list[str]:
+        EngineOptions(extra_args=value)  # the runtime's own rules (same as the CEL above)
+        return value
+
+    def engine_options(self, gpus: int) -> EngineOptions:
+        """The runtime's engine options; tensor parallelism defaults to the pod's GPUs."""
+        return EngineOptions(
+            max_model_len=self.max_model_len, gpu_memory_utilization=self.gpu_memory_utilization,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes, dtype=self.dtype,
+            tensor_parallel_size=self.tensor_parallel_size or max(1, gpus),
+            enable_prefix_caching=self.enable_prefix_caching, max_num_seqs=self.max_num_seqs,
+            chat_template=self.chat_template, enforce_eager=self.enforce_eager, extra_args=list(self.extra_args),
+        )

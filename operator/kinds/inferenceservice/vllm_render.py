@@ -1,0 +1,76 @@
+"""The `vllm` runtime's pod: the default runtime's Deployment with the server container turned into Loom's
+OpenAI-compatible front over the vLLM engine (pure: no I/O).
+
+What stays as it is: the fetch init container (it fetches the Hugging Face-format folder the same way, from S3,
+the MLflow registry or a TrainingJob's export, reading the ServerConfig in server.json), the Service, probes
+(the front answers /v2/health/*), the preStop sleep and drain, canaries, the activator and autoscaling.
+What changes: a second config file, llm.json (loom.workloads.llm.config.LlmServerConfig), the server container's
+command, its default image (the one with vLLM), and the pod template's config hash (both files).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+
+from loom.workloads.llm.config import LlmLimits, LlmServerConfig
+from loom.workloads.server.config import AuthConfig, ServerConfig
+
+from ...core.kit import Manifest
+from .api import InferenceServiceSpec
+from .vllm import VllmSpec
+
+LLM_CONFIG_FILE = "llm.json"
+# The image with vLLM and Loom's workloads (images/vllm); the operator's settings.vllmImage when set.
+DEFAULT_VLLM_IMAGE = "loom/vllm:0.1.0"
+ENGINE_PORT = 8081
+# vLLM loads and (on GPU) compiles before it answers: minutes for a large model. The startup probe allows 20.
+STARTUP_FAILURES = 600
+OPENAI_PATH = "/v1"
+
+
+def openai_base_url(service_url: str) -> str:
+    return service_url + OPENAI_PATH
+
+
+def llm_config(spec: InferenceServiceSpec, server: ServerConfig) -> LlmServerConfig:
+    """The front's contract, from the spec and the default runtime's ServerConfig (same name, port, keys)."""
+    vllm = spec.vllm or VllmSpec()
+    return LlmServerConfig(
+        model_name=server.model_name,
+        model_dir=server.model_dir,  # the front follows the fetch step's marker to the model folder
+        port=server.port,
+        engine_port=ENGINE_PORT,
+        engine_python="python",
+        engine=vllm.engine_options(spec.gpus),
+        auth=AuthConfig(api_keys_file=server.auth.api_keys_file, api_keys_env=server.auth.api_keys_env),
+        limits=LlmLimits(
+            requests_per_minute=vllm.requests_per_minute, tokens_per_minute=vllm.tokens_per_minute,
+            request_timeout_s=vllm.request_timeout_seconds, max_tokens_limit=vllm.max_tokens,
+        ),
+    )
+
+
+def apply_vllm_runtime(
+    spec: InferenceServiceSpec, config_map: Manifest, deployment: Manifest, server: ServerConfig,
+    config_dir: str, hash_annotation: str, image: str = DEFAULT_VLLM_IMAGE,
+) -> tuple[Manifest, Manifest]:
+    """The default runtime's (ConfigMap, Deployment) turned into the vllm runtime's; unchanged for other runtimes."""
+    if spec.runtime != "vllm":
+        return config_map, deployment
+    config_map, deployment = copy.deepcopy(config_map), copy.deepcopy(deployment)
+    llm_json = llm_config(spec, server).to_json()
+    config_map["data"][LLM_CONFIG_FILE] = llm_json
+    template = deployment["spec"]["template"]
+    container = next(c for c in template["spec"]["containers"] if c["name"] == "server")
+    drain = container["command"][container["command"].index("--drain-seconds"):]
+    container["command"] = ["python", "-m", "loom.workloads.llm", "--config", f"{config_dir}/{LLM_CONFIG_FILE}", *drain]
+    if spec.image is None:
+        container["image"] = image
+        for init in template["spec"].get("initContainers", []):
+            init["image"] = image
+    container["startupProbe"]["failureThreshold"] = STARTUP_FAILURES
+    annotations = template["metadata"]["annotations"]
+    both = annotations[hash_annotation] + llm_json
+    annotations[hash_annotation] = hashlib.sha256(both.encode()).hexdigest()[:16]
+    return config_map, deployment

@@ -1,0 +1,1 @@
+"""The ``vllm`` runtime of an InferenceService: Loom's OpenAI-compatible front over the vLLM engine."""

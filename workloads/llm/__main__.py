@@ -1,0 +1,68 @@
+"""Entry point of the vllm runtime: ``python -m loom.workloads.llm --config /etc/loom/llm.json``.
+
+Starts the vLLM engine (a child process on the loopback, in the interpreter ``engineExecutable`` names) and
+Loom's OpenAI-compatible front on ``port``. An engine that never becomes ready stops the front with exit
+code 1 (a crash loop with the reason in the log). SIGTERM drains as the model server does: not ready at
+once, ``--drain-seconds`` more of serving, then in-flight requests and streams finish, then the engine stops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from loom.workloads.common.lifecycle import (
+    Drain,
+    GracefulServer,
+    add_drain_arguments,
+    check_drain_arguments,
+    uvicorn_config,
+)
+from loom.workloads.server.fetch import read_marker
+
+from .app import build_app
+from .config import LlmServerConfig
+
+log = logging.getLogger("loom.workloads.llm")
+
+
+def resolve_model_folder(config: LlmServerConfig) -> LlmServerConfig:
+    """The folder the fetch init step put the model in (it records it in a marker under modelDir), as the
+    default runtime finds it; modelDir itself when there is no marker (a local folder)."""
+    marker = read_marker(Path(config.model_dir))
+    if marker is None:
+        return config
+    return config.model_copy(update={"model_dir": str(Path(config.model_dir) / marker.folder)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Loom's OpenAI-compatible front over the vLLM engine.")
+    parser.add_argument("--config", required=True, help="LlmServerConfig JSON (the rendered ConfigMap)")
+    add_drain_arguments(parser)
+    args = parser.parse_args(argv)
+    check_drain_arguments(parser, args)
+    config = resolve_model_folder(LlmServerConfig.from_file(args.config))
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    drain = Drain(args.drain_seconds)
+    failed: list[str] = []
+    server: GracefulServer | None = None
+
+    def stop(reason: str) -> None:
+        failed.append(reason)
+        if server is not None:
+            server.should_exit = True
+
+    app = build_app(config, drain=drain, on_engine_failed=stop)
+    uvicorn = uvicorn_config(app, config.host, config.port, config.log_level, args.shutdown_timeout)
+    server = GracefulServer(uvicorn, drain)
+    server.run()
+    if failed:
+        log.error("exiting: the engine could not start: %s", failed[0])
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""The HTTP side of the vllm runtime, over Starlette: the OpenAI-compatible API, the OIP v2 generate
+extension for the same model, health and /metrics.
+
+Routes check requests (openai_protocol.py), hand them to the engine (engine.py), and on the way back count
+tokens against the caller's budget and record the LLM metrics. Keys and request budgets are middleware
+(guard.py); request size and body-read time are the shared BodyLimit; SIGTERM drains as on the model server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from loom.workloads.common.body_limit import BodyLimit
+from loom.workloads.common.lifecycle import CloseWhileDraining, Drain
+from loom.workloads.server.flow import ANONYMOUS, ApiKeys
+from loom.workloads.server.protocol import ProtocolError, decode_generate_request
+
+from .budget import TokenBudget
+from .config import LlmServerConfig
+from .engine import EngineUnavailable, VllmEngine
+from .guard import LlmGuard, per_minute_limiter
+from .metrics import LlmMetrics
+from .openai_protocol import (
+    Kind,
+    LlmRequest,
+    OpenAIError,
+    chunk_text,
+    completion_to_generate,
+    engine_error,
+    generate_to_completion,
+    parse_request,
+    parse_sse_line,
+    sse,
+    usage_tokens,
+)
+
+log = logging.getLogger(__name__)
+Endpoint = Callable[[Request], Awaitable[Response]]
+SSE_HEADERS = {"cache-control": "no-cache"}
+
+
+def error_response(error: OpenAIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers or None)
+
+
+class LlmRoutes:
+    def __init__(self, config: LlmServerConfig, engine: VllmEngine, metrics: LlmMetrics, drain: Drain,
+                 tokens: TokenBudget | None) -> None:
+        self.config, self.engine, self.metrics, self.drain, self.tokens = config, engine, metrics, drain, tokens
+        self.ready = False  # set once the engine answers its health check
+        self.created = int(time.time())
+
+    # ------------------------------------------------------------------------------------------- plumbing
+    def measured(self, endpoint: str, handler: Endpoint) -> Endpoint:
+        """Map every refusal and failure to an OpenAI-shaped answer, and count it under ``endpoint``."""
+
+        async def wrapped(request: Request) -> Response:
+            try:
+                if self.drain.active:
+                    raise OpenAIError(503, "the server is shutting down", "shutting_down")
+                if not self.ready:
+                    raise OpenAIError(503, "the model is still loading", "model_not_ready")
+                response = await handler(request)
+            except OpenAIError as exc:
+                response = error_response(exc)
+            except ProtocolError as exc:
+                response = error_response(OpenAIError(exc.status, str(exc), "invalid_request"))
+            except EngineUnavailable as exc:
+                response = error_response(OpenAIError(503, str(exc), "engine_unavailable"))
+            except TimeoutError:
+                limit = self.config.limits.request_timeout_s
+                response = error_response(OpenAIError(504, f"the request took longer than {limit:g} s", "timeout"))
+            except Exception as exc:  # a bug: still an OpenAI-shaped error, and still counted
+                log.exception("%s failed", endpoint)
+                response = error_response(OpenAIError(500, f"internal error: {type(exc).__name__}", "internal_error"))
+            self.metrics.answered(endpoint, response.status_code)
+            return response
+
+        return wrapped
+
+    def _finish(self, request: Request, started: float, first: float | None, prompt: int, completion: int) -> None:
+        caller = request.scope.get("state", {}).get("caller", ANONYMOUS)
+        if self.tokens is not None:
+            self.tokens.charge(caller, prompt + completion, time.monotonic())
+        self.metrics.finished(started, first, time.perf_counter(), prompt, completion)
+
+    async def _complete(self, request: Request, path: str, parsed: LlmRequest) -> dict[str, Any]:
+        started = time.perf_counter()
+        async with asyncio.timeout(self.config.limits.request_timeout_s):
+            status, body = await self.engine.post(path, parsed.engine_body)
+        if status != 200:
+            raise engine_error(status, body)
+        doc: dict[str, Any] = json.loads(body)
+        self._finish(request, started, None, *usage_tokens(doc))
+        return doc
+
+    async def _open_stream(
+        self, request: Request, path: str, parsed: LlmRequest,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Start the engine's stream (so an engine refusal is still an HTTP error) and return its chunks;
+        the usage chunk is consumed here (charged and measured) and passed on only if the client asked."""
+        started = time.perf_counter()
+        deadline = asyncio.get_running_loop().time() + self.config.limits.request_timeout_s
+        stack = contextlib.AsyncExitStack()
+        status, lines, error = await stack.enter_async_context(self.engine.stream(path, parsed.engine_body))
+        if status != 200:
+            await stack.aclose()
+            raise engine_error(status, error)
+
+        async def chunks() -> AsyncIterator[dict[str, Any]]:
+            first: float | None = None
+            usage = (0, 0)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    async for line in lines:
+                        event = parse_sse_line(line)
+                        if event is None:
+                            continue
+                        if isinstance(event, str):  # [DONE]
+                            break
+                        if first is None and chunk_text(event):
+                            first = time.perf_counter()
+                        if event.get("usage"):
+                            usage = usage_tokens(event)
+                        if not parsed.include_usage:
+                            if not event.get("choices"):
+                                continue  # the usage-only chunk the client did not ask for
+                            event = {k: v for k, v in event.items() if k != "usage"}
+                        yield event
+                self._finish(request, started, first, *usage)
+            finally:
+                await stack.aclose()
+
+        return chunks()
+
+    def _sse(self, events: AsyncIterator[dict[str, Any]], done: bool) -> StreamingResponse:
+        async def body() -> AsyncIterator[bytes]:
+            async with contextlib.aclosing(events):  # type: ignore[type-var]
+                try:
+                    async for event in events:
+                        yield sse(event)
+                except TimeoutError:
+                    limit = self.config.limits.request_timeout_s
+                    yield sse(OpenAIError(504, f"the stream took longer than {limit:g} s", "timeout").body())
+                except EngineUnavailable as exc:
+                    yield sse(OpenAIError(503, str(exc), "engine_unavailable").body())
+            if done:
+                yield sse("[DONE]")
+
+        return StreamingResponse(body(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    # ------------------------------------------------------------------------------------------- OpenAI
+    async def _openai(self, request: Request, kind: Kind, path: str) -> Response:
+        limits = self.config.limits
+        parsed = parse_request(kind, await request.body(), self.config.model_name, limits.max_tokens_limit)
+        if parsed.stream:
+            return self._sse(await self._open_stream(request, path, parsed), done=True)
+        return JSONResponse(await self._complete(request, path, parsed))
+
+    async def completions(self, request: Request) -> Response:
+        return await self._openai(request, "completion", "/v1/completions")
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._openai(request, "chat", "/v1/chat/completions")
+
+    async def models(self, request: Request) -> Response:
+        model = {"id": self.config.model_name, "object": "model", "created": self.created, "owned_by": "loom"}
+        if self.config.engine.max_model_len is not None:
+            model["max_model_len"] = self.config.engine.max_model_len
+        return JSONResponse({"object": "list", "data": [model]})
+
+    # ------------------------------------------------------------------------------------------- OIP v2
+    def _served(self, request: Request) -> None:
+        name = request.path_params["name"]
+        if name != self.config.model_name:
+            raise OpenAIError(404, f"model '{name}' is not served here", "model_not_found")
+
+    async def generate(self, request: Request) -> Response:
+        self._served(request)
+        decoded = decode_generate_request(await request.body())
+        body = generate_to_completion(decoded, self.config.model_name, stream=False)
+        parsed = parse_request("completion", body, self.config.model_name, self.config.limits.max_tokens_limit)
+        doc = await self._complete(request, "/v1/completions", parsed)
+        return JSONResponse(completion_to_generate(doc, self.config.model_name, decoded.id).to_dict())
+
+    async def generate_stream(self, request: Request) -> Response:
+        self._served(request)
+        decoded = decode_generate_request(await request.body())
+        body = generate_to_completion(decoded, self.config.model_name, stream=True)
+        parsed = parse_request("completion", body, self.config.model_name, self.config.limits.max_tokens_limit)
+        chunks = await self._open_stream(request, "/v1/completions", parsed)
+
+        async def pieces() -> AsyncIterator[dict[str, Any]]:
+            async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+                async for chunk in chunks:
+                    yield completion_to_generate(chunk, self.config.model_name, decoded.id).to_dict()
+
+        return self._sse(pieces(), done=False)  # the generate extension's stream has no [DONE]
+
+    # ------------------------------------------------------------------------------------------- health
+    async def live(self, request: Request) -> Response:
+        return JSONResponse({"live": True})
+
+    async def ready_probe(self, request: Request) -> Response:
+        ready = self.ready and not self.drain.active and await self.engine.healthy()
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+
+    async def model_ready(self, request: Request) -> Response:
+        self._served(request)
+        return await self.ready_probe(request)
+
+    async def prometheus(self, request: Request) -> Response:
+        text = await self.engine.metrics_text()
+        return Response(self.metrics.exposition(text), media_type=CONTENT_TYPE_LATEST)
+
+    def table(self) -> list[Route]:
+        routes = [
+            Route("/v2/health/live", self.live, methods=["GET"]),
+            Route("/v2/health/ready", self.ready_probe, methods=["GET"]),
+            Route("/metrics", self.prometheus, methods=["GET"]),
+            Route("/v1/models", self.measured("models", self.models), methods=["GET"]),
+            Route("/v1/completions", self.measured("completions", self.completions), methods=["POST"]),
+            Route("/v1/chat/completions", self.measured("chat_completions", self.chat_completions), methods=["POST"]),
+            Route("/v2/models/{name}/ready", self.model_ready, methods=["GET"]),
+        ]
+        for suffix, handler in (("generate", self.generate), ("generate_stream", self.generate_stream)):
+            wrapped = self.measured(suffix, handler)
+            routes.append(Route(f"/v2/models/{{name}}/{suffix}", wrapped, methods=["POST"]))
+            routes.append(Route(f"/v2/models/{{name}}/versions/{{version}}/{suffix}", wrapped, methods=["POST"]))
+        return routes
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return error_response(OpenAIError(404, f"no route for {request.method} {request.url.path}", "not_found"))
+
+
+async def _not_allowed(request: Request, exc: Exception) -> Response:
+    message = f"method {request.method} not allowed on {request.url.path}"
+    return error_response(OpenAIError(405, message, "method_not_allowed"))
+
+
+def build_app(config: LlmServerConfig, engine: VllmEngine | None = None, drain: Drain | None = None,
+              on_engine_failed: Callable[[str], None] | None = None) -> Starlette:
+    """The front for one model. The engine starts in the app's lifespan and is stopped when the app stops
+    (after the drain: requests in flight finish first); readiness turns true once the engine is healthy.
+    ``on_engine_failed`` is told why if the engine never becomes ready (the entry point then exits 1)."""
+    drain = drain or Drain()
+    engine = engine or VllmEngine(config)
+    metrics = LlmMetrics(config.model_name)
+    limits = config.limits
+    tokens = TokenBudget(limits.tokens_per_minute) if limits.tokens_per_minute else None
+    routes = LlmRoutes(config, engine, metrics, drain, tokens)
+
+    async def become_ready() -> None:
+        try:
+            await engine.wait_ready()
+        except EngineUnavailable as exc:
+            log.error("%s", exc)
+            if on_engine_failed is not None:
+                on_engine_failed(str(exc))
+            return
+        routes.ready = True
+        log.info("the vLLM engine is ready: serving %s", config.model_name)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await engine.start()
+        waiter = asyncio.create_task(become_ready())
+        try:
+            yield
+        finally:
+            waiter.cancel()
+            await engine.stop()
+
+    guard = Middleware(
+        LlmGuard, keys=ApiKeys(config.auth),
+        requests=per_minute_limiter(limits.requests_per_minute) if limits.requests_per_minute else None,
+        tokens=tokens, metrics=metrics,
+    )
+    app = Starlette(
+        routes=routes.table(), lifespan=lifespan,
+        middleware=[
+            Middleware(CloseWhileDraining, drain=drain), guard,
+            Middleware(BodyLimit, max_bytes=config.max_request_bytes, timeout_s=config.request_body_timeout_s),
+        ],
+        exception_handlers={404: _not_found, 405: _not_allowed},
+    )
+    app.state.routes = routes
+    app.state.engine = engine
+    return app

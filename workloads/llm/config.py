@@ -1,0 +1,133 @@
+"""The vllm runtime's configuration: the contract between the operator and the LLM server pod.
+
+The operator renders an ``LlmServerConfig`` into the pod's ConfigMap (JSON, camelCase) and the front reads it
+back. Engine options are typed with vLLM's own defaults (None = let vLLM decide); ``extraArgs`` is the
+documented passthrough for any other ``vllm`` command-line flag. Imports pydantic only, so the operator can
+use it without starlette or vLLM installed. Secrets never travel here: API keys are named by a file or an
+environment variable, as for the default runtime (loom.workloads.server.config.AuthConfig).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from loom.workloads.common.body_limit import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_BODY_TIMEOUT_S
+from loom.workloads.common.model_name import MODEL_NAME_RULE, is_model_name
+from loom.workloads.server.config import AuthConfig
+
+Dtype = Literal["auto", "float32", "float16", "bfloat16"]
+# Flags the front sets itself (where the engine listens, what it serves): a passthrough may not move them.
+RESERVED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--api-key", "--uds")
+_FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]*(=.*)?$")
+
+
+class _Camel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=lambda name: re.sub(r"_([a-z])", lambda m: m.group(1).upper(), name),
+        populate_by_name=True, extra="forbid", frozen=True,
+    )
+
+
+class EngineOptions(_Camel):
+    """vLLM engine options a user sets, each mapped to its ``vllm`` flag (None keeps vLLM's default)."""
+
+    max_model_len: Annotated[int, Field(ge=16, le=10_000_000)] | None = Field(
+        None, description="--max-model-len: longest prompt + completion in tokens (default: the model's).")
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = Field(
+        None, description="--gpu-memory-utilization: fraction of GPU memory for weights and KV cache (vLLM: 0.9).")
+    kv_cache_memory_bytes: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="--kv-cache-memory-bytes: KV-cache size; overrides the GPU memory fraction (and is "
+                          "the CPU build's KV-cache space).")
+    dtype: Dtype = Field("auto", description="--dtype of weights and activations.")
+    tensor_parallel_size: Annotated[int, Field(ge=1, le=64)] = Field(
+        1, description="--tensor-parallel-size: GPUs of the pod one model is split over.")
+    enable_prefix_caching: bool | None = Field(
+        None, description="--enable-prefix-caching / --no-enable-prefix-caching (vLLM: on).")
+    max_num_seqs: Annotated[int, Field(ge=1, le=65_536)] | None = Field(
+        None, description="--max-num-seqs: most sequences decoded together (vLLM: 256 on GPU).")
+    chat_template: str | None = Field(
+        None, description="--chat-template: a Jinja chat template (text) used instead of the tokenizer's.")
+    enforce_eager: bool = Field(False, description="--enforce-eager: skip graph compilation (faster start).")
+    extra_args: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="Passthrough: further vllm flags, each '--flag' or '--flag=value' (the front's own "
+                    "flags --model, --served-model-name, --host, --port, --api-key, --uds are refused).")
+
+    @field_validator("extra_args")
+    @classmethod
+    def _check_extra(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            if not _FLAG.match(arg):
+                raise ValueError(f"extraArgs entry {arg!r} must be '--flag' or '--flag=value'")
+            if arg.split("=", 1)[0] in RESERVED_FLAGS:
+                raise ValueError(f"extraArgs may not set {arg.split('=', 1)[0]}: the front sets it")
+        return value
+
+
+def engine_flags(options: EngineOptions, chat_template_file: Path | None = None) -> list[str]:
+    """The ``vllm`` flags for ``options`` (pure; the model, name and port are added by the engine adapter)."""
+    flags: list[str] = []
+    valued = {
+        "--max-model-len": options.max_model_len,
+        "--gpu-memory-utilization": options.gpu_memory_utilization,
+        "--kv-cache-memory-bytes": options.kv_cache_memory_bytes,
+        "--max-num-seqs": options.max_num_seqs,
+    }
+    flags += [f"{flag}={value}" for flag, value in valued.items() if value is not None]
+    flags += [f"--dtype={options.dtype}", f"--tensor-parallel-size={options.tensor_parallel_size}"]
+    if options.enable_prefix_caching is not None:
+        flags.append("--enable-prefix-caching" if options.enable_prefix_caching else "--no-enable-prefix-caching")
+    if options.enforce_eager:
+        flags.append("--enforce-eager")
+    if options.chat_template is not None:
+        if chat_template_file is None:
+            raise ValueError("a chat template needs a file to be written to")
+        flags.append(f"--chat-template={chat_template_file}")
+    return flags + list(options.extra_args)
+
+
+class LlmLimits(_Camel):
+    """Per-key budgets (per minute, moving window) and per-request limits."""
+
+    requests_per_minute: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    tokens_per_minute: Annotated[int, Field(ge=1, le=1_000_000_000)] | None = Field(
+        None, description="Prompt + generated tokens a key may use per minute; past it requests get 429.")
+    request_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = Field(
+        600.0, description="Longest a request (a whole stream included) may take; then it is cut off.")
+    max_tokens_limit: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        4096, description="Largest max_tokens a request may ask for.")
+
+
+class LlmServerConfig(_Camel):
+    model_name: str = Field(description=f"The served model name (OpenAI 'model'); {MODEL_NAME_RULE}.")
+    model_dir: str = Field(description="The Hugging Face-format model's folder (config.json, weights, tokenizer).")
+    host: str = "0.0.0.0"
+    port: Annotated[int, Field(ge=1, le=65_535)] = 8080
+    engine_port: Annotated[int, Field(ge=1, le=65_535)] = 8081
+    engine_python: str = Field("python3", description="The interpreter that has vLLM installed (its own environment).")
+    engine_start_timeout_s: Annotated[float, Field(gt=0, le=7200)] = 900.0
+    engine: EngineOptions = Field(default_factory=EngineOptions)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    limits: LlmLimits = Field(default_factory=LlmLimits)
+    max_request_bytes: Annotated[int, Field(ge=1024)] = DEFAULT_MAX_REQUEST_BYTES
+    request_body_timeout_s: Annotated[float, Field(gt=0)] = DEFAULT_REQUEST_BODY_TIMEOUT_S
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("model_name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not is_model_name(value):
+            raise ValueError(f"modelName {value!r}: {MODEL_NAME_RULE}")
+        return value
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> LlmServerConfig:
+        return cls.model_validate(json.loads(Path(path).read_text()))
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, exclude_none=True)

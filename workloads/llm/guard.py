@@ -1,0 +1,78 @@
+"""API keys and per-key limits for the OpenAI front, as ASGI middleware, reusing the model server's key and
+rate-limit code (loom.workloads.server.flow): keys as ``Authorization: Bearer`` (or ``x-api-key``), a request
+budget per minute and a token budget per minute (budget.py; charged by the routes once usage is known).
+Refusals are OpenAI-shaped. Probes and /metrics are exempt, as on the model server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from loom.workloads.server.config import RateLimitConfig
+from loom.workloads.server.flow import ANONYMOUS, ApiKeys, RateLimiter, presented_key, retry_after_header
+
+from .budget import TokenBudget
+from .metrics import LlmMetrics
+from .openai_protocol import OpenAIError
+
+log = logging.getLogger(__name__)
+EXEMPT_PREFIXES = ("/v2/health/", "/metrics")
+
+
+def per_minute_limiter(requests_per_minute: int) -> RateLimiter:
+    """The model server's limiter over a one-minute moving window of ``requests_per_minute`` requests."""
+    return RateLimiter(RateLimitConfig(requests_per_second=requests_per_minute / 60, burst=requests_per_minute))
+
+
+class LlmGuard:
+    def __init__(self, app: ASGIApp, keys: ApiKeys, requests: RateLimiter | None, tokens: TokenBudget | None,
+                 metrics: LlmMetrics) -> None:
+        self.app, self.keys, self.requests, self.tokens, self.metrics = app, keys, requests, tokens, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].startswith(EXEMPT_PREFIXES):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        caller = ANONYMOUS
+        if self.keys.enabled:
+            key = presented_key(headers.get("authorization"), headers.get("x-api-key"))
+            checked = self.keys.check(key)
+            if checked is None:
+                log.info("refused request to %s: %s", scope["path"], "no API key" if key is None else "bad API key")
+                message = "a valid API key is required (Authorization: Bearer <key>)"
+                challenge = {"www-authenticate": "Bearer"}
+                await self._reject(send, OpenAIError(401, message, "invalid_api_key", headers=challenge))
+                return
+            caller = checked
+        elif scope.get("client"):
+            caller = f"client-{scope['client'][0]}"
+        if self.requests is not None:
+            wait = self.requests.hit(caller)
+            if wait is not None:
+                await self._reject(send, _limited("requests", wait))
+                return
+        if self.tokens is not None:
+            wait = self.tokens.check(caller, time.monotonic())
+            if wait is not None:
+                await self._reject(send, _limited("tokens", wait))
+                return
+        scope.setdefault("state", {})["caller"] = caller
+        await self.app(scope, receive, send)
+
+    async def _reject(self, send: Send, error: OpenAIError) -> None:
+        self.metrics.answered("refused", error.status)
+        body = json.dumps(error.body()).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        headers += [(k.encode(), v.encode()) for k, v in error.headers.items()]
+        await send({"type": "http.response.start", "status": error.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _limited(budget: str, wait: float) -> OpenAIError:
+    return OpenAIError(429, f"rate limit reached: {budget} per minute for this key; retry after {wait:.0f} s",
+                       "rate_limit_exceeded", headers={"retry-after": retry_after_header(wait)})
