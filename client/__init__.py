@@ -7,94 +7,236 @@
     print(client.training(job).result().checkpoint_uri)
 
 Importable without torch, feast or mlflow (numpy, rich and openai are imported by the helpers that need them).
-Reference: docs/sdk.md (generated from the models: every field, its type, default and description).
+Guide: client/README.md; every field, its type, default and description: docs/api-reference.md (generated).
 """
+# The names are loaded on first use (PEP 562): `loom --help` imports loom.client.cli, which must not pay for the
+# kubernetes client and the CEL library; `from loom.client import Client` loads what Client needs.
+from __future__ import annotations
 
-from loom.operator.api import (
-    Auth,
-    Autoscaling,
-    AutoscalingStatus,
-    Batching,
-    CanaryStatus,
-    CheckpointSpec,
-    CheckpointStatus,
-    Condition,
-    DeepSpeedOptions,
-    Entity,
-    Entrypoint,
-    EnvVar,
-    Feature,
-    FeatureEnrichment,
-    FeatureServer,
-    FeatureView,
-    FeatureViewSpec,
-    FeatureViewStatus,
-    FromTrainingJob,
-    FsdpOptions,
-    GraphNode,
-    GraphRouter,
-    GraphStep,
-    InferenceGraph,
-    InferenceGraphSpec,
-    InferenceGraphStatus,
-    InferenceService,
-    InferenceServiceSpec,
-    InferenceServiceStatus,
-    LastMaterialization,
-    Materialization,
-    MlflowRun,
-    MlflowTracking,
-    ModelSource,
-    NodeStatus,
-    OfflineStore,
-    OnlineStore,
-    Progress,
-    RateLimit,
-    Registry,
-    ResourceRequirements,
-    Rollout,
-    RunPolicy,
-    S3Credentials,
-    ScalingPolicy,
-    ScalingRules,
-    Scheduling,
-    SecretKeySelector,
-    Source,
-    StepStatus,
-    Store,
-    Toleration,
-    Tracking,
-    TrainingData,
-    TrainingDataStatus,
-    TrainingJob,
-    TrainingJobSpec,
-    TrainingJobStatus,
-    VllmSpec,
-    Volume,
-    WorkerCounts,
-    Workers,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from .access import Direct, InCluster, PortForward, ServiceAccess
-from .client import Client, WaitFailed, WaitTimeout
-from .functions import from_function
-from .kube import ApiError, NotFound
-from .local import LocalRun, LocalRunRefused, run_local
-from .models import (
-    InvalidObject,
-    LoomObject,
-    feature_view,
-    from_manifest,
-    inference_graph,
-    inference_service,
-    load,
-    parse,
-    to_manifest,
-    training_job,
-)
-from .serving import Service, ServiceError
-from .training import Training, TrainingProgress, TrainingResult
-from .validation import validate
+if TYPE_CHECKING:
+    from loom.operator.api import (
+        Auth,
+        Autoscaling,
+        AutoscalingStatus,
+        Batching,
+        CanaryStatus,
+        CheckpointSpec,
+        CheckpointStatus,
+        Condition,
+        DeepSpeedOptions,
+        Entity,
+        Entrypoint,
+        EnvVar,
+        Feature,
+        FeatureEnrichment,
+        FeatureServer,
+        FeatureView,
+        FeatureViewSpec,
+        FeatureViewStatus,
+        FromTrainingJob,
+        FsdpOptions,
+        GraphNode,
+        GraphRouter,
+        GraphStep,
+        InferenceGraph,
+        InferenceGraphSpec,
+        InferenceGraphStatus,
+        InferenceService,
+        InferenceServiceSpec,
+        InferenceServiceStatus,
+        LastMaterialization,
+        Materialization,
+        MlflowRun,
+        MlflowTracking,
+        ModelSource,
+        NodeStatus,
+        OfflineStore,
+        OnlineStore,
+        Progress,
+        RateLimit,
+        Registry,
+        ResourceRequirements,
+        Rollout,
+        RunPolicy,
+        S3Credentials,
+        ScalingPolicy,
+        ScalingRules,
+        Scheduling,
+        SecretKeySelector,
+        Source,
+        StepStatus,
+        Store,
+        Toleration,
+        Tracking,
+        TrainingData,
+        TrainingDataStatus,
+        TrainingJob,
+        TrainingJobSpec,
+        TrainingJobStatus,
+        VllmSpec,
+        Volume,
+        WorkerCounts,
+        Workers,
+    )
+
+    from .access import (
+        Direct,
+        InCluster,
+        PortForward,
+        ServiceAccess,
+    )
+    from .client import (
+        Client,
+        WaitFailed,
+        WaitTimeout,
+    )
+    from .functions import (
+        from_function,
+    )
+    from .kube import (
+        ApiError,
+        NotFound,
+    )
+    from .local import (
+        LocalRun,
+        LocalRunRefused,
+        run_local,
+    )
+    from .models import (
+        InvalidObject,
+        LoomObject,
+        feature_view,
+        from_manifest,
+        inference_graph,
+        inference_service,
+        load,
+        parse,
+        to_manifest,
+        training_job,
+    )
+    from .serving import (
+        Service,
+        ServiceError,
+    )
+    from .training import (
+        Training,
+        TrainingProgress,
+        TrainingResult,
+    )
+    from .validation import (
+        validate,
+    )
+
+_WHERE: dict[str, str] = {
+    "ApiError": ".kube",
+    "Auth": "loom.operator.api",
+    "Autoscaling": "loom.operator.api",
+    "AutoscalingStatus": "loom.operator.api",
+    "Batching": "loom.operator.api",
+    "CanaryStatus": "loom.operator.api",
+    "CheckpointSpec": "loom.operator.api",
+    "CheckpointStatus": "loom.operator.api",
+    "Client": ".client",
+    "Condition": "loom.operator.api",
+    "DeepSpeedOptions": "loom.operator.api",
+    "Direct": ".access",
+    "Entity": "loom.operator.api",
+    "Entrypoint": "loom.operator.api",
+    "EnvVar": "loom.operator.api",
+    "Feature": "loom.operator.api",
+    "FeatureEnrichment": "loom.operator.api",
+    "FeatureServer": "loom.operator.api",
+    "FeatureView": "loom.operator.api",
+    "FeatureViewSpec": "loom.operator.api",
+    "FeatureViewStatus": "loom.operator.api",
+    "FromTrainingJob": "loom.operator.api",
+    "FsdpOptions": "loom.operator.api",
+    "GraphNode": "loom.operator.api",
+    "GraphRouter": "loom.operator.api",
+    "GraphStep": "loom.operator.api",
+    "InCluster": ".access",
+    "InferenceGraph": "loom.operator.api",
+    "InferenceGraphSpec": "loom.operator.api",
+    "InferenceGraphStatus": "loom.operator.api",
+    "InferenceService": "loom.operator.api",
+    "InferenceServiceSpec": "loom.operator.api",
+    "InferenceServiceStatus": "loom.operator.api",
+    "InvalidObject": ".models",
+    "LastMaterialization": "loom.operator.api",
+    "LocalRun": ".local",
+    "LocalRunRefused": ".local",
+    "LoomObject": ".models",
+    "Materialization": "loom.operator.api",
+    "MlflowRun": "loom.operator.api",
+    "MlflowTracking": "loom.operator.api",
+    "ModelSource": "loom.operator.api",
+    "NodeStatus": "loom.operator.api",
+    "NotFound": ".kube",
+    "OfflineStore": "loom.operator.api",
+    "OnlineStore": "loom.operator.api",
+    "PortForward": ".access",
+    "Progress": "loom.operator.api",
+    "RateLimit": "loom.operator.api",
+    "Registry": "loom.operator.api",
+    "ResourceRequirements": "loom.operator.api",
+    "Rollout": "loom.operator.api",
+    "RunPolicy": "loom.operator.api",
+    "S3Credentials": "loom.operator.api",
+    "ScalingPolicy": "loom.operator.api",
+    "ScalingRules": "loom.operator.api",
+    "VllmSpec": "loom.operator.api",
+    "Scheduling": "loom.operator.api",
+    "SecretKeySelector": "loom.operator.api",
+    "Service": ".serving",
+    "ServiceAccess": ".access",
+    "ServiceError": ".serving",
+    "Source": "loom.operator.api",
+    "StepStatus": "loom.operator.api",
+    "Store": "loom.operator.api",
+    "Toleration": "loom.operator.api",
+    "Tracking": "loom.operator.api",
+    "Training": ".training",
+    "TrainingData": "loom.operator.api",
+    "TrainingDataStatus": "loom.operator.api",
+    "TrainingJob": "loom.operator.api",
+    "TrainingJobSpec": "loom.operator.api",
+    "TrainingJobStatus": "loom.operator.api",
+    "TrainingProgress": ".training",
+    "TrainingResult": ".training",
+    "Volume": "loom.operator.api",
+    "WaitFailed": ".client",
+    "WaitTimeout": ".client",
+    "WorkerCounts": "loom.operator.api",
+    "Workers": "loom.operator.api",
+    "feature_view": ".models",
+    "from_function": ".functions",
+    "from_manifest": ".models",
+    "inference_graph": ".models",
+    "inference_service": ".models",
+    "load": ".models",
+    "parse": ".models",
+    "run_local": ".local",
+    "to_manifest": ".models",
+    "training_job": ".models",
+    "validate": ".validation",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "ApiError",

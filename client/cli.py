@@ -11,12 +11,12 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-import yaml
 
-from loom.operator.api import Kind, TrainingJob
+if TYPE_CHECKING:
+    from loom.operator.api import Kind
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -77,6 +77,8 @@ def _resource(text: str, name: str | None) -> tuple[Kind, str | None]:
 
 
 def _dump(data: Any, output: str) -> str:
+    import yaml
+
     if output == "json":
         return json.dumps(data, indent=2) + "\n"
     return yaml.safe_dump(data, sort_keys=False)
@@ -298,6 +300,8 @@ def run(filename: Path, local: bool, processes: int | None, workdir: Path | None
         kubeconfig: str | None) -> None:
     """Run a TrainingJob: here (`--local`, same trainer, checkpoints, resume and MLflow code as in the cluster) or
     on the cluster (server-side apply, then optionally wait with a progress bar)."""
+    from loom.operator.api import TrainingJob
+
     from .local import LocalRunRefused, run_local
     from .models import InvalidObject, load
 
