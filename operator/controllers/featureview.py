@@ -52,6 +52,8 @@ from ..render.featureview_config import (
     apply_job_name,
     cronjob_name,
     delete_job_name,
+    feast_view_name,
+    feature_refs,
     plan_project,
     project_object_name,
     project_prefix,
@@ -238,6 +240,8 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
     observed = Observed(
         generation,
         project=plan.config.project,
+        feast_view=feast_view_name(name),
+        feature_refs=tuple(feature_refs(name, [feature.name for feature in spec.features])),
         registry=plan.config.registry.location,
         online_store=plan.config.online_store.type,
         url=server_url(namespace, spec.project),

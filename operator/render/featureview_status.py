@@ -119,6 +119,8 @@ def next_run(schedule: str, now: datetime) -> datetime | None:
 class Observed:
     generation: int | None
     project: str | None = None  # Feast's project name
+    feast_view: str | None = None  # the view's name in Feast ('-' becomes '_')
+    feature_refs: tuple[str, ...] = ()  # <feast view>:<feature>, what a lookup names
     registry: str | None = None
     online_store: str | None = None
     url: str | None = None
@@ -221,7 +223,8 @@ def compute_status(
     put("Materialized", _materialized(observed, last, running, next_time))
     server = put("ServerReady", _server(observed))
     if registered.status == "True" and server.status == "True":
-        ready = put("Ready", ("True", "Ready", f"registered in {observed.project}; serving at {observed.url}"))
+        named = f" as {observed.feast_view}" if observed.feast_view else ""
+        ready = put("Ready", ("True", "Ready", f"registered in {observed.project}{named}; serving at {observed.url}"))
     else:
         blocking = registered if registered.status != "True" else server
         ready = put("Ready", ("False", blocking.reason, blocking.message))
@@ -242,6 +245,8 @@ def compute_status(
         phase=phase,
         registered=is_registered,
         project=observed.project,
+        feast_view=observed.feast_view,
+        feature_refs=list(observed.feature_refs) or None,
         registry=observed.registry,
         online_store=observed.online_store,
         url=observed.url,

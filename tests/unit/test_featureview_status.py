@@ -208,3 +208,18 @@ def test_cron_helpers() -> None:
     a = JobResult("a", "Succeeded", created="2026-01-03T09:00:00Z")
     b = JobResult("b", "Running", created="2026-01-03T10:00:00Z")
     assert newest([a, b]) == b and newest([]) is None
+
+
+def test_status_names_the_view_as_feast_knows_it_and_the_feature_references_to_look_up() -> None:
+    """driver-stats is driver_stats in Feast: `driver-stats:conv_rate` answers 404, the status says what works."""
+    from loom.operator.render.featureview_config import feature_refs
+
+    refs = feature_refs("driver-stats", ["conv_rate", "acc_rate"])
+    assert refs == ["driver_stats:conv_rate", "driver_stats:acc_rate"]
+    applied = JobResult("v-apply-1", "Succeeded", result=APPLIED)
+    status, _ = compute_status(observed(apply=applied, feast_view="driver_stats", feature_refs=tuple(refs)), None, NOW)
+    assert status.feast_view == "driver_stats" and status.feature_refs == refs
+    dumped = status.model_dump(by_alias=True, exclude_none=True)
+    assert dumped["feastView"] == "driver_stats"
+    assert dumped["featureRefs"] == ["driver_stats:conv_rate", "driver_stats:acc_rate"]
+    assert "as driver_stats" in cond(status, "Ready")[2]
