@@ -43,6 +43,7 @@ from ..render.featureview import (
     render_deployment,
     render_manual_job,
     render_service,
+    server_selector,
 )
 from ..render.featureview_config import (
     Member,
@@ -61,6 +62,7 @@ from ..render.featureview_config import (
 )
 from ..render.featureview_status import JobResult, Observed, compute_status, job_result, newest
 from ..render.kit import Manifest, status_patch
+from ..render.pod_problems import find_problem
 from ..settings import OperatorSettings
 from .events import post_events
 from .runner import Runner
@@ -237,6 +239,11 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
     ]
     deployment = await kube.get("apps/v1", "Deployment", namespace, object_name)
     dstatus = (deployment or {}).get("status") or {}
+    # Pods that cannot start (a missing Secret, ...): the apply Job's and the feature server's, for status.
+    apply_job = state.jobs.get(apply_job_name(name, apply_hash(plan, name))) if rejection is None else None
+    apply_problem = find_problem(_pods_of(apply_job, state.pods)) if apply_job is not None else None
+    serving = server_selector(spec.project).items()
+    server_pods = [p for p in state.pods if serving <= (p["metadata"].get("labels") or {}).items()]
     observed = Observed(
         generation,
         project=plan.config.project,
@@ -254,6 +261,8 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
         materialization=newest(materializations),
         server_replicas=int(((deployment or {}).get("spec") or {}).get("replicas") or 0),
         server_ready=int(dstatus.get("readyReplicas") or 0),
+        apply_problem=apply_problem,
+        server_problem=find_problem(server_pods),
     )
     await _write_status(body, observed, now, own.status_field())
 

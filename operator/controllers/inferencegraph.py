@@ -28,11 +28,13 @@ from ..render.inferencegraph import (
     referenced_services,
     render_router,
     router_config,
+    selector_string,
     service_conflict,
     service_name,
 )
 from ..render.inferencegraph_status import Observed, compute_status
 from ..render.kit import Manifest, owner_of, status_patch
+from ..render.pod_problems import find_problem
 from ..settings import OperatorSettings
 from .events import post_events
 from .runner import LastSeen, Runner, child_handlers, own_kind_handlers
@@ -79,7 +81,10 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
                     deployment = applied
     if deployment is None:
         deployment = await kube.get("apps/v1", "Deployment", namespace, deployment_name(name))
-    status, events = compute_status(owner, spec, Observed(deployment, services, problem), previous)
+    # A router pod that cannot start (a missing Secret, the image, ...) is named in RouterAvailable and Ready.
+    pods = await kube.list_objects("v1", "Pod", namespace, selector_string(owner)) if deployment is not None else []
+    observed = Observed(deployment, services, problem, find_problem(pods))
+    status, events = compute_status(owner, spec, observed, previous)
     patch = status_patch(dict(body.get("status") or {}), status.to_wire())
     if patch is not None:
         await kube.patch_status(API_VERSION, KIND, namespace, name, patch)

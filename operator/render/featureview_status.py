@@ -23,6 +23,8 @@ from ..api.featureview import FeatureViewStatus, LastMaterialization
 from .featureview import CONTAINER, cron_expression
 from .featureview_config import Rejection
 from .kit import Condition, Event, Manifest, format_time, set_condition
+from .pod_problems import REASONS as POD_REASONS
+from .pod_problems import PodProblem
 
 JobState = Literal["Pending", "Running", "Succeeded", "Failed"]
 
@@ -133,6 +135,9 @@ class Observed:
     materialization: JobResult | None = None  # the newest materialization Job of the view
     server_replicas: int = 0
     server_ready: int = 0
+    # Why a pod of the apply Job / of the feature server cannot start (a missing Secret, ...): pod_problems.
+    apply_problem: PodProblem | None = None
+    server_problem: PodProblem | None = None
 
 
 def _registered(observed: Observed) -> tuple[Literal["True", "False", "Unknown"], str, str]:
@@ -144,6 +149,8 @@ def _registered(observed: Observed) -> tuple[Literal["True", "False", "Unknown"]
             return "Unknown", "WaitingForWriter", "another Job of the project is writing the registry"
         return "Unknown", "Applying", "the apply Job is being created"
     if job.state in ("Pending", "Running"):
+        if (problem := observed.apply_problem) is not None:
+            return "Unknown", problem.reason, f"Job {job.name} cannot apply the view: {problem.message}"
         return "Unknown", "Applying", f"Job {job.name} applies the view to the registry"
     if job.state == "Failed":
         return "False", job.reason or "Failed", job.message or f"Job {job.name} failed"
@@ -195,6 +202,8 @@ def _server(observed: Observed) -> tuple[Literal["True", "False", "Unknown"], st
         return "False", "ScaledToZero", "server.replicas is 0"
     if observed.server_ready > 0:
         return "True", "ServerReady", f"{observed.server_ready}/{observed.server_replicas} ready at {observed.url}"
+    if (problem := observed.server_problem) is not None:
+        return "False", problem.reason, f"0/{observed.server_replicas} feature server replicas ready: {problem.message}"
     return "False", "ServerStarting", f"0/{observed.server_replicas} feature server replicas ready"
 
 
@@ -283,6 +292,10 @@ def _events(old: FeatureViewStatus, new: FeatureViewStatus) -> list[Event]:
             )
         else:
             events.append(Event("Warning", "MaterializationFailed", last_new.message or str(last_new.job)))
+    for ctype in ("Registered", "ServerReady"):  # a pod that cannot start: once per cause
+        was, now = _condition(old, ctype), _condition(new, ctype)
+        if now is not None and now.reason in POD_REASONS and (was is None or was.reason != now.reason):
+            events.append(Event("Warning", now.reason, now.message))
     ready_old, ready_new = _condition(old, "Ready"), _condition(new, "Ready")
     if ready_new is not None and ready_new.status == "True" and (ready_old is None or ready_old.status != "True"):
         events.append(Event("Normal", "Ready", ready_new.message))

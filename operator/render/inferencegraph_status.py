@@ -29,6 +29,8 @@ from .inferencegraph import (
     selector_string,
 )
 from .kit import Condition, Event, Manifest, condition_events, set_condition
+from .pod_problems import REASONS as POD_REASONS
+from .pod_problems import PodProblem
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class Observed:
     deployment: Manifest | None  # the router Deployment as applied, or as live when nothing was applied
     services: Mapping[str, ServiceRef]  # the referenced InferenceServices that exist
     problem: GraphProblem | None = None
+    pod_problem: PodProblem | None = None  # why a router pod cannot start (pod_problems)
 
 
 def _int(deployment: Manifest | None, field: str) -> int:
@@ -169,6 +172,8 @@ def compute_status(
     elif deployment is None:
         why = problem.message if problem is not None else "the router is not created yet"
         router = _condition("RouterAvailable", False, "NotCreated", why, generation)
+    elif (pod := observed.pod_problem) is not None:
+        router = _condition("RouterAvailable", False, pod.reason, f"no router replica ready: {pod.message}", generation)
     else:
         router = _condition("RouterAvailable", False, "Starting", "no router replica ready yet", generation)
 
@@ -219,4 +224,5 @@ def _phase(invalid: bool, available: bool, stuck: str | None, ready: bool, all_s
 
 WARNING_REASONS = {
     "InvalidGraph", "ServiceNotFound", "ServiceNotReady", "ProgressDeadlineExceeded", "ServiceNameConflict",
-}
+    *POD_REASONS,
+}  # fmt: skip

@@ -26,6 +26,8 @@ from .inferenceservice import CONFIG_HASH_ANNOTATION, selector_string, service_u
 from .inferenceservice_model import ResolveError
 from .inferenceservice_rollout import RolloutPlan, rolled_out
 from .kit import Condition, Event, Manifest, condition_events, set_condition
+from .pod_problems import REASONS as POD_REASONS
+from .pod_problems import find_problem
 
 
 @dataclass(frozen=True)
@@ -78,18 +80,24 @@ def _failed(state: Manifest | None) -> bool:
 
 
 def diagnose(pods: list[Manifest]) -> tuple[str, str]:
-    """Why none of these pods is ready yet: (reason, message). Never includes logs (they may hold secrets)."""
+    """Why none of these pods is ready yet: (reason, message). Never includes logs (they may hold secrets); a
+    crash's termination message comes scrubbed (pod_problems)."""
     if not pods:
         return "Pending", "no replica created yet"
+    problem = find_problem(pods)
+    if problem is not None and problem.reason != "CrashLoopBackOff":
+        # What a person must fix before any replica can start (a missing Secret, the image, memory, no node).
+        return problem.reason, problem.message
     for pod in pods:
         name = pod.get("metadata", {}).get("name", "?")
         status = pod.get("status") or {}
+        last = f"; {problem.detail}" if problem is not None and problem.pod == name else ""
         for init in status.get("initContainerStatuses") or []:
             if _failed(init.get("state")) or _failed(init.get("lastState")):
-                return "FetchFailed", f"pod {name}: fetching the model failed (see its fetch-model log)"
+                return "FetchFailed", f"pod {name}: fetching the model failed (see its fetch-model log){last}"
         for container in status.get("containerStatuses") or []:
             if _failed(container.get("state")) or _failed(container.get("lastState")):
-                return "LoadFailed", f"pod {name}: the server exited (see its server log)"
+                return "LoadFailed", f"pod {name}: the server exited (see its server log){last}"
         for cond in status.get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
                 return "Unschedulable", f"pod {name}: {cond.get('message') or cond.get('reason') or 'not scheduled'}"
@@ -268,5 +276,5 @@ def _phase(
 WARNING_REASONS = {
     "FetchFailed", "LoadFailed", "InvalidSpec", "ProgressDeadlineExceeded", "TrainingJobNotFound",
     "TrainingJobFailed", "HandlerRequired", "Unschedulable", "NoCheckpointStore", "FeatureViewNotFound",
-    "FeatureViewMismatch",
+    "FeatureViewMismatch", *POD_REASONS,
 }  # fmt: skip

@@ -48,6 +48,7 @@ from ..api.trainingjob import (
     WorkerCounts,
 )
 from .kit import Condition, Event, format_time, parse_time, set_condition
+from .pod_problems import REASONS as POD_REASONS
 from .trainingjob_config import worker_range
 from .trainingjob_data import CONDITION as DATA_CONDITION
 from .trainingjob_data import DataObservation
@@ -437,8 +438,11 @@ class _Machine:
             return
         if not recovering:
             st.phase = "Created" if (workers or self.decision.create) else "Pending"
+        blocked = next((p.problem for _, p in sorted(workers.items()) if p.active and p.problem), None)
         if stuck:
             self.reason_detail = ("Unschedulable", f"{stuck[0].name}: {stuck[0].unschedulable}")
+        elif blocked is not None and self.reason_detail is None:  # a missing Secret, the image, ...: pod_problems
+            self.reason_detail = (blocked.reason, blocked.message)
         elif self.reason_detail is None:
             self.reason_detail = ("WaitingForWorkers", f"{ready}/{self.desired} workers running")
 
@@ -484,8 +488,8 @@ class _Machine:
             new = Condition(type=kind, status=status, reason=why, message=text, observed_generation=gen)
             conditions = set_condition(conditions, new, now)
             old = previous.get(kind)
-            if kind == "Ready" and why == "Unschedulable" and (old is None or old.reason != "Unschedulable"):
-                self.event("Warning", "Unschedulable", text)
+            if kind == "Ready" and why in POD_REASONS and (old is None or old.reason != why):
+                self.event("Warning", why, text)
         st.conditions = conditions
 
     def storage_events(self, old: Condition | None, new: tuple[bool, str, str]) -> None:
