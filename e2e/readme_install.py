@@ -45,6 +45,18 @@ def readme_commands() -> list[list[str]]:
     return commands(section(README.read_text()))
 
 
+# The local-stack section's `helm install`: the chart with what the examples need (Prometheus, endpoint defaults).
+LOCAL_SECTION = "Development: the local real stack"
+
+
+def local_install_command() -> list[str]:
+    """The one `helm install` of the README's local-stack section, as argv."""
+    found = [argv for argv in commands(section(README.read_text(), LOCAL_SECTION)) if argv[:2] == ["helm", "install"]]
+    if len(found) != 1:
+        raise ValueError(f"expected one helm install in '## {LOCAL_SECTION}', found {len(found)}")
+    return found[0]
+
+
 def flag_values(argv: list[str], flag: str) -> list[str]:
     """Every value given to `flag` (`--set a=b` or `--set=a=b`)."""
     values = []
