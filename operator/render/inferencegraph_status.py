@@ -181,6 +181,8 @@ def compute_status(
         ready = _condition("Ready", False, "InvalidGraph", valid.message, generation)
     elif problem is not None:  # ServiceNotFound: nothing rendered for this generation yet
         ready = _condition("Ready", False, problem.reason, problem.message, generation)
+    elif router.reason in POD_REASONS:  # the router cannot start: a person must act, whatever the services do
+        ready = _condition("Ready", False, router.reason, router.message, generation)
     elif dependencies.status != "True":
         ready = _condition("Ready", False, dependencies.reason, dependencies.message, generation)
     elif router.status != "True":
