@@ -138,3 +138,16 @@ def adapt(argv: list[str], *, release: str, namespace: str, watch: list[str], ex
     if argv[:2] == ["helm", "install"]:
         out += ["-f", str(extra_values)]
     return out
+
+
+# The Feature views section's lookup: `kubectl create --raw <service proxy path> -f - <<'EOF'` and its JSON body.
+FEATURES_SECTION = "Feature views"
+
+
+def feature_lookup() -> tuple[str, str]:
+    """(the API path the README POSTs to, the JSON body it sends) of the Feature views section's lookup."""
+    body = section(README.read_text(), FEATURES_SECTION)
+    found = re.search(r"^kubectl create --raw (\S+) -f - <<'EOF'\n(.*?)^EOF$", body, flags=re.M | re.S)
+    if found is None:
+        raise ValueError(f"no `kubectl create --raw ... -f - <<'EOF'` lookup in '## {FEATURES_SECTION}'")
+    return found.group(1), found.group(2).strip()

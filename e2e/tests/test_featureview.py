@@ -23,6 +23,7 @@ from loom.devstack.cluster.paths import AGENT_STATE_DIR
 from loom.devstack.servers import S3Endpoint
 from loom.e2e.pytest_operator import OperatorProcess
 from loom.e2e.pytest_services import apply_s3_secret
+from loom.e2e.readme_install import feature_lookup
 from loom.operator.render.featureview_config import cronjob_name, delete_job_name
 from loom.workloads.features import example_data
 
@@ -151,6 +152,24 @@ def test_example_feature_view_is_registered_materialized_and_served(
             assert value == pytest.approx(expected[driver][feature], rel=1e-5), (driver, feature)
     assert got[1001]["conv_rate"][0] == pytest.approx(0.999, rel=1e-5)  # the later-created row won
     assert {state for _, state in got[9999].values()} == {"NOT_FOUND"}
+
+    # The names to look features up by are in status (Feast has `_` where the Kubernetes name has `-`), and the
+    # README's lookup works as written (only its namespace changed), through the API server's Service proxy.
+    assert ready["status"]["feastView"] == "driver_stats"
+    assert ready["status"]["featureRefs"] == [f"driver_stats:{f}" for f in FEATURES]
+    path, body = feature_lookup()
+    answer = cluster.kubectl("create", "--raw", path.replace("/namespaces/default/", f"/namespaces/{ns}/"), "-f", "-",
+                             stdin=body)  # fmt: skip
+    looked_up = json.loads(answer.stdout)
+    asked = json.loads(body)
+    assert looked_up["metadata"]["feature_names"] == ["driver_id", *(r.split(":")[1] for r in asked["features"])]
+    for result in looked_up["results"][1:]:
+        assert result["statuses"] == ["PRESENT"] * len(asked["entities"]["driver_id"]), looked_up
+    # The Kubernetes name instead answers 404, as the README's Troubleshooting table says.
+    with httpx.Client(trust_env=False, timeout=30) as client:
+        kubernetes_name = {"features": ["driver-stats:conv_rate"], "entities": {"driver_id": [1001]}}
+        wrong = client.post(f"{url}/get-online-features", json=kubernetes_name)
+    assert wrong.status_code == 404, wrong.text
 
     # A view Feast refuses (its timestamp column is not in the source) becomes a condition with Feast's message;
     # the project's first view keeps being served.

@@ -242,3 +242,20 @@ def test_the_local_stack_install_gives_the_chart_the_stacks_services_for_the_exa
     for key, value in nest(values).items():
         merged[key] = {**merged[key], **value} if isinstance(value, dict) else value
     jsonschema.validate(merged, schema)
+
+
+def test_the_readmes_feature_lookup_uses_the_references_status_gives() -> None:
+    """The README's FeatureView lookup names features as status.featureRefs does (driver_stats:..., not the
+    Kubernetes name driver-stats), for the example view, at the Service the operator names; the e2e test
+    test_featureview.py runs it."""
+    from loom.e2e.readme_install import feature_lookup
+    from loom.operator.render.featureview_config import feature_refs, project_object_name
+
+    path, body = feature_lookup()
+    view = yaml.safe_load((REPO / "examples" / "featureview-driver-stats.yaml").read_text())
+    refs = feature_refs(view["metadata"]["name"], [f["name"] for f in view["spec"]["features"]])
+    request = json.loads(body)
+    assert request["features"] and set(request["features"]) <= set(refs)
+    assert list(request["entities"]) == [view["spec"]["entities"][0]["name"]]
+    service = project_object_name(view["spec"]["project"])
+    assert path == f"/api/v1/namespaces/default/services/{service}:http/proxy/get-online-features"
