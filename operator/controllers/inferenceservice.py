@@ -37,11 +37,13 @@ from ..render.inferenceservice import (
     selector_string,
     server_config,
 )
+from ..render.inferenceservice_activator import activator_enabled, activator_selector
 from ..render.inferenceservice_features import resolve_features
 from ..render.inferenceservice_model import ModelRef, ResolveError, resolve_model
 from ..render.inferenceservice_rollout import RolloutPlan, desired_total_replicas, plan_rollout
 from ..render.inferenceservice_status import Observed, compute_status
 from ..render.kit import Manifest, owner_of, status_patch
+from ..render.pod_problems import find_problem
 from ..settings import OperatorSettings
 from .events import post_events
 from .inferenceservice_activator import apply_routing
@@ -160,6 +162,9 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
                 stable, canary, plan = await _apply(owner, spec, plan, stable, canary, settings, features)
     serving_track: Track = "canary" if plan.canary_action == "apply" else "stable"
     pods = await kube.list_objects("v1", "Pod", namespace, selector_string(owner))
+    # The scale-to-zero activator's pods (when it runs): one that cannot start is named in Ready at zero.
+    activator = ",".join(f"{k}={v}" for k, v in sorted(activator_selector(owner).items()))
+    held = await kube.list_objects("v1", "Pod", namespace, activator) if spec and activator_enabled(spec) else []
     observed = Observed(
         plan=plan,
         stable=stable,
@@ -168,6 +173,7 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> No
         serving_config_hash=_template_hash(canary if serving_track == "canary" else stable),
         resolve_error=resolve_error,
         invalid=invalid,
+        activator_problem=find_problem(held),
     )
     status, events = compute_status(owner, observed, previous)
     status.endpoint_defaults = defaulted.status_field() if defaulted is not None else None

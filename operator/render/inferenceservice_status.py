@@ -27,7 +27,7 @@ from .inferenceservice_model import ResolveError
 from .inferenceservice_rollout import RolloutPlan, rolled_out
 from .kit import Condition, Event, Manifest, condition_events, set_condition
 from .pod_problems import REASONS as POD_REASONS
-from .pod_problems import find_problem
+from .pod_problems import PodProblem, find_problem
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class Observed:
     serving_config_hash: str | None  # pod template hash of the track serving the spec's model
     resolve_error: ResolveError | None = None
     invalid: str | None = None  # an InvalidSpec message
+    activator_problem: PodProblem | None = None  # why the scale-to-zero activator's pod cannot start
 
 
 def _replicas(deployment: Manifest | None, field: str) -> int:
@@ -196,6 +197,9 @@ def compute_status(
         )  # fmt: skip
     elif ready > 0:
         ready_cond = _condition("Ready", True, "Serving", f"{ready} replica(s) ready", generation)
+    elif plan.stable_ref is not None and wanted == 0 and (held := observed.activator_problem) is not None:
+        # At zero the activator answers for the service: it cannot, so a request would find nothing.
+        ready_cond = _condition("Ready", False, held.reason, f"at zero, the activator: {held.message}", generation)
     elif plan.stable_ref is not None and wanted == 0:
         ready_cond = _condition("Ready", False, "ScaledToZero", "no replica runs", generation)
     else:

@@ -331,3 +331,18 @@ def test_a_missing_secret_or_image_is_named_not_read_as_a_failed_fetch() -> None
     )  # fmt: skip
     reason, message = diagnose([crashing])
     assert reason == "LoadFailed" and message.endswith("last terminated Error with exit code 1: no handler x")
+
+
+def test_at_zero_an_activator_that_cannot_start_is_named_in_ready() -> None:
+    from loom.operator.render.pod_problems import PodProblem
+
+    held = PodProblem("ImagePullBackOff", "svc-activator-x", "activator", 'Back-off pulling image "registry/nope"')
+    observed = Observed(
+        plan=RolloutPlan(stable_ref=ref("v1"), stable_replicas=0),
+        stable=deployment(ref("v1"), 0, 0), canary=None, pods=[], serving_config_hash="h", activator_problem=held,
+    )  # fmt: skip
+    status, events = compute_status(OWNER, observed, None)
+    assert conditions(status)["Ready"] == ("False", "ImagePullBackOff")
+    ready = next(c for c in status.conditions if c.type == "Ready")
+    assert ready.message.startswith("at zero, the activator: pod svc-activator-x container activator")
+    assert any(e.type == "Warning" and e.reason == "ImagePullBackOff" for e in events)
