@@ -140,14 +140,14 @@ def adapt(argv: list[str], *, release: str, namespace: str, watch: list[str], ex
     return out
 
 
-# The Feature views section's lookup: `kubectl create --raw <service proxy path> -f - <<'EOF'` and its JSON body.
+# The Feature views section's lookup: `curl -s <status.url>/get-online-features -H ... -d '<json>'`.
 FEATURES_SECTION = "Feature views"
 
 
 def feature_lookup() -> tuple[str, str]:
-    """(the API path the README POSTs to, the JSON body it sends) of the Feature views section's lookup."""
-    body = section(README.read_text(), FEATURES_SECTION)
-    found = re.search(r"^kubectl create --raw (\S+) -f - <<'EOF'\n(.*?)^EOF$", body, flags=re.M | re.S)
-    if found is None:
-        raise ValueError(f"no `kubectl create --raw ... -f - <<'EOF'` lookup in '## {FEATURES_SECTION}'")
-    return found.group(1), found.group(2).strip()
+    """(the URL the README POSTs to, the JSON body it sends) of the Feature views section's curl lookup."""
+    for argv in commands(section(README.read_text(), FEATURES_SECTION)):
+        if argv[0] == "curl":
+            url = next(arg for arg in argv[1:] if arg.startswith("http"))
+            return url, flag_values(argv, "-d")[0]
+    raise ValueError(f"no curl lookup in '## {FEATURES_SECTION}'")

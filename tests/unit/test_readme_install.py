@@ -251,11 +251,11 @@ def test_the_readmes_feature_lookup_uses_the_references_status_gives() -> None:
     from loom.e2e.readme_install import feature_lookup
     from loom.operator.render.featureview_config import feature_refs, project_object_name
 
-    path, body = feature_lookup()
+    url, body = feature_lookup()
     view = yaml.safe_load((REPO / "examples" / "featureview-driver-stats.yaml").read_text())
     refs = feature_refs(view["metadata"]["name"], [f["name"] for f in view["spec"]["features"]])
     request = json.loads(body)
     assert request["features"] and set(request["features"]) <= set(refs)
     assert list(request["entities"]) == [view["spec"]["entities"][0]["name"]]
     service = project_object_name(view["spec"]["project"])
-    assert path == f"/api/v1/namespaces/default/services/{service}:http/proxy/get-online-features"
+    assert url == f"http://{service}.default.svc/get-online-features"  # status.url + the lookup's path
