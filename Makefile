@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 UV := $(BIN)/uv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py | sha1sum | cut -c1-12)
 
-.PHONY: demo test test-quick venv venv-vllm lint typecheck unit e2e bench crds docs stack clean chaos
+.PHONY: demo test test-quick venv venv-vllm lint typecheck unit e2e bench crds docs stack clean chaos readme-pictures
 
 venv: $(STAMP)
 
@@ -115,6 +115,11 @@ crds: venv
 
 demo: venv
 	$(BIN)/python -m loom.e2e.demo
+
+# The README's pictures (docs/img/) from the last `make demo` (which writes only to .state/demo/pictures/):
+# a deliberate step, so the demo never leaves a checkout dirty.
+readme-pictures: venv
+	$(BIN)/python -m loom.e2e.demo.pictures --refresh-readme
 
 # The chaos suite at report scale (bench/chaos.py; scenarios in e2e/chaos): prints each scenario's figures.
 chaos: venv stack

@@ -11,6 +11,10 @@ agent (which resolves Service names in each pod's /etc/hosts and proxies Cluster
   Secret s3-credentials    AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, in `default` (where a user applies the
                            examples) and in `mlops` (the MLflow server's artifact uploads)
   Secret redis-connection  connectionString: redis.storage.svc:6379 (Feast's form), in `default`
+  prometheus.monitoring.svc:9090  the stack's Prometheus (loom.devstack.prometheus), scraping every pod with
+                           prometheus.io/* annotations in every namespace: what the autoscaling examples read
+                           through the operator (Helm value prometheus.url); `loom dev env` exports its host
+                           address as LOOM_PROMETHEUS_URL for an operator run on this machine
 
 Both keep their data in memory / in the pod: `loom dev down` stops them with every other pod, and the next
 `loom dev up` starts them empty (buckets re-created). The host reaches them through
@@ -24,6 +28,7 @@ the Redis pod's.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import signal
 import socket
@@ -31,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -44,6 +50,8 @@ MLFLOW_NAMESPACE, MLFLOW_SERVICE, MLFLOW_PORT = "mlops", "mlflow", 5000
 REDIS_NAMESPACE, REDIS_SERVICE, REDIS_PORT = S3_NAMESPACE, "redis", 6379
 REDIS_ADDRESS = f"{REDIS_SERVICE}.{REDIS_NAMESPACE}.svc:{REDIS_PORT}"
 REDIS_SECRET, REDIS_SECRET_KEY = "redis-connection", "connectionString"
+PROMETHEUS_NAMESPACE, PROMETHEUS_SERVICE, PROMETHEUS_PORT = "monitoring", "prometheus", 9090
+PROMETHEUS_URL = f"http://{PROMETHEUS_SERVICE}.{PROMETHEUS_NAMESPACE}.svc:{PROMETHEUS_PORT}"
 S3_URL = f"http://{S3_SERVICE}.{S3_NAMESPACE}.svc:{S3_PORT}"
 MLFLOW_URL = f"http://{MLFLOW_SERVICE}.{MLFLOW_NAMESPACE}.svc:{MLFLOW_PORT}"
 SECRET_NAME = "s3-credentials"
@@ -131,8 +139,50 @@ def _service(namespace: str, name: str, port: int, port_name: str = "http") -> M
     }
 
 
-def manifests() -> list[Manifest]:
-    """Everything `ensure` applies, in order (namespaces first)."""
+def prometheus_manifests(kubeconfig: Path, binary: Path) -> list[Manifest]:
+    """The stack's Prometheus as a pod: the built binary (run by the node agent, as every pod's command is), its
+    configuration in a ConfigMap (a change rolls the pod: the template carries its hash), its TSDB in an emptyDir.
+    It discovers pods through the API server with `kubeconfig` and listens on its own pod address only (a Go
+    binary bypasses the agent's bind shim), so two stacks on one machine do not share a port."""
+    from loom.devstack.prometheus import scrape_config
+
+    config = yaml.safe_dump(scrape_config(kubeconfig=kubeconfig))
+    container = {
+        "command": [str(binary)],
+        "args": [
+            "--config.file=/etc/prometheus/prometheus.yml",
+            "--storage.tsdb.path=/prometheus",
+            "--storage.tsdb.retention.time=1d",
+            f"--web.listen-address=$(POD_IP):{PROMETHEUS_PORT}",
+        ],
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "volumeMounts": [
+            {"name": "data", "mountPath": "/prometheus"},
+            {"name": "config", "mountPath": "/etc/prometheus"},
+        ],
+    }
+    deployment = _deployment(PROMETHEUS_NAMESPACE, PROMETHEUS_SERVICE, PROMETHEUS_PORT, container, "/-/ready")
+    template = deployment["spec"]["template"]
+    template["metadata"]["annotations"] = {"loom.dev/config-hash": hashlib.sha256(config.encode()).hexdigest()[:16]}
+    template["spec"]["volumes"] = [
+        {"name": "data", "emptyDir": {}},
+        {"name": "config", "configMap": {"name": "prometheus-config"}},
+    ]
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "prometheus-config", "namespace": PROMETHEUS_NAMESPACE, "labels": LABEL},
+        "data": {"prometheus.yml": config},
+    }
+    return [config_map, deployment, _service(PROMETHEUS_NAMESPACE, PROMETHEUS_SERVICE, PROMETHEUS_PORT)]
+
+
+def manifests(kubeconfig: Path | None = None, prometheus_binary: Path | None = None) -> list[Manifest]:
+    """Everything `ensure` applies, in order (namespaces first). Paths default to this stack's kubeconfig and
+    built Prometheus."""
+    from loom.devstack.cluster.build import stack_bin_dir
+    from loom.devstack.cluster.paths import KUBECONFIG
+
     s3 = {
         "command": ["python", "-m", "loom.devstack.backing", "s3", "--port", str(S3_PORT)],
         "args": [arg for bucket in BUCKETS for arg in ("--bucket", bucket)],
@@ -172,7 +222,7 @@ def manifests() -> list[Manifest]:
     return [
         *(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-            for ns in (S3_NAMESPACE, MLFLOW_NAMESPACE)
+            for ns in (S3_NAMESPACE, MLFLOW_NAMESPACE, PROMETHEUS_NAMESPACE)
         ),
         *(credentials_secret(ns) for ns in SECRET_NAMESPACES),
         redis_secret("default"),
@@ -183,6 +233,7 @@ def manifests() -> list[Manifest]:
         _service(MLFLOW_NAMESPACE, MLFLOW_SERVICE, MLFLOW_PORT),
         _deployment(REDIS_NAMESPACE, REDIS_SERVICE, REDIS_PORT, redis, None),
         _service(REDIS_NAMESPACE, REDIS_SERVICE, REDIS_PORT, "redis"),
+        *prometheus_manifests(kubeconfig or KUBECONFIG, prometheus_binary or stack_bin_dir() / "prometheus"),
     ]
 
 
@@ -193,6 +244,7 @@ class BackingServices:
     s3_url: str
     mlflow_url: str
     redis_address: str = ""  # host:port of redis.storage.svc as the host reaches it
+    prometheus_url: str = ""  # http://host:port of prometheus.monitoring.svc as the host reaches it
 
     def s3_client(self):  # type: ignore[no-untyped-def]  # boto3 is untyped
         import boto3
@@ -231,16 +283,21 @@ def ensure(cluster: Any, progress: Progress = print, timeout: float = READY_TIME
     Services. Raises TimeoutError naming what is not ready, with the pods' state."""
     from loom.devstack.agent.proxies import service_address
     from loom.devstack.cluster.paths import AGENT_STATE_DIR
+    from loom.devstack.prometheus import prometheus_binary
 
     started = time.monotonic()
+    # Forced: these objects are the stack's; an earlier demo applied its own Prometheus under another manager.
+    docs = manifests(cluster.kubeconfig, prometheus_binary())
     cluster.kubectl(
-        "apply", "--server-side", "--field-manager=loom-devstack", "-f", "-", stdin=yaml.safe_dump_all(manifests())
-    )
+        "apply", "--server-side", "--force-conflicts", "--field-manager=loom-devstack", "-f", "-",
+        stdin=yaml.safe_dump_all(docs),
+    )  # fmt: skip
     urls: dict[str, str] = {}
     for namespace, name, port, path in (
         (S3_NAMESPACE, S3_SERVICE, S3_PORT, f"/{BUCKETS[-1]}"),
         (MLFLOW_NAMESPACE, MLFLOW_SERVICE, MLFLOW_PORT, "/health"),
         (REDIS_NAMESPACE, REDIS_SERVICE, REDIS_PORT, None),
+        (PROMETHEUS_NAMESPACE, PROMETHEUS_SERVICE, PROMETHEUS_PORT, "/-/ready"),
     ):
         # The new pod, not one of a previous `up` still answering while a changed Deployment rolls out.
         rolled = cluster.kubectl(
@@ -269,13 +326,27 @@ def ensure(cluster: Any, progress: Progress = print, timeout: float = READY_TIME
             time.sleep(0.5)
     progress(
         f"examples' services ready ({time.monotonic() - started:.1f}s): S3 {S3_URL}, MLflow {MLFLOW_URL},"
-        f" Redis {REDIS_ADDRESS}, Secret {SECRET_NAME} in {', '.join(SECRET_NAMESPACES)}, Secret {REDIS_SECRET}"
+        f" Redis {REDIS_ADDRESS}, Prometheus {PROMETHEUS_URL} (from this machine {urls[PROMETHEUS_SERVICE]}),"
+        f" Secret {SECRET_NAME} in {', '.join(SECRET_NAMESPACES)}, Secret {REDIS_SECRET}"
     )
     return BackingServices(
         s3_url=urls[S3_SERVICE],
         mlflow_url=urls[MLFLOW_SERVICE],
         redis_address=urls[REDIS_SERVICE].removeprefix("redis://"),
+        prometheus_url=urls[PROMETHEUS_SERVICE],
     )
+
+
+def host_prometheus_url(state_dir: Path | None = None) -> str | None:
+    """prometheus.monitoring.svc as this machine reaches it (the agent's Service proxy), or None when the stack
+    does not run it (for `loom dev env`: a host-run operator's LOOM_PROMETHEUS_URL)."""
+    from loom.devstack.agent.proxies import service_address
+
+    try:  # no state_dir: the agent's (LOOM_AGENT_STATE_DIR, else this stack's)
+        address = service_address(PROMETHEUS_SERVICE, PROMETHEUS_NAMESPACE, state_dir)
+    except (OSError, KeyError, ValueError):
+        return None
+    return f"http://{address}:{PROMETHEUS_PORT}"
 
 
 def _serve_s3(port: int, buckets: list[str]) -> None:

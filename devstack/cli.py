@@ -32,11 +32,14 @@ def build() -> None:
 )
 def up(nodes: int, gpus_per_node: int, agent_gpus: int) -> None:
     """Start the stack (building it first if needed); a no-op when it already runs like this."""
+    from loom.devstack.backing import host_prometheus_url
     from loom.devstack.cluster import StackConfig
     from loom.devstack.cluster import up as stack_up
 
     cluster = stack_up(StackConfig(nodes=nodes, gpus_per_node=gpus_per_node, agent_gpus=agent_gpus), click.echo)
-    click.echo(f"ready: {cluster.server}\n{cluster.shell_exports()}")
+    prometheus = host_prometheus_url()
+    exports = f"\nexport LOOM_PROMETHEUS_URL={prometheus}" if prometheus else ""
+    click.echo(f"ready: {cluster.server}\n{cluster.shell_exports()}{exports}")
 
 
 @dev.command()
@@ -68,7 +71,9 @@ def status(as_json: bool) -> None:
 
 @dev.command()
 def env() -> None:
-    """Print the exports a shell needs: eval "$(loom dev env)" (LOOM_REGISTRY: the stack's image registry)."""
+    """Print the exports a shell needs: eval "$(loom dev env)". With the stack's Prometheus running, also
+    LOOM_PROMETHEUS_URL (its address from this machine), for an operator run here with `loom operator`."""
+    from loom.devstack.backing import host_prometheus_url
     from loom.devstack.cluster.build import is_built, stack_bin_dir
     from loom.devstack.cluster.lifecycle import StackState
     from loom.devstack.cluster.paths import KUBECONFIG
@@ -78,3 +83,5 @@ def env() -> None:
     state = StackState.load()
     registry = f" LOOM_REGISTRY=127.0.0.1:{state.ports.registry}" if state and state.ports.registry else ""
     click.echo(f"export KUBECONFIG={KUBECONFIG} PATH={stack_bin_dir()}:$PATH{registry}")
+    if (prometheus := host_prometheus_url()) is not None:
+        click.echo(f"export LOOM_PROMETHEUS_URL={prometheus}")

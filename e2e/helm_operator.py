@@ -26,6 +26,7 @@ import yaml
 
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.pki import AGENT_NODE_NAME
+from loom.e2e.readme_install import adapt
 from loom.e2e.stack_images import CHART_VALUES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,11 +123,18 @@ class InClusterOperator:
 
 @contextlib.contextmanager
 def operator_in_cluster(
-    cluster: Any, watch: list[str], *, values: dict[str, Any] | None = None, workdir: Path
+    cluster: Any,
+    watch: list[str],
+    *,
+    values: dict[str, Any] | None = None,
+    workdir: Path,
+    command: list[str] | None = None,
 ) -> Iterator[InClusterOperator]:
     """Install the chart (release `loom<random>` in namespace `<release>-system`) watching `watch`, wait for
     the operator pod to be Ready, yield; uninstall and delete its namespace afterwards. Exact namespaces in
-    `watch` must exist before (the chart puts a RoleBinding into each)."""
+    `watch` must exist before (the chart puts a RoleBinding into each). `command`: a README `helm install` to
+    run instead, as written but for the release, its namespace and the watched namespaces (readme_install.adapt;
+    the test values file comes last, and the command's own `--set` values win over it, as in Helm)."""
     release = f"loom{uuid.uuid4().hex[:6]}"
     namespace = f"{release}-system"
     settings = {**TEST_VALUES, "watchNamespaces": list(watch), **(values or {})}
@@ -135,7 +143,11 @@ def operator_in_cluster(
     cluster.kubectl("create", "namespace", namespace)
     handle = InClusterOperator(cluster, release, namespace, tuple(watch), values_file)
     try:
-        helm(cluster, "install", release, str(CHART), "-n", namespace, "-f", str(values_file))
+        if command is None:
+            helm(cluster, "install", release, str(CHART), "-n", namespace, "-f", str(values_file))
+        else:
+            argv = adapt(command, release=release, namespace=namespace, watch=list(watch), extra_values=values_file)
+            helm(cluster, *argv[1:])
         handle.wait_ready()
         yield handle
     finally:

@@ -47,6 +47,18 @@ def readme_commands() -> list[list[str]]:
     return commands(section(README.read_text()))
 
 
+# The local-stack section's `helm install`: the chart with what the examples need (Prometheus, endpoint defaults).
+LOCAL_SECTION = "Development: the local real stack"
+
+
+def local_install_command() -> list[str]:
+    """The one `helm install` of the README's local-stack section, as argv."""
+    found = [argv for argv in commands(section(README.read_text(), LOCAL_SECTION)) if argv[:2] == ["helm", "install"]]
+    if len(found) != 1:
+        raise ValueError(f"expected one helm install in '## {LOCAL_SECTION}', found {len(found)}")
+    return found[0]
+
+
 def flag_values(argv: list[str], flag: str) -> list[str]:
     """Every value given to `flag` (`--set a=b` or `--set=a=b`)."""
     values = []
@@ -157,3 +169,16 @@ def adapt(
     if argv[:2] == ["helm", "install"]:
         out += ["-f", str(extra_values)]
     return out
+
+
+# The Feature views section's lookup: `curl -s <status.url>/get-online-features -H ... -d '<json>'`.
+FEATURES_SECTION = "Feature views"
+
+
+def feature_lookup() -> tuple[str, str]:
+    """(the URL the README POSTs to, the JSON body it sends) of the Feature views section's curl lookup."""
+    for argv in commands(section(README.read_text(), FEATURES_SECTION)):
+        if argv[0] == "curl":
+            url = next(arg for arg in argv[1:] if arg.startswith("http"))
+            return url, flag_values(argv, "-d")[0]
+    raise ValueError(f"no curl lookup in '## {FEATURES_SECTION}'")

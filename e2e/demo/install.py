@@ -1,8 +1,8 @@
 """Part 1: the local real stack, what the examples expect a cluster to have, and Loom from its Helm chart.
 
-The stack (`loom dev up`'s) is reused when running. Beside S3, MLflow and Redis (loom.devstack.backing) the demo
-runs the stack's Prometheus as a pod with a Service (prometheus.monitoring.svc:9090), so the operator, installed
-in the cluster with the chart, reads queue depth from it, and `loom dev down` stops it with everything else.
+The stack (`loom dev up`'s) is reused when running. What the examples need comes from loom.devstack.backing, as
+for `loom dev up`: S3, MLflow, Redis and the stack's Prometheus (prometheus.monitoring.svc:9090), which the
+operator, installed in the cluster with the chart, reads queue depth from; `loom dev down` stops them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import yaml
 from loom.devstack import backing
 from loom.devstack.cluster import Cluster, StackConfig, current, up
 from loom.devstack.cluster.pki import AGENT_NODE_NAME
-from loom.devstack.prometheus import prometheus_binary, scrape_config
 from loom.e2e.helm_operator import CHART, helm, wait_default_service_account
 from loom.e2e.pytest_operator import apply_crds
 from loom.e2e.stack_images import CHART_VALUES
@@ -24,10 +23,7 @@ from loom.e2e.stack_images import CHART_VALUES
 from .stage import API_KEY_SECRET, NAMESPACE, WORKDIR, Demo, Outcome, wait
 
 RELEASE, RELEASE_NAMESPACE = "loom", "loom-system"
-PROMETHEUS_NAMESPACE, PROMETHEUS_PORT = "monitoring", 9090
-# Pods on the node agent share the machine's ports: the server listens on one nothing else uses.
-LISTEN_PORT = 19090
-PROMETHEUS_URL = f"http://prometheus.{PROMETHEUS_NAMESPACE}.svc:{PROMETHEUS_PORT}"
+PROMETHEUS_URL = backing.PROMETHEUS_URL
 OPERATOR = f"{RELEASE}-operator"
 
 
@@ -51,62 +47,6 @@ def values() -> dict[str, Any]:
     }
 
 
-def prometheus_manifests(cluster: Cluster) -> list[dict[str, Any]]:
-    folder = WORKDIR / "prometheus"
-    folder.mkdir(parents=True, exist_ok=True)
-    config = folder / "prometheus.yml"
-    config.write_text(
-        yaml.safe_dump(scrape_config(kubeconfig=cluster.kubeconfig, namespaces=[NAMESPACE, RELEASE_NAMESPACE]))
-    )
-    labels = {"app.kubernetes.io/name": "prometheus", "app.kubernetes.io/part-of": "loom-demo"}
-    container = {
-        "name": "prometheus",
-        "image": "loom.local/devstack",
-        # The node agent runs the stack's own binary; the TSDB starts empty with each pod.
-        "command": [str(prometheus_binary())],
-        "args": [
-            f"--config.file={config}",
-            "--storage.tsdb.path=/prometheus",
-            "--storage.tsdb.retention.time=1d",
-            f"--web.listen-address=0.0.0.0:{LISTEN_PORT}",
-        ],
-        "ports": [{"name": "http", "containerPort": LISTEN_PORT}],
-        "readinessProbe": {"httpGet": {"path": "/-/ready", "port": LISTEN_PORT}, "periodSeconds": 2},
-        "volumeMounts": [{"name": "data", "mountPath": "/prometheus"}],
-    }
-    return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": PROMETHEUS_NAMESPACE}},
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "prometheus", "namespace": PROMETHEUS_NAMESPACE, "labels": labels},
-            "spec": {
-                "replicas": 1,
-                "strategy": {"type": "Recreate"},
-                "selector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "nodeSelector": {"kubernetes.io/hostname": AGENT_NODE_NAME},
-                        "containers": [container],
-                        "volumes": [{"name": "data", "emptyDir": {}}],
-                        "terminationGracePeriodSeconds": 5,
-                    },
-                },
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": "prometheus", "namespace": PROMETHEUS_NAMESPACE, "labels": labels},
-            "spec": {
-                "selector": {"app.kubernetes.io/name": "prometheus"},
-                "ports": [{"name": "http", "port": PROMETHEUS_PORT, "targetPort": "http"}],
-            },
-        },
-    ]
-
-
 def clear_namespace(demo: Demo) -> None:
     """What an earlier run left in the demo namespace, removed while the operator runs (its finalizers)."""
     names = demo.kubectl("get", "loom", "-n", NAMESPACE, "-o", "name", check=False).stdout.split()
@@ -120,7 +60,6 @@ def clear_namespace(demo: Demo) -> None:
 def run(demo: Demo) -> Outcome:
     ui, cluster = demo.ui, demo.cluster
     demo.services = backing.ensure(cluster, progress=ui.info)
-    cluster.kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(prometheus_manifests(cluster)))
     if cluster.kubectl("get", "namespace", NAMESPACE, check=False).returncode != 0:
         cluster.kubectl("create", "namespace", NAMESPACE)
     wait_default_service_account(cluster, NAMESPACE)
@@ -154,9 +93,7 @@ def run(demo: Demo) -> Outcome:
     version = helm(cluster, "list", "-n", RELEASE_NAMESPACE, "-o", "yaml").stdout
     chart = next((r["chart"] for r in yaml.safe_load(version) or [] if r["name"] == RELEASE), "loom")
     ui.info(f"helm upgrade --install {RELEASE} charts/loom -n {RELEASE_NAMESPACE}: {chart}, operator Ready")
-    cluster.kubectl("rollout", "status", "deployment/prometheus", "-n", PROMETHEUS_NAMESPACE, "--timeout=180s")
-    address = demo.address("prometheus", PROMETHEUS_NAMESPACE)
-    demo.facts["prometheus"] = f"http://{address}:{PROMETHEUS_PORT}"
+    demo.facts["prometheus"] = demo.services.prometheus_url
     ui.info(f"Prometheus {PROMETHEUS_URL} (from this machine: {demo.facts['prometheus']})")
     clear_namespace(demo)
     wait(lambda: not demo.kubectl("get", "loom", "-n", NAMESPACE, "-o", "name").stdout.strip(), 120, "old objects gone")

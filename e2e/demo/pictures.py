@@ -1,5 +1,9 @@
 """Part 7: pictures from the TrainingJob's MLflow run: the loss curve with the restart marked (matplotlib, from the
-run's metric history) and the run page as a browser shows it (headless Chromium, when installed)."""
+run's metric history) and the run page as a browser shows it (headless Chromium, when installed).
+
+They go to the demo's own output folder (OUTPUT, under the git-ignored .state/), never over tracked files: a new
+user's checkout stays clean after `make demo`. Refreshing the README's pictures in docs/img/ from the last run is a
+separate, deliberate step: `make readme-pictures` (`python -m loom.e2e.demo.pictures --refresh-readme`)."""
 
 from __future__ import annotations
 
@@ -10,10 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from .mlflow_run import Resume, loss_history, resumes, run_tags
-from .stage import Demo, Outcome
+from .stage import WORKDIR, Demo, Outcome
 
-IMAGES = Path(__file__).resolve().parents[2] / "docs" / "img"
-LOSS_PNG, RUN_PNG = IMAGES / "demo-loss-curve.png", IMAGES / "demo-mlflow-run.png"
+# Where the demo writes (git-ignored) and where the README shows them (tracked; only `refresh_readme` writes there).
+OUTPUT = WORKDIR / "pictures"
+README_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "img"
+LOSS_NAME, RUN_NAME = "demo-loss-curve.png", "demo-mlflow-run.png"
+LOSS_PNG, RUN_PNG = OUTPUT / LOSS_NAME, OUTPUT / RUN_NAME
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 HOW_TO_GET_CHROMIUM = "apt-get install -y chromium (Debian/Ubuntu), then run the demo again"
 
@@ -116,4 +123,37 @@ def run(demo: Demo) -> Outcome:
         screenshot(binary, host_url, RUN_PNG)
         demo.ui.info(f"MLflow run page in headless {Path(binary).name} -> {RUN_PNG}")
         made.append(RUN_PNG.name)
-    return Outcome(f"pictures in docs/img/: {', '.join(made)}", f"{len(points)} loss points")
+    return Outcome(f"pictures in {OUTPUT}: {', '.join(made)}", f"{len(points)} loss points")
+
+
+def refresh_readme(source: Path = OUTPUT, target: Path = README_IMAGES) -> list[Path]:
+    """Copy the last demo's pictures over the README's (the deliberate step); a clear error when there are none."""
+    found = [source / name for name in (LOSS_NAME, RUN_NAME) if (source / name).is_file()]
+    if not found:
+        raise FileNotFoundError(f"no demo pictures in {source}: run `make demo` first")
+    target.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for picture in found:
+        shutil.copyfile(picture, target / picture.name)
+        copied.append(target / picture.name)
+    return copied
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m loom.e2e.demo.pictures")
+    parser.add_argument("--refresh-readme", action="store_true", help=f"copy {OUTPUT}/*.png to {README_IMAGES}")
+    args = parser.parse_args(argv)
+    if not args.refresh_readme:
+        parser.error(f"nothing to do: the demo writes its pictures to {OUTPUT}; --refresh-readme copies them")
+    try:
+        copied = refresh_readme()
+    except FileNotFoundError as error:
+        raise SystemExit(str(error)) from None
+    for path in copied:
+        print(f"{path} <- {OUTPUT / path.name}")
+
+
+if __name__ == "__main__":
+    main()

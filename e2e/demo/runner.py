@@ -75,7 +75,7 @@ def clean_up(demo: Demo) -> None:
         "--ignore-not-found",
         check=False,
     )
-    for namespace in (NAMESPACE, install.RELEASE_NAMESPACE, install.PROMETHEUS_NAMESPACE):
+    for namespace in (NAMESPACE, install.RELEASE_NAMESPACE):  # the stack's services (Prometheus too) stay
         kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=180s", check=False)
 
 

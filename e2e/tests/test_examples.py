@@ -13,6 +13,14 @@ run here: the local stack's GPUs are on kwok nodes, which carry kwok's taint, an
 nodes' labels (and Volcano for the gang); the e2e tests of the GPU paths (test_trainingjob_kwok.py,
 test_inferenceservice_gpu.py) add kwok's toleration instead.
 
+The operator is installed by the README's local-stack `helm install` (readme_install.local_install_command: the
+stack's Prometheus as prometheus.url, the endpoint defaults), only the release, its namespace and the watched
+namespace renamed. So the autoscaling examples are held to what a user gets: the queue-depth example, idle after
+its first request, goes to zero once the stack's Prometheus has shown an empty queue for its idleSeconds (with no
+metric it holds one replica forever); the GPU example, applied unchanged, scales up on GPU utilisation
+(`test_gpu_autoscaling_example_scales_up_on_its_metric`, with a kwok GPU node and a dcgm-format exporter pod standing
+in for what a GPU cluster has).
+
 Other example kinds join by adding their glob to EXAMPLES and an outcome to `test_example_runs`.
 """
 
@@ -27,14 +35,19 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from kubernetes import client
 
 from loom.devstack import backing
 from loom.devstack.agent.proxies import service_address
 from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
+from loom.devstack.cluster.nodes import GPU_RESOURCE
 from loom.devstack.cluster.paths import AGENT_STATE_DIR
+from loom.e2e.autoscaling import ready_pods
+from loom.e2e.exporter import Exporter
 from loom.e2e.helm_operator import InClusterOperator, operator_in_cluster, wait_default_service_account
 from loom.e2e.pytest_operator import apply_crds
+from loom.e2e.readme_install import local_install_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -101,7 +114,8 @@ def examples_namespace(
     # The CRDs as in this checkout first, so the chart's copy of them installs over what a session applied before.
     apply_crds(cluster)
     try:
-        with operator_in_cluster(cluster, [ns], workdir=tmp_path_factory.mktemp("examples-helm")) as operator:
+        workdir = tmp_path_factory.mktemp("examples-helm")
+        with operator_in_cluster(cluster, [ns], workdir=workdir, command=local_install_command()) as operator:
             yield ns, operator
             cluster.kubectl("delete", "loom", "--all", "-n", ns, "--timeout=90s", check=False)
     finally:
@@ -190,6 +204,100 @@ def check_inference_service(cluster: Cluster, ns: str, doc: dict[str, Any], oper
     assert isinstance(response.json()["text_output"], str) and response.json()["text_output"]
 
 
+def events_of(cluster: Cluster, ns: str, name: str, reason: str) -> list[str]:
+    out = cluster.kubectl(
+        "get", "events", "-n", ns, "--field-selector", f"involvedObject.name={name},reason={reason}", "-o", "json"
+    ).stdout
+    return [str(e["message"]) for e in json.loads(out)["items"]]
+
+
+def check_idles_to_zero_on_its_metric(
+    cluster: Cluster, ns: str, doc: dict[str, Any], operator: InClusterOperator
+) -> None:
+    """Scale to zero is a decision on the metric: idle time counts only while the queue depth is read (a missing
+    metric holds the replicas), so reaching zero proves the operator reads the stack's Prometheus."""
+    name = doc["metadata"]["name"]
+    idle = doc["spec"]["autoscaling"]["idleSeconds"]
+
+    def read(obj: dict[str, Any]) -> bool:
+        auto = (obj.get("status") or {}).get("autoscaling") or {}
+        return conditions(obj).get("MetricsAvailable", {}).get("status") == "True" and auto.get("metricValue") == 0
+
+    seen = wait_for(cluster, ns, "inferenceservice", name, read, operator)
+    assert seen["status"]["autoscaling"]["metric"] == "queue-depth"
+    at_zero = wait_for(
+        cluster, ns, "inferenceservice", name,
+        lambda o: ((o.get("status") or {}).get("autoscaling") or {}).get("lastScaleReason") == "ScaledToZero",
+        operator,
+    )  # fmt: skip
+    assert at_zero["spec"]["replicas"] == 0
+    zeroed = events_of(cluster, ns, name, "ScaledToZero")
+    assert any(m.startswith("replicas 1 -> 0") and f"{idle:g}s" in m for m in zeroed), zeroed
+
+
+@pytest.fixture
+def gpu_node(cluster: Cluster) -> Iterator[str]:
+    """A GPU node as a GPU cluster has one: nvidia.com/gpu capacity and the usual `nvidia.com/gpu` NoSchedule taint,
+    which the GPU examples tolerate (kwok runs its pods; the stack's own kwok nodes carry kwok's taint instead)."""
+    name = f"ex-gpu-{uuid.uuid4().hex[:6]}"
+    capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", GPU_RESOURCE: "4"}
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"type": "kwok", "kubernetes.io/hostname": name, "nvidia.com/gpu.present": "true"},
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {"taints": [{"key": GPU_RESOURCE, "value": "present", "effect": "NoSchedule"}]},
+        "status": {"capacity": capacity, "allocatable": capacity},
+    }
+    with cluster.api_client() as api:
+        client.CoreV1Api(api).create_node(node)
+    try:
+        cluster.kubectl("wait", "--for=condition=Ready", f"node/{name}", "--timeout=60s")
+        yield name
+    finally:
+        cluster.kubectl("delete", "node", name, "--wait=false", check=False)
+
+
+def test_gpu_autoscaling_example_scales_up_on_its_metric(
+    cluster: Cluster,
+    services: backing.BackingServices,
+    examples_namespace: tuple[str, InClusterOperator],
+    gpu_node: str,
+) -> None:
+    """examples/inferenceservice-autoscale-gpu.yaml, unchanged, with the operator the README installs: its replica
+    lands on the GPU node; dcgm-exporter's series for it (an exporter pod in dcgm-exporter's format) reach the
+    stack's Prometheus; 90% against the 60% target scales 1 -> 2, and status and the event name the metric."""
+    ns, operator = examples_namespace
+    path = EXAMPLES_DIR / "inferenceservice-autoscale-gpu.yaml"
+    (doc,) = documents(path)
+    name = doc["metadata"]["name"]
+    exporter = Exporter(cluster, ns)
+    exporter.start()
+    try:
+        cluster.kubectl("apply", "-n", ns, "-f", str(path))
+        one_ready = lambda o: (o.get("status") or {}).get("readyReplicas") == 1  # noqa: E731
+        wait_for(cluster, ns, "inferenceservice", name, one_ready, operator)
+        (pod,) = ready_pods(cluster, ns, name)
+        placed = json.loads(cluster.kubectl("get", "pod", pod, "-n", ns, "-o", "json").stdout)
+        assert placed["spec"]["nodeName"] == gpu_node
+        exporter.publish({pod: 90})
+        up = wait_for(
+            cluster, ns, "inferenceservice", name,
+            lambda o: ((o.get("status") or {}).get("autoscaling") or {}).get("lastScaleReason") == "ScaledUp",
+            operator,
+        )  # fmt: skip
+        assert up["spec"]["replicas"] == 2
+        assert up["status"]["autoscaling"]["metric"] == "gpu-utilization"
+        scaled = events_of(cluster, ns, name, "ScaledUp")
+        assert any(m.startswith("replicas 1 -> 2") and "metric 90" in m for m in scaled), scaled
+    finally:
+        cluster.kubectl("delete", "inferenceservice", name, "-n", ns, "--ignore-not-found", "--wait=true", check=False)
+        exporter.stop()
+
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs(
     cluster: Cluster,
@@ -216,5 +324,7 @@ def test_example_runs(
             check_training_job(cluster, ns, doc, services, operator)
         elif doc["kind"] == "InferenceService":
             check_inference_service(cluster, ns, doc, operator)
+            if (doc["spec"].get("autoscaling") or {}).get("minReplicas") == 0:
+                check_idles_to_zero_on_its_metric(cluster, ns, doc, operator)
         else:
             raise AssertionError(f"{path.name}: no expected outcome for {doc['kind']} here")

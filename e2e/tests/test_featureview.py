@@ -23,6 +23,7 @@ from loom.devstack.cluster.paths import AGENT_STATE_DIR
 from loom.devstack.servers import S3Endpoint
 from loom.e2e.pytest_operator import OperatorProcess
 from loom.e2e.pytest_services import apply_s3_secret
+from loom.e2e.readme_install import feature_lookup
 from loom.operator.kinds.featureview.config import cronjob_name, delete_job_name
 from loom.workloads.features import example_data
 
@@ -151,6 +152,28 @@ def test_example_feature_view_is_registered_materialized_and_served(
             assert value == pytest.approx(expected[driver][feature], rel=1e-5), (driver, feature)
     assert got[1001]["conv_rate"][0] == pytest.approx(0.999, rel=1e-5)  # the later-created row won
     assert {state for _, state in got[9999].values()} == {"NOT_FOUND"}
+
+    # The names to look features up by are in status (Feast has `_` where the Kubernetes name has `-`), and the
+    # README's lookup works as written: its request, to status.url (this namespace's), from this machine through
+    # the Service's local address (the README's curl runs in a pod; the request is the same).
+    assert ready["status"]["feastView"] == "driver_stats"
+    assert ready["status"]["featureRefs"] == [f"driver_stats:{f}" for f in FEATURES]
+    readme_url, body = feature_lookup()
+    assert readme_url.replace(".default.svc", f".{ns}.svc") == f"{ready['status']['url']}/get-online-features"
+    with httpx.Client(trust_env=False, timeout=30) as client:
+        answer = client.post(f"{url}/get-online-features", content=body, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 200, answer.text
+    looked_up = answer.json()
+    asked = json.loads(body)
+    names = looked_up["metadata"]["feature_names"]  # the join key, then the features (in Feast's order)
+    assert names[0] == "driver_id" and sorted(names[1:]) == sorted(r.split(":")[1] for r in asked["features"])
+    for result in looked_up["results"][1:]:
+        assert result["statuses"] == ["PRESENT"] * len(asked["entities"]["driver_id"]), looked_up
+    # The Kubernetes name instead answers 404, as the README's Troubleshooting table says.
+    with httpx.Client(trust_env=False, timeout=30) as client:
+        kubernetes_name = {"features": ["driver-stats:conv_rate"], "entities": {"driver_id": [1001]}}
+        wrong = client.post(f"{url}/get-online-features", json=kubernetes_name)
+    assert wrong.status_code == 404, wrong.text
 
     # A view Feast refuses (its timestamp column is not in the source) becomes a condition with Feast's message;
     # the project's first view keeps being served.

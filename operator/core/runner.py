@@ -242,3 +242,16 @@ class LastSeen(Generic[V]):
 
     def forget(self, key: Key) -> None:
         self._values.pop(key, None)
+
+
+def register_pod_index(kind_label: str, index_id: str) -> None:
+    """Index the pods of one kind's objects by (namespace, owner name); Kopf passes it as the kwarg `index_id`."""
+    owner_label = f"loom.dev/{kind_label}"
+
+    def pods(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]] | None:
+        owner = (body.metadata.labels or {}).get(owner_label)
+        if not owner or not body.metadata.namespace:
+            return None
+        return {(str(body.metadata.namespace), str(owner)): dict(body)}
+
+    kopf.index("pods", labels={"app.kubernetes.io/name": kind_label}, id=index_id)(pods)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from loom.e2e.demo import graph, mlflow_run, pictures, training
@@ -84,3 +85,29 @@ def test_resumes_are_read_from_the_trainers_tags_in_restart_order() -> None:
         mlflow_run.Resume(attempt=(0,), step=60, uri="s3://b/j/step-000000060")
     ]
     assert mlflow_run.resumes({}) == []
+
+
+def test_the_demo_writes_its_pictures_to_its_own_ignored_folder_never_over_tracked_files() -> None:
+    """`git status` stays clean after `make demo`: what it writes is git-ignored and none of it is a tracked file."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[2]
+    written = [pictures.LOSS_PNG, pictures.RUN_PNG]
+    assert all(path.parent == pictures.OUTPUT for path in written)
+    assert pictures.README_IMAGES not in pictures.OUTPUT.parents and pictures.OUTPUT != pictures.README_IMAGES
+    for path in written:
+        tracked = subprocess.run(["git", "ls-files", "--error-unmatch", str(path)], cwd=repo, capture_output=True)
+        assert tracked.returncode != 0, f"the demo would overwrite the tracked {path}"
+        if repo in path.parents:
+            ignored = subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=repo)
+            assert ignored.returncode == 0, f"{path} would show in git status"
+
+
+def test_refreshing_the_readme_pictures_is_a_separate_step_that_copies_the_last_run(tmp_path: Path) -> None:
+    source, target = tmp_path / "out", tmp_path / "docs" / "img"
+    with pytest.raises(FileNotFoundError, match="make demo"):
+        pictures.refresh_readme(source, target)
+    source.mkdir()
+    (source / pictures.LOSS_NAME).write_bytes(b"png")
+    copied = pictures.refresh_readme(source, target)
+    assert copied == [target / pictures.LOSS_NAME] and (target / pictures.LOSS_NAME).read_bytes() == b"png"

@@ -114,3 +114,52 @@ def test_redis_for_the_redis_feature_view_example_is_provided() -> None:
     for ref in refs:
         assert (ref["name"], ref["key"]) == (backing.REDIS_SECRET, backing.REDIS_SECRET_KEY)
     assert secret["stringData"] == {"connectionString": "redis.storage.svc:6379"}
+
+
+def test_the_stack_runs_the_prometheus_the_autoscaling_examples_read_under_the_demos_service_name() -> None:
+    """prometheus.monitoring.svc:9090 (what the README's install command gives the chart as prometheus.url) is a
+    Service of the stack, backed by the built binary, scraping annotated pods in every namespace."""
+    assert backing.PROMETHEUS_URL == "http://prometheus.monitoring.svc:9090"
+    docs = backing.manifests(Path("/state/kubeconfig"), Path("/cache/bin/prometheus"))
+    services = {(m["metadata"]["namespace"], m["metadata"]["name"]): m for m in docs if m["kind"] == "Service"}
+    assert services[("monitoring", "prometheus")]["spec"]["ports"][0]["port"] == 9090
+    assert ("Namespace", "monitoring") in {(m["kind"], m["metadata"]["name"]) for m in docs}
+    deployment = next(m for m in docs if m["kind"] == "Deployment" and m["metadata"]["name"] == "prometheus")
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert container["command"] == ["/cache/bin/prometheus"]
+    # Its own pod address only: a Go binary binds past the node agent's shim, and stacks share the machine.
+    assert "--web.listen-address=$(POD_IP):9090" in container["args"]
+    assert container["env"] == [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/-/ready", "port": 9090}
+    config_map = next(m for m in docs if m["kind"] == "ConfigMap" and m["metadata"]["name"] == "prometheus-config")
+    config = yaml.safe_load(config_map["data"]["prometheus.yml"])
+    (job,) = config["scrape_configs"]
+    (discovery,) = job["kubernetes_sd_configs"]
+    assert discovery == {"role": "pod", "kubeconfig_file": "/state/kubeconfig"}  # every namespace
+    assert {"name": "config", "configMap": {"name": "prometheus-config"}} in pod["spec"]["volumes"]
+    # A changed configuration rolls the pod (a ConfigMap change alone would not restart it).
+    other = backing.manifests(Path("/elsewhere/kubeconfig"), Path("/cache/bin/prometheus"))
+    rolled = next(m for m in other if m["kind"] == "Deployment" and m["metadata"]["name"] == "prometheus")
+    hash_key = "loom.dev/config-hash"
+    assert rolled["spec"]["template"]["metadata"]["annotations"][hash_key] != pod["metadata"]["annotations"][hash_key]
+
+
+def test_dev_env_exports_the_prometheus_url_for_a_host_run_operator(tmp_path: Path, monkeypatch: Any) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from loom.devstack import cli
+    from loom.devstack.cluster import build
+
+    monkeypatch.setattr(build, "is_built", lambda: True)
+    monkeypatch.setenv("LOOM_AGENT_STATE_DIR", str(tmp_path))
+    without = CliRunner().invoke(cli.dev, ["env"])
+    assert without.exit_code == 0 and "LOOM_PROMETHEUS_URL" not in without.output  # the stack does not run it
+    services = {"monitoring/prometheus": {"address": "127.20.0.7"}}
+    (tmp_path / "services.json").write_text(json.dumps(services))
+    assert backing.host_prometheus_url() == "http://127.20.0.7:9090"
+    result = CliRunner().invoke(cli.dev, ["env"])
+    assert result.exit_code == 0, result.output
+    assert "export LOOM_PROMETHEUS_URL=http://127.20.0.7:9090" in result.output.splitlines()

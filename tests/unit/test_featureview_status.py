@@ -208,3 +208,51 @@ def test_cron_helpers() -> None:
     a = JobResult("a", "Succeeded", created="2026-01-03T09:00:00Z")
     b = JobResult("b", "Running", created="2026-01-03T10:00:00Z")
     assert newest([a, b]) == b and newest([]) is None
+
+
+def test_status_names_the_view_as_feast_knows_it_and_the_feature_references_to_look_up() -> None:
+    """driver-stats is driver_stats in Feast: `driver-stats:conv_rate` answers 404, the status says what works."""
+    from loom.operator.kinds.featureview.config import feature_refs
+
+    refs = feature_refs("driver-stats", ["conv_rate", "acc_rate"])
+    assert refs == ["driver_stats:conv_rate", "driver_stats:acc_rate"]
+    applied = JobResult("v-apply-1", "Succeeded", result=APPLIED)
+    status, _ = compute_status(observed(apply=applied, feast_view="driver_stats", feature_refs=tuple(refs)), None, NOW)
+    assert status.feast_view == "driver_stats" and status.feature_refs == refs
+    dumped = status.model_dump(by_alias=True, exclude_none=True)
+    assert dumped["feastView"] == "driver_stats"
+    assert dumped["featureRefs"] == ["driver_stats:conv_rate", "driver_stats:acc_rate"]
+    assert "as driver_stats" in cond(status, "Ready")[2]
+
+
+def test_pods_that_cannot_start_are_named_instead_of_applying_and_starting() -> None:
+    """The apply Job's pod and the feature server's pods wait on a missing Secret: Registered, ServerReady and Ready
+    say so with the kubelet's message, and one Warning event per cause (not one per pass)."""
+    from loom.operator.core.pod_problems import PodProblem
+
+    missing = 'secret "redis-connection" not found'
+    apply_pod = PodProblem("CreateContainerConfigError", "driver-stats-apply-1-x", "feast", missing)
+    server_pod = PodProblem("CreateContainerConfigError", "rides-features-abc", "feast", missing)
+    running = JobResult("driver-stats-apply-1", "Running")
+    stuck = observed(
+        apply=running, server_ready=0, server_replicas=2, apply_problem=apply_pod, server_problem=server_pod
+    )
+    status, events = compute_status(stuck, None, NOW)
+    registered, server, ready = cond(status, "Registered"), cond(status, "ServerReady"), cond(status, "Ready")
+    assert registered[:2] == ("Unknown", "CreateContainerConfigError") and missing in registered[2]
+    assert "driver-stats-apply-1-x" in registered[2] and "Job driver-stats-apply-1" in registered[2]
+    assert server[:2] == ("False", "CreateContainerConfigError") and "rides-features-abc" in server[2]
+    assert server[2].startswith("0/2 feature server replicas ready: ")
+    assert ready[:2] == ("False", "CreateContainerConfigError") and missing in ready[2]
+    warned = [(e.type, e.reason) for e in events if e.reason == "CreateContainerConfigError"]
+    assert warned == [("Warning", "CreateContainerConfigError")] * 2
+    again, events = compute_status(stuck, status, NOW)
+    assert [e for e in events if e.reason == "CreateContainerConfigError"] == []  # the same cause: no new event
+    # The Secret created: the pods start, the view is applied and served.
+    fixed, _ = compute_status(
+        observed(apply=JobResult("driver-stats-apply-1", "Succeeded", result=APPLIED)), again, NOW
+    )
+    assert cond(fixed, "Ready")[0] == "True"
+    # Without a problem it still says what it does.
+    plain, _ = compute_status(observed(apply=running, server_ready=0), None, NOW)
+    assert cond(plain, "Registered")[1] == "Applying" and cond(plain, "ServerReady")[1] == "ServerStarting"

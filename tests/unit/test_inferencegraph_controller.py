@@ -170,3 +170,36 @@ async def test_the_router_runs_the_router_image_the_operator_was_given(api: Fake
     await controller.reconcile("ml", "bot", OperatorSettings(**DISTINCT_IMAGE_SETTINGS))
     router = api.objects[("apps/v1", "Deployment", "ml", "bot-router")]
     assert pod_images(router) == {DISTINCT_IMAGE_SETTINGS["router_image"]}
+
+
+def router_pod(name: str, component: str, reason: str, message: str) -> dict[str, Any]:
+    labels = {"app.kubernetes.io/name": "inferencegraph", "app.kubernetes.io/instance": "bot",
+              "app.kubernetes.io/component": component, "loom.dev/inferencegraph": "bot"}  # fmt: skip
+    waiting = {"waiting": {"reason": reason, "message": message}}
+    return {
+        "metadata": {"name": name, "namespace": "ml", "labels": labels},
+        "status": {"containerStatuses": [{"name": "router", "ready": False, "state": waiting}]},
+    }
+
+
+async def test_a_router_pod_that_cannot_start_is_named_from_the_pod_watch_cache(api: FakeApi) -> None:
+    """The router's pods come from the pod index handed in (no LIST per pass): a router pod stuck on a missing
+    Secret is named in RouterAvailable and Ready, before the services' state; a pod of another component of the
+    same graph is not the router's."""
+    api.put("InferenceGraph", "bot", SPEC)
+    api.put("InferenceService", "a", {"model": {"uri": "s3://m/a"}}, READY)
+    api.put("InferenceService", "b", {"model": {"uri": "s3://m/b"}}, READY)
+    index = {("ml", "bot"): [router_pod("bot-router-x", "other", "ImagePullBackOff", "no such image")]}
+    await controller.reconcile("ml", "bot", SETTINGS, index)
+    assert reasons(dict(api.objects[GRAPH]["status"]))["Ready"] == "Starting"
+
+    index[("ml", "bot")].append(
+        router_pod("bot-router-y", "router", "CreateContainerConfigError", 'secret "k" not found')
+    )
+    await controller.reconcile("ml", "bot", SETTINGS, index)
+    stuck = dict(api.objects[GRAPH]["status"])
+    assert reasons(stuck)["RouterAvailable"] == "CreateContainerConfigError"
+    assert reasons(stuck)["Ready"] == "CreateContainerConfigError"
+    ready = next(c for c in stuck["conditions"] if c["type"] == "Ready")
+    assert 'pod bot-router-y container router: CreateContainerConfigError: secret "k" not found' in ready["message"]
+    assert ("Warning", "CreateContainerConfigError") in api.events

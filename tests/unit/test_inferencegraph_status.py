@@ -154,3 +154,22 @@ def test_events_only_on_transitions() -> None:
     assert {e.reason for e in events} == {"Available", "Serving"}
     became_ready = next(c for c in ready.conditions if c.type == "Ready")
     assert became_ready.last_transition_time is not None
+
+
+def test_a_router_pod_that_cannot_start_is_named_in_router_available_and_ready() -> None:
+    from loom.operator.core.pod_problems import PodProblem
+
+    missing = PodProblem("CreateContainerConfigError", "g-router-abc", "router", 'secret "api-keys" not found')
+    starting = {"status": {"replicas": 1, "readyReplicas": 0, "conditions": []}}
+    status, events = compute_status(OWNER, SPEC, Observed(starting, all_services(), None, missing), None)
+    router = next(c for c in status.conditions if c.type == "RouterAvailable")
+    ready = next(c for c in status.conditions if c.type == "Ready")
+    assert (router.status, router.reason) == ("False", "CreateContainerConfigError")
+    assert (ready.status, ready.reason) == ("False", "CreateContainerConfigError")
+    assert 'secret "api-keys" not found' in ready.message and "g-router-abc" in ready.message
+    warned = [e for e in events if e.reason == "CreateContainerConfigError"]
+    assert warned and all(e.type == "Warning" for e in warned)
+    _, again = compute_status(OWNER, SPEC, Observed(starting, all_services(), None, missing), status)
+    assert again == []
+    plain, _ = compute_status(OWNER, SPEC, Observed(starting, all_services()), None)
+    assert next(c for c in plain.conditions if c.type == "RouterAvailable").reason == "Starting"

@@ -359,3 +359,31 @@ async def test_every_pod_runs_the_server_image_the_operator_was_given(api: FakeA
     deployments = [o for (_, kind, _, _), o in api.objects.items() if kind == "Deployment"]
     assert len(deployments) == 2  # stable and canary
     assert set().union(*map(pod_images, deployments)) == {DISTINCT_IMAGE_SETTINGS["server_image"]}
+
+
+async def test_the_activators_pods_come_from_the_pod_watch_cache_only_when_it_runs(api: FakeApi) -> None:
+    """At zero the activator answers for the service: its pods (for why one cannot start) are read from the pod
+    index handed in, never LISTed, and only when the service scales to zero through it."""
+    from loom.operator.core.kit import owner_of
+    from loom.operator.core.reconcile import Pass, parse
+
+    def pod(name: str, component: str) -> dict[str, Any]:
+        labels = {"app.kubernetes.io/name": "inferenceservice", "app.kubernetes.io/instance": "gpt",
+                  "app.kubernetes.io/component": component, "loom.dev/inferenceservice": "gpt"}  # fmt: skip
+        return {"metadata": {"name": name, "namespace": "ml", "labels": labels}, "status": {}}
+
+    index = {
+        ("ml", "gpt"): [
+            pod("gpt-activator-b", "activator"),
+            pod("gpt-x", "server"),
+            pod("gpt-activator-a", "activator"),
+        ]
+    }
+    reconciler = controller.ServiceReconciler(SETTINGS, index)
+    to_zero = {**spec("v1"), "autoscaling": {"minReplicas": 0, "maxReplicas": 3, "metric": "queue-depth", "target": 4}}
+    for wire, expected in ((to_zero, ["gpt-activator-a", "gpt-activator-b"]), (spec("v1"), [])):
+        body = put_isvc(api, wire)
+        parsed, invalid = parse(reconciler, body)
+        assert invalid is None
+        observed = await reconciler.observe(Pass("ml", "gpt", body, owner_of(body, "InferenceService"), parsed, None))
+        assert [p["metadata"]["name"] for p in observed.activator_pods] == expected

@@ -294,3 +294,55 @@ def test_phase_never_contradicts_ready() -> None:
         status, _ = compute_status(OWNER, observed, None)
         ready = conditions(status)["Ready"][0] == "True"
         assert ready == (status.phase in serving_phases), (status.phase, conditions(status))
+
+
+def test_a_missing_secret_or_image_is_named_not_read_as_a_failed_fetch() -> None:
+    """The fetch-model container waits on a Secret that does not exist: ModelLoaded and Ready name it (the kubelet's
+    message), a Warning event says it once; a crash loop keeps FetchFailed/LoadFailed with its last termination."""
+    waiting = pod(
+        "h", False,
+        initContainerStatuses=[{"name": "fetch-model", "state": {"waiting": {
+            "reason": "CreateContainerConfigError", "message": 'secret "s3-credentials" not found'}}}],
+    )  # fmt: skip
+    observed = Observed(
+        plan=RolloutPlan(stable_ref=ref("v1"), stable_replicas=1),
+        stable=deployment(ref("v1"), 1, 0, updated=1),
+        canary=None,
+        pods=[waiting],
+        serving_config_hash="h",
+    )
+    status, events = compute_status(OWNER, observed, None)
+    assert conditions(status)["ModelLoaded"] == ("False", "CreateContainerConfigError")
+    assert conditions(status)["Ready"] == ("False", "CreateContainerConfigError")
+    ready = next(c for c in status.conditions if c.type == "Ready")
+    assert 'secret "s3-credentials" not found' in ready.message and "container fetch-model" in ready.message
+    assert [e.type for e in events if e.reason == "CreateContainerConfigError"] == ["Warning", "Warning"]
+    _, again = compute_status(OWNER, observed, status)
+    assert again == []
+    pulling = pod(
+        "h", False, containerStatuses=[{"name": "server", "state": {"waiting": {"reason": "ImagePullBackOff"}}}]
+    )
+    assert diagnose([pulling])[0] == "ImagePullBackOff"
+    crashing = pod(
+        "h", False,
+        containerStatuses=[{"name": "server", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                            "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
+                                                          "message": "no handler x"}}}],
+    )  # fmt: skip
+    reason, message = diagnose([crashing])
+    assert reason == "LoadFailed" and message.endswith("last terminated Error with exit code 1: no handler x")
+
+
+def test_at_zero_an_activator_that_cannot_start_is_named_in_ready() -> None:
+    from loom.operator.core.pod_problems import PodProblem
+
+    held = PodProblem("ImagePullBackOff", "svc-activator-x", "activator", 'Back-off pulling image "registry/nope"')
+    observed = Observed(
+        plan=RolloutPlan(stable_ref=ref("v1"), stable_replicas=0),
+        stable=deployment(ref("v1"), 0, 0), canary=None, pods=[], serving_config_hash="h", activator_problem=held,
+    )  # fmt: skip
+    status, events = compute_status(OWNER, observed, None)
+    assert conditions(status)["Ready"] == ("False", "ImagePullBackOff")
+    ready = next(c for c in status.conditions if c.type == "Ready")
+    assert ready.message.startswith("at zero, the activator: pod svc-activator-x container activator")
+    assert any(e.type == "Warning" and e.reason == "ImagePullBackOff" for e in events)

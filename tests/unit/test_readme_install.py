@@ -273,3 +273,42 @@ def test_every_file_the_install_and_gitops_sections_name_exists(title: str) -> N
     ]
     assert named, title
     assert [path for path in named if not (REPO / path).exists()] == []
+
+
+def test_the_local_stack_install_gives_the_chart_the_stacks_services_for_the_examples() -> None:
+    """The README's local-stack `helm install` sets what the examples need, with the names `loom dev up` gives
+    its services (the autoscaling examples read Prometheus; the endpoint defaults fill what an object leaves
+    unset), and only chart values that exist and pass the schema. e2e/tests/test_examples.py runs it."""
+    from loom.devstack import backing
+    from loom.e2e.readme_install import local_install_command
+
+    argv = local_install_command()
+    assert argv[:5] == ["helm", "install", RELEASE, CHART_DIR, "-n"] and argv[5] == NAMESPACE
+    values = set_values(argv)
+    assert values["prometheus.url"] == backing.PROMETHEUS_URL
+    assert values["defaults.s3.endpoint"] == backing.S3_URL
+    assert values["defaults.s3.secretName"] == backing.SECRET_NAME
+    assert values["defaults.mlflow.trackingUri"] == backing.MLFLOW_URL
+    assert values["watchNamespaces"] == ["default"]  # where `loom dev up` puts the examples' Secrets
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    merged = yaml.safe_load((CHART / "values.yaml").read_text())
+    for key, value in nest(values).items():
+        merged[key] = {**merged[key], **value} if isinstance(value, dict) else value
+    jsonschema.validate(merged, schema)
+
+
+def test_the_readmes_feature_lookup_uses_the_references_status_gives() -> None:
+    """The README's FeatureView lookup names features as status.featureRefs does (driver_stats:..., not the
+    Kubernetes name driver-stats), for the example view, at the Service the operator names; the e2e test
+    test_featureview.py runs it."""
+    from loom.e2e.readme_install import feature_lookup
+    from loom.operator.kinds.featureview.config import feature_refs, project_object_name
+
+    url, body = feature_lookup()
+    view = yaml.safe_load((REPO / "examples" / "featureview-driver-stats.yaml").read_text())
+    refs = feature_refs(view["metadata"]["name"], [f["name"] for f in view["spec"]["features"]])
+    request = json.loads(body)
+    assert request["features"] and set(request["features"]) <= set(refs)
+    assert list(request["entities"]) == [view["spec"]["entities"][0]["name"]]
+    service = project_object_name(view["spec"]["project"])
+    assert url == f"http://{service}.default.svc/get-online-features"  # status.url + the lookup's path

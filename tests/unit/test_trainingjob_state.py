@@ -8,6 +8,7 @@ from typing import Any
 from loom.operator.core.kit import status_patch
 from loom.operator.kinds.trainingjob.api import TrainingJobSpec, TrainingJobStatus
 from loom.operator.kinds.trainingjob.observe import CheckpointReport, NodeView, ProgressReport, WorkerView
+from loom.operator.kinds.trainingjob.render import ATTEMPT_LABEL, INDEX_LABEL
 from loom.operator.kinds.trainingjob.state import Decision, Delete, Observation, Policy, decide
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -323,6 +324,33 @@ def test_unschedulable_reported_after_timeout_only() -> None:
     assert late.status.phase == "Created"
     later = step(late.status, pending, the_spec=job, now=NOW + timedelta(seconds=90))
     assert later.events == []  # reported once, not on every resync
+
+
+def test_a_worker_that_cannot_start_is_named_in_ready_with_one_event() -> None:
+    """A worker waits on a missing Secret (the pod's CreateContainerConfigError, read by observe_pod): Ready says
+    so at once, with the kubelet's message, and one Warning event; then the Secret exists and the job runs."""
+    from loom.operator.kinds.trainingjob.observe import observe_pod
+
+    pod = {
+        "metadata": {"name": "job-worker-1", "uid": "u1", "labels": {INDEX_LABEL: "1", ATTEMPT_LABEL: "0"}},
+        "status": {"phase": "Pending", "containerStatuses": [{"name": "trainer", "state": {"waiting": {
+            "reason": "CreateContainerConfigError", "message": 'secret "s3-credentials" not found'}}}]},
+    }  # fmt: skip
+    view = observe_pod(pod)
+    assert view is not None and view.problem is not None and view.problem.reason == "CreateContainerConfigError"
+    created = step()
+    blocked = step(created.status, (worker(0), view))
+    assert cond(blocked, "Ready") == ("False", "CreateContainerConfigError")
+    ready = next(c for c in blocked.status.conditions if c.type == "Ready")
+    expected = 'pod job-worker-1 container trainer: CreateContainerConfigError: secret "s3-credentials" not found'
+    assert ready.message == expected
+    assert [(e.type, e.reason) for e in blocked.events if e.reason == "CreateContainerConfigError"] == [
+        ("Warning", "CreateContainerConfigError")
+    ]
+    again = step(blocked.status, (worker(0), view))
+    assert [e for e in again.events if e.reason == "CreateContainerConfigError"] == []
+    fixed = step(again.status, (worker(0), worker(1)))
+    assert cond(fixed, "Ready") == ("True", "WorkersRunning")
 
 
 # ---- run policy ------------------------------------------------------------------------------------------

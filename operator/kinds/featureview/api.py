@@ -253,6 +253,16 @@ class FeatureViewStatus(StatusBase):
     phase: Literal["Pending", "Registered", "Materializing", "Ready", "Failed"] | None = None
     registered: bool = False
     project: str | None = Field(None, description="The Feast project name (as Feast spells it).")
+    feast_view: str | None = Field(
+        None,
+        description="The view's name in Feast, which differs from metadata.name ('-' becomes '_'): a lookup with "
+        "the Kubernetes name answers 404.",
+    )
+    feature_refs: list[str] | None = Field(
+        None,
+        description="Feature references ready to use in POST <url>/get-online-features and in training sets "
+        "(<feastView>:<feature>).",
+    )
     registry: str | None = Field(None, description="Where the registry is (no credentials).")
     online_store: str | None = Field(None, description="Online store kind: sqlite or redis.")
     url: str | None = Field(None, description="Feast feature server URL (POST /get-online-features).")

@@ -48,6 +48,12 @@ def feast_view_name(name: str) -> str:
     return ident if re.match(r"^[A-Za-z_]", ident) else f"v_{ident}"
 
 
+def feature_refs(name: str, features: list[str]) -> list[str]:
+    """What Feast's /get-online-features takes for the view's features: `<feast view name>:<feature>`."""
+    view = feast_view_name(name)
+    return [f"{view}:{feature}" for feature in features]
+
+
 def project_prefix(project: str) -> str:
     """The project as a Kubernetes name part ('_' is not allowed there)."""
     return project.replace("_", "-")

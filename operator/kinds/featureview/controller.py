@@ -27,6 +27,7 @@ from ...core import client as kube
 from ...core import kit
 from ...core.kit import Event, Manifest
 from ...core.model import API_VERSION, InvalidSpec
+from ...core.pod_problems import find_problem
 from ...core.reconcile import Pass, run
 from ...core.runner import Runner, own_kind_handlers
 from ...defaults import Defaulted, EndpointDefaults
@@ -41,6 +42,8 @@ from .config import (
     apply_job_name,
     cronjob_name,
     delete_job_name,
+    feast_view_name,
+    feature_refs,
     plan_project,
     project_object_name,
     project_prefix,
@@ -62,6 +65,7 @@ from .render import (
     render_deployment,
     render_manual_job,
     render_service,
+    server_selector,
 )
 from .status import JobResult, compute_status, job_result, newest
 from .status import Observed as StatusObserved
@@ -128,9 +132,7 @@ class _Project:
             self.jobs.pop(name, None)
 
 
-async def _members(
-    namespace: str, project: str, defaults: EndpointDefaults
-) -> tuple[list[Member], set[str]]:
+async def _members(namespace: str, project: str, defaults: EndpointDefaults) -> tuple[list[Member], set[str]]:
     """The project's views that are not being deleted, and the names of all of them."""
     members: list[Member] = []
     names: set[str] = set()
@@ -269,21 +271,32 @@ class ViewReconciler:
         ]
         deployment = observed.live
         dstatus = (deployment or {}).get("status") or {}
+        # Pods that cannot start (a missing Secret, ...): the apply Job's and the feature server's, from the pods
+        # observe read with the project's Jobs.
+        rejection = plan.rejected.get(name)
+        apply_job = state.jobs.get(apply_job_name(name, apply_hash(plan, name))) if rejection is None else None
+        apply_problem = find_problem(_pods_of(apply_job, state.pods)) if apply_job is not None else None
+        serving = server_selector(spec.project).items()
+        server_pods = [p for p in state.pods if serving <= (p["metadata"].get("labels") or {}).items()]
         seen = StatusObserved(
             ctx.generation,
             project=plan.config.project,
+            feast_view=feast_view_name(name),
+            feature_refs=tuple(feature_refs(name, [feature.name for feature in spec.features])),
             registry=plan.config.registry.location,
             online_store=plan.config.online_store.type,
             url=server_url(ctx.namespace, spec.project),
             online=spec.online,
             schedule=spec.materialization.schedule,
             suspended=spec.materialization.suspend,
-            rejection=plan.rejected.get(name),
+            rejection=rejection,
             apply=apply_result,
             waiting_for_writer=apply_result is None and state.busy,
             materialization=newest(materializations),
             server_replicas=int(((deployment or {}).get("spec") or {}).get("replicas") or 0),
             server_ready=int(dstatus.get("readyReplicas") or 0),
+            apply_problem=apply_problem,
+            server_problem=find_problem(server_pods),
         )
         status, events = compute_status(seen, previous, observed.now)
         status.endpoint_defaults = ctx.spec.status_field()

@@ -20,6 +20,8 @@ from typing import Any, Literal
 from cronsim import CronSim, CronSimError
 
 from ...core.kit import Condition, Event, Manifest, format_time, set_condition
+from ...core.pod_problems import REASONS as POD_REASONS
+from ...core.pod_problems import PodProblem
 from .api import FeatureViewStatus, LastMaterialization
 from .config import Rejection
 from .render import CONTAINER, cron_expression
@@ -119,6 +121,8 @@ def next_run(schedule: str, now: datetime) -> datetime | None:
 class Observed:
     generation: int | None
     project: str | None = None  # Feast's project name
+    feast_view: str | None = None  # the view's name in Feast ('-' becomes '_')
+    feature_refs: tuple[str, ...] = ()  # <feast view>:<feature>, what a lookup names
     registry: str | None = None
     online_store: str | None = None
     url: str | None = None
@@ -131,6 +135,9 @@ class Observed:
     materialization: JobResult | None = None  # the newest materialization Job of the view
     server_replicas: int = 0
     server_ready: int = 0
+    # Why a pod of the apply Job / of the feature server cannot start (a missing Secret, ...): pod_problems.
+    apply_problem: PodProblem | None = None
+    server_problem: PodProblem | None = None
 
 
 def _registered(observed: Observed) -> tuple[Literal["True", "False", "Unknown"], str, str]:
@@ -142,6 +149,8 @@ def _registered(observed: Observed) -> tuple[Literal["True", "False", "Unknown"]
             return "Unknown", "WaitingForWriter", "another Job of the project is writing the registry"
         return "Unknown", "Applying", "the apply Job is being created"
     if job.state in ("Pending", "Running"):
+        if (problem := observed.apply_problem) is not None:
+            return "Unknown", problem.reason, f"Job {job.name} cannot apply the view: {problem.message}"
         return "Unknown", "Applying", f"Job {job.name} applies the view to the registry"
     if job.state == "Failed":
         return "False", job.reason or "Failed", job.message or f"Job {job.name} failed"
@@ -193,6 +202,8 @@ def _server(observed: Observed) -> tuple[Literal["True", "False", "Unknown"], st
         return "False", "ScaledToZero", "server.replicas is 0"
     if observed.server_ready > 0:
         return "True", "ServerReady", f"{observed.server_ready}/{observed.server_replicas} ready at {observed.url}"
+    if (problem := observed.server_problem) is not None:
+        return "False", problem.reason, f"0/{observed.server_replicas} feature server replicas ready: {problem.message}"
     return "False", "ServerStarting", f"0/{observed.server_replicas} feature server replicas ready"
 
 
@@ -221,7 +232,8 @@ def compute_status(
     put("Materialized", _materialized(observed, last, running, next_time))
     server = put("ServerReady", _server(observed))
     if registered.status == "True" and server.status == "True":
-        ready = put("Ready", ("True", "Ready", f"registered in {observed.project}; serving at {observed.url}"))
+        named = f" as {observed.feast_view}" if observed.feast_view else ""
+        ready = put("Ready", ("True", "Ready", f"registered in {observed.project}{named}; serving at {observed.url}"))
     else:
         blocking = registered if registered.status != "True" else server
         ready = put("Ready", ("False", blocking.reason, blocking.message))
@@ -242,6 +254,8 @@ def compute_status(
         phase=phase,
         registered=is_registered,
         project=observed.project,
+        feast_view=observed.feast_view,
+        feature_refs=list(observed.feature_refs) or None,
         registry=observed.registry,
         online_store=observed.online_store,
         url=observed.url,
@@ -278,6 +292,10 @@ def _events(old: FeatureViewStatus, new: FeatureViewStatus) -> list[Event]:
             )
         else:
             events.append(Event("Warning", "MaterializationFailed", last_new.message or str(last_new.job)))
+    for ctype in ("Registered", "ServerReady"):  # a pod that cannot start: once per cause
+        was, now = _condition(old, ctype), _condition(new, ctype)
+        if now is not None and now.reason in POD_REASONS and (was is None or was.reason != now.reason):
+            events.append(Event("Warning", now.reason, now.message))
     ready_old, ready_new = _condition(old, "Ready"), _condition(new, "Ready")
     if ready_new is not None and ready_new.status == "True" and (ready_old is None or ready_old.status != "True"):
         events.append(Event("Normal", "Ready", ready_new.message))

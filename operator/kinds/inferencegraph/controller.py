@@ -22,8 +22,10 @@ from loom.workloads.router.config import RouterConfig
 from ...core import client as kube
 from ...core.kit import Event, Manifest
 from ...core.model import API_VERSION, GROUP, VERSION
+from ...core.pod_problems import find_problem
+from ...core.pods import PodIndex, pods_of
 from ...core.reconcile import Pass, run
-from ...core.runner import LastSeen, Runner, child_handlers, own_kind_handlers
+from ...core.runner import Indexes, LastSeen, Runner, child_handlers, own_kind_handlers, register_pod_index
 from ...settings import OperatorSettings
 from .api import InferenceGraphSpec, InferenceGraphStatus
 from .render import (
@@ -35,6 +37,7 @@ from .render import (
     referenced_services,
     render_router,
     router_config,
+    router_selector,
     service_conflict,
     service_name,
 )
@@ -47,6 +50,7 @@ PLURAL = "inferencegraphs"
 KIND = "InferenceGraph"
 INDEX_ID = "loom_inferencegraphs"
 BY_SERVICE_INDEX_ID = "loom_inferencegraphs_by_service"
+POD_INDEX_ID = "loom_inferencegraph_pods"
 
 
 @dataclass
@@ -56,6 +60,7 @@ class Observed:
     services: dict[str, ServiceRef] = field(default_factory=dict)
     existing_service: Manifest | None = None
     deployment: Manifest | None = None
+    pods: list[Manifest] = field(default_factory=list)  # the router's, from the watch cache
 
 
 @dataclass(frozen=True)
@@ -69,8 +74,9 @@ class GraphReconciler:
     status_model: ClassVar[type[Any]] = InferenceGraphStatus
     status_first: ClassVar[bool] = False
 
-    def __init__(self, settings: OperatorSettings) -> None:
+    def __init__(self, settings: OperatorSettings, pods: PodIndex | None = None) -> None:
         self.settings = settings
+        self.pods = pods
 
     def parse(self, body: Manifest) -> InferenceGraphSpec:
         return InferenceGraphSpec.model_validate(body.get("spec") or {})
@@ -88,6 +94,8 @@ class GraphReconciler:
                         ref = observe_service(isvc)
                         observed.services[ref.name] = ref
         observed.deployment = await kube.get("apps/v1", "Deployment", ctx.namespace, deployment_name(ctx.name))
+        # A router pod that cannot start (a missing Secret, the image, ...) is named in RouterAvailable and Ready.
+        observed.pods = pods_of(self.pods, ctx.namespace, ctx.name, router_selector(ctx.owner))
         return observed
 
     def decide(self, ctx: Pass[InferenceGraphSpec], observed: Observed) -> Plan:
@@ -120,13 +128,15 @@ class GraphReconciler:
         problem = plan.problem
         if plan.config is not None and ctx.spec is not None:
             problem = service_conflict(ctx.owner, observed.existing_service)
-        seen = StatusObserved(observed.deployment, observed.services, problem)
+        pod_problem = find_problem(observed.pods) if observed.deployment is not None else None
+        seen = StatusObserved(observed.deployment, observed.services, problem, pod_problem)
         return compute_status(ctx.owner, ctx.spec, seen, previous)
 
 
-async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> None:
-    """One full pass for one InferenceGraph, read fresh (the skeleton: core/reconcile.py)."""
-    await run(GraphReconciler(settings), namespace, name)
+async def reconcile(namespace: str, name: str, settings: OperatorSettings, pods: PodIndex | None = None) -> None:
+    """One full pass for one InferenceGraph, read fresh (the skeleton: core/reconcile.py); `pods`: the router
+    pods' watch cache (none: no pod is looked at)."""
+    await run(GraphReconciler(settings, pods), namespace, name)
 
 
 def services_named(spec: Manifest | None) -> set[str]:
@@ -146,8 +156,10 @@ def _service_state(body: Manifest) -> tuple[Any, ...]:
 
 
 def register(settings: OperatorSettings) -> None:
+    indexes = Indexes(POD_INDEX_ID)
+
     async def one_pass(namespace: str, name: str) -> None:
-        await reconcile(namespace, name, settings)
+        await reconcile(namespace, name, settings, indexes.get(POD_INDEX_ID))
 
     runner = Runner(KIND, one_pass, interval_s=settings.resync_interval_s, timeout_s=settings.reconcile_timeout_s)
     # Last (ready, reason, model name) seen per InferenceService: its status changes often, only these matter.
@@ -155,6 +167,10 @@ def register(settings: OperatorSettings) -> None:
 
     # Spec changes, deletion and the periodic resync; children go with the object (ownerReferences): no finalizer.
     own_kind_handlers(runner, PLURAL, INDEX_ID)
+
+    # The router's pods, for why one cannot start: a watch cache bound once at start-up, never a LIST per pass.
+    register_pod_index(KIND_LABEL, POD_INDEX_ID)
+    indexes.register()
 
     # (namespace, InferenceService) -> names of the graphs whose steps name it.
     @kopf.index(GROUP, VERSION, PLURAL, id=BY_SERVICE_INDEX_ID)

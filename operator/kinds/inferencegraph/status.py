@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ...core.kit import Condition, Event, Manifest, condition_events, set_condition
+from ...core.pod_problems import REASONS as POD_REASONS
+from ...core.pod_problems import PodProblem
 from .api import GraphPhase, GraphStep, InferenceGraphSpec, InferenceGraphStatus, NodeStatus, StepStatus
 from .render import GraphProblem, ServiceRef, graph_url, hard_services, referenced_services, selector_string
 
@@ -31,6 +33,7 @@ class Observed:
     deployment: Manifest | None  # the router Deployment as applied, or as live when nothing was applied
     services: Mapping[str, ServiceRef]  # the referenced InferenceServices that exist
     problem: GraphProblem | None = None
+    pod_problem: PodProblem | None = None  # why a router pod cannot start (pod_problems)
 
 
 def _int(deployment: Manifest | None, field: str) -> int:
@@ -162,6 +165,8 @@ def compute_status(
     elif deployment is None:
         why = problem.message if problem is not None else "the router is not created yet"
         router = _condition("RouterAvailable", False, "NotCreated", why, generation)
+    elif (pod := observed.pod_problem) is not None:
+        router = _condition("RouterAvailable", False, pod.reason, f"no router replica ready: {pod.message}", generation)
     else:
         router = _condition("RouterAvailable", False, "Starting", "no router replica ready yet", generation)
 
@@ -169,6 +174,8 @@ def compute_status(
         ready = _condition("Ready", False, "InvalidGraph", valid.message, generation)
     elif problem is not None:  # ServiceNotFound: nothing rendered for this generation yet
         ready = _condition("Ready", False, problem.reason, problem.message, generation)
+    elif router.reason in POD_REASONS:  # the router cannot start: a person must act, whatever the services do
+        ready = _condition("Ready", False, router.reason, router.message, generation)
     elif dependencies.status != "True":
         ready = _condition("Ready", False, dependencies.reason, dependencies.message, generation)
     elif router.status != "True":
@@ -212,4 +219,5 @@ def _phase(invalid: bool, available: bool, stuck: str | None, ready: bool, all_s
 
 WARNING_REASONS = {
     "InvalidGraph", "ServiceNotFound", "ServiceNotReady", "ProgressDeadlineExceeded", "ServiceNameConflict",
-}
+    *POD_REASONS,
+}  # fmt: skip

@@ -24,11 +24,14 @@ from loom.workloads.server.config import EnrichmentConfig
 from ...core import client as kube
 from ...core.kit import Event, Manifest
 from ...core.model import API_VERSION, GROUP, VERSION, first_error
+from ...core.pod_problems import find_problem
+from ...core.pods import PodIndex, pods_of
 from ...core.reconcile import Pass, run
-from ...core.runner import LastSeen, Runner, child_handlers, own_kind_handlers
+from ...core.runner import Indexes, LastSeen, Runner, child_handlers, own_kind_handlers, register_pod_index
 from ...defaults import Defaulted, EndpointDefaults, model_problem, training_job_manifest
 from ...defaults import inference_service as inference_service_defaults
 from ...settings import OperatorSettings
+from .activator import activator_enabled, activator_selector
 from .api import INFERENCE_SERVICE, InferenceServiceSpec, InferenceServiceStatus
 from .features import resolve_features
 from .model import ModelRef, ResolveError, resolve_model
@@ -55,6 +58,7 @@ log = logging.getLogger("loom.operator.inferenceservice")
 PLURAL = "inferenceservices"
 KIND = "InferenceService"
 INDEX_ID = "loom_inferenceservices"
+POD_INDEX_ID = "loom_inferenceservice_pods"
 
 
 async def _resolve(
@@ -115,6 +119,7 @@ class Observed:
     stable: Manifest | None = None
     canary: Manifest | None = None
     pods: list[Manifest] = field(default_factory=list)
+    activator_pods: list[Manifest] = field(default_factory=list)  # the scale-to-zero activator's (watch cache)
     desired: ModelRef | None = None
     resolve_error: ResolveError | None = None
     features: EnrichmentConfig | None = None
@@ -133,8 +138,9 @@ class ServiceReconciler:
     status_model: ClassVar[type[Any]] = InferenceServiceStatus
     status_first: ClassVar[bool] = False
 
-    def __init__(self, settings: OperatorSettings) -> None:
+    def __init__(self, settings: OperatorSettings, pods: PodIndex | None = None) -> None:
         self.settings = settings
+        self.pods = pods
         self.defaults = EndpointDefaults.from_settings(settings)
 
     def parse(self, body: Manifest) -> Defaulted[InferenceServiceSpec]:
@@ -164,6 +170,9 @@ class ServiceReconciler:
                 observed.desired = None
                 observed.resolve_error = observed.resolve_error or observed.features_error
         observed.pods = await kube.list_objects("v1", "Pod", namespace, selector_string(ctx.owner))
+        # The scale-to-zero activator's pods (when it runs): one that cannot start is named in Ready at zero.
+        if ctx.spec is not None and activator_enabled(ctx.spec.spec):
+            observed.activator_pods = pods_of(self.pods, namespace, name, activator_selector(ctx.owner))
         return observed
 
     def decide(self, ctx: Pass[Defaulted[InferenceServiceSpec]], observed: Observed) -> Plan:
@@ -184,9 +193,7 @@ class ServiceReconciler:
             return Plan(plan_rollout(spec, None, stable, canary, total), invalid)
         return Plan(plan_rollout(spec, observed.desired, stable, canary, total), None)
 
-    async def apply(
-        self, ctx: Pass[Defaulted[InferenceServiceSpec]], observed: Observed, plan: Plan
-    ) -> Observed:
+    async def apply(self, ctx: Pass[Defaulted[InferenceServiceSpec]], observed: Observed, plan: Plan) -> Observed:
         assert ctx.spec is not None
         observed.plan = plan.rollout
         if plan.invalid is None and observed.features_error is None and plan.rollout.stable_ref is not None:
@@ -213,16 +220,17 @@ class ServiceReconciler:
             serving_config_hash=_template_hash(observed.canary if serving_track == "canary" else observed.stable),
             resolve_error=observed.resolve_error,
             invalid=plan.invalid,
+            activator_problem=find_problem(observed.activator_pods),
         )
         status, events = compute_status(ctx.owner, seen, previous)
         status.endpoint_defaults = ctx.spec.status_field() if ctx.spec is not None else None
         return status, events
 
 
-async def reconcile(namespace: str, name: str, settings: OperatorSettings) -> None:
+async def reconcile(namespace: str, name: str, settings: OperatorSettings, pods: PodIndex | None = None) -> None:
     """One full pass for one InferenceService, read fresh (the runner serialises passes per object, so a pass
     sees the status the previous one wrote and announces each transition once; the skeleton: core/reconcile.py)."""
-    await run(ServiceReconciler(settings), namespace, name)
+    await run(ServiceReconciler(settings, pods), namespace, name)
 
 
 async def _apply(
@@ -242,9 +250,7 @@ async def _apply(
     stable = await _apply_track(owner, spec, "stable", plan.stable_ref, plan.stable_replicas, image, features)
     if plan.canary_action == "apply":
         assert plan.canary_ref is not None
-        canary = await _apply_track(
-            owner, spec, "canary", plan.canary_ref, plan.canary_replicas, image, features
-        )
+        canary = await _apply_track(owner, spec, "canary", plan.canary_ref, plan.canary_replicas, image, features)
     elif plan.canary_action == "keep":
         # Judge the stable track as it is after this apply: a no-op apply may show it already rolled out.
         settled = plan_rollout(spec, plan.stable_ref, stable, canary, plan.stable_replicas)
@@ -258,8 +264,10 @@ async def _apply(
 
 
 def register(settings: OperatorSettings) -> None:
+    indexes = Indexes(POD_INDEX_ID)
+
     async def one_pass(namespace: str, name: str) -> None:
-        await reconcile(namespace, name, settings)
+        await reconcile(namespace, name, settings, indexes.get(POD_INDEX_ID))
 
     runner = Runner(KIND, one_pass, interval_s=settings.resync_interval_s, timeout_s=settings.reconcile_timeout_s)
     # Last (checkpoint, phase) seen per TrainingJob: a job's status changes often, only these matter here.
@@ -268,6 +276,10 @@ def register(settings: OperatorSettings) -> None:
     # Spec changes, and the resync: the safety net that converges status and corrects drift even after a
     # missed watch event. Children go with the object (ownerReferences): no finalizer.
     own_kind_handlers(runner, PLURAL, INDEX_ID)
+
+    # The activator's pods, for why one cannot start: a watch cache bound once at start-up, not a LIST per pass.
+    register_pod_index(KIND_LABEL, POD_INDEX_ID)
+    indexes.register()
 
     # Rollouts progress with the Deployments' status: react to it instead of polling.
     child_handlers(runner, KIND_LABEL, ("apps", "v1", "deployments"))

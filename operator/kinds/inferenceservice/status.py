@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...core.kit import Condition, Event, Manifest, condition_events, set_condition
+from ...core.pod_problems import REASONS as POD_REASONS
+from ...core.pod_problems import PodProblem, find_problem
 from .api import CanaryStatus, InferenceServiceStatus, ServingPhase
 from .model import ResolveError
 from .render import CONFIG_HASH_ANNOTATION, selector_string, service_url
@@ -40,6 +42,7 @@ class Observed:
     serving_config_hash: str | None  # pod template hash of the track serving the spec's model
     resolve_error: ResolveError | None = None
     invalid: str | None = None  # an InvalidSpec message
+    activator_problem: PodProblem | None = None  # why the scale-to-zero activator's pod cannot start
 
 
 def _replicas(deployment: Manifest | None, field: str) -> int:
@@ -79,18 +82,24 @@ def _failed(state: Manifest | None) -> bool:
 
 
 def diagnose(pods: list[Manifest]) -> tuple[str, str]:
-    """Why none of these pods is ready yet: (reason, message). Never includes logs (they may hold secrets)."""
+    """Why none of these pods is ready yet: (reason, message). Never includes logs (they may hold secrets); a
+    crash's termination message comes scrubbed (pod_problems)."""
     if not pods:
         return "Pending", "no replica created yet"
+    problem = find_problem(pods)
+    if problem is not None and problem.reason != "CrashLoopBackOff":
+        # What a person must fix before any replica can start (a missing Secret, the image, memory, no node).
+        return problem.reason, problem.message
     for pod in pods:
         name = pod.get("metadata", {}).get("name", "?")
         status = pod.get("status") or {}
+        last = f"; {problem.detail}" if problem is not None and problem.pod == name else ""
         for init in status.get("initContainerStatuses") or []:
             if _failed(init.get("state")) or _failed(init.get("lastState")):
-                return "FetchFailed", f"pod {name}: fetching the model failed (see its fetch-model log)"
+                return "FetchFailed", f"pod {name}: fetching the model failed (see its fetch-model log){last}"
         for container in status.get("containerStatuses") or []:
             if _failed(container.get("state")) or _failed(container.get("lastState")):
-                return "LoadFailed", f"pod {name}: the server exited (see its server log)"
+                return "LoadFailed", f"pod {name}: the server exited (see its server log){last}"
         for cond in status.get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
                 return "Unschedulable", f"pod {name}: {cond.get('message') or cond.get('reason') or 'not scheduled'}"
@@ -189,6 +198,9 @@ def compute_status(
         )  # fmt: skip
     elif ready > 0:
         ready_cond = _condition("Ready", True, "Serving", f"{ready} replica(s) ready", generation)
+    elif plan.stable_ref is not None and wanted == 0 and (held := observed.activator_problem) is not None:
+        # At zero the activator answers for the service: it cannot, so a request would find nothing.
+        ready_cond = _condition("Ready", False, held.reason, f"at zero, the activator: {held.message}", generation)
     elif plan.stable_ref is not None and wanted == 0:
         ready_cond = _condition("Ready", False, "ScaledToZero", "no replica runs", generation)
     else:
@@ -270,5 +282,5 @@ def _phase(
 WARNING_REASONS = {
     "FetchFailed", "LoadFailed", "InvalidSpec", "ProgressDeadlineExceeded", "TrainingJobNotFound",
     "TrainingJobFailed", "HandlerRequired", "Unschedulable", "NoCheckpointStore", "FeatureViewNotFound",
-    "FeatureViewMismatch",
+    "FeatureViewMismatch", *POD_REASONS,
 }  # fmt: skip

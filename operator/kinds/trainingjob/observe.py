@@ -12,6 +12,7 @@ from typing import Any
 from loom.workloads.trainer.config import EXIT_INTERRUPTED
 
 from ...core.kit import Manifest, parse_time
+from ...core.pod_problems import UNSCHEDULABLE, PodProblem, find_problem
 from .render import ATTEMPT_LABEL, INDEX_LABEL
 
 # The phase the trainer's progress document (workloads/trainer/tracking.py) shows before its first step.
@@ -59,6 +60,7 @@ class WorkerView:
     unschedulable: str | None = None  # the scheduler's message while it cannot place the pod
     disrupted: bool = False  # evicted, preempted, node shut down: not counted as a failure
     final_checkpoint: CheckpointReport | None = None  # named by the trainer's termination message on success
+    problem: PodProblem | None = None  # why it cannot start (a missing Secret, ...); Unschedulable is the field above
 
     @property
     def active(self) -> bool:
@@ -179,6 +181,7 @@ def observe_pod(pod: Manifest) -> WorkerView | None:
         unschedulable=unschedulable,
         disrupted=disrupted or (phase == "Failed" and exit_code == EXIT_INTERRUPTED),
         final_checkpoint=_final_checkpoint(pod) if phase == "Succeeded" else None,
+        problem=find_problem([pod], ignore={UNSCHEDULABLE}),
     )
 
 

@@ -40,6 +40,7 @@ from loom.workloads.trainer.config import EXIT_PERMANENT
 
 from ...core.kit import Condition, Event, format_time, parse_time, set_condition
 from ...core.model import ConditionStatus
+from ...core.pod_problems import REASONS as POD_REASONS
 from .api import CheckpointStatus, Progress, TrainingDataStatus, TrainingJobSpec, TrainingJobStatus, WorkerCounts
 from .config import worker_range
 from .data import CONDITION as DATA_CONDITION
@@ -430,8 +431,11 @@ class _Machine:
             return
         if not recovering:
             st.phase = "Created" if (workers or self.decision.create) else "Pending"
+        blocked = next((p.problem for _, p in sorted(workers.items()) if p.active and p.problem), None)
         if stuck:
             self.reason_detail = ("Unschedulable", f"{stuck[0].name}: {stuck[0].unschedulable}")
+        elif blocked is not None and self.reason_detail is None:  # a missing Secret, the image, ...: pod_problems
+            self.reason_detail = (blocked.reason, blocked.message)
         elif self.reason_detail is None:
             self.reason_detail = ("WaitingForWorkers", f"{ready}/{self.desired} workers running")
 
@@ -477,8 +481,8 @@ class _Machine:
             new = Condition(type=kind, status=status, reason=why, message=text, observed_generation=gen)
             conditions = set_condition(conditions, new, now)
             old = previous.get(kind)
-            if kind == "Ready" and why == "Unschedulable" and (old is None or old.reason != "Unschedulable"):
-                self.event("Warning", "Unschedulable", text)
+            if kind == "Ready" and why in POD_REASONS and (old is None or old.reason != why):
+                self.event("Warning", why, text)
         st.conditions = conditions
 
     def storage_events(self, old: Condition | None, new: tuple[bool, str, str]) -> None:
