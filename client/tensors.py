@@ -7,20 +7,10 @@ from typing import Any
 
 import numpy as np
 
-DATATYPES: dict[str, np.dtype[Any]] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype("<u1"),
-    "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"),
-    "UINT64": np.dtype("<u8"),
-    "INT8": np.dtype("<i1"),
-    "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"),
-    "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"),
-    "FP32": np.dtype("<f4"),
-    "FP64": np.dtype("<f8"),
-}
+from loom.workloads.server.protocol import NUMPY_TYPES
+
+# The model server's own table (protocol datatype -> little-endian numpy dtype), so both sides agree by construction.
+DATATYPES: Mapping[str, np.dtype[Any]] = {name: dtype for name, dtype in NUMPY_TYPES.items() if name != "BYTES"}
 
 
 def datatype(array: np.ndarray[Any, Any]) -> str:
