@@ -86,6 +86,7 @@ if TYPE_CHECKING:
         Direct,
         InCluster,
         PortForward,
+        PortForwardRefused,
         ServiceAccess,
     )
     from .client import (
@@ -178,6 +179,7 @@ _WHERE: dict[str, str] = {
     "OfflineStore": "loom.operator.api",
     "OnlineStore": "loom.operator.api",
     "PortForward": ".access",
+    "PortForwardRefused": ".access",
     "Progress": "loom.operator.api",
     "RateLimit": "loom.operator.api",
     "Registry": "loom.operator.api",
@@ -286,6 +288,7 @@ __all__ = [
     "OfflineStore",
     "OnlineStore",
     "PortForward",
+    "PortForwardRefused",
     "Progress",
     "RateLimit",
     "Registry",
