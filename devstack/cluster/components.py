@@ -11,6 +11,8 @@ from typing import Any
 from loom.devstack.cluster.paths import (
     AGENT_MAIN,
     AGENT_STATE_DIR,
+    AUDIT_LOG,
+    AUDIT_POLICY,
     ETCD_DATA_DIR,
     KWOK_STAGES_FILE,
     REGISTRY_CONFIG,
@@ -65,6 +67,20 @@ def egress_selector_config(socket_path: Path) -> dict[str, Any]:
                 "connection": {"proxyProtocol": "HTTPConnect", "transport": {"uds": {"udsName": str(socket_path)}}},
             }
         ],
+    }
+
+
+AUDITED_USER = "loom-audited-operator"
+
+
+def audit_policy() -> dict[str, Any]:
+    """Metadata (verb, resource, name, user, response code) for the audited operator identity's requests, nothing
+    for anyone else: the log costs the shared stack nothing unless an operator runs as that identity."""
+    return {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived", "ResponseStarted"],
+        "rules": [{"level": "Metadata", "users": [AUDITED_USER]}, {"level": "None"}],
     }
 
 
@@ -140,6 +156,12 @@ def control_plane(bin_dir: Path, pki: Pki, ports: Ports) -> list[Component]:
             "--endpoint-reconciler-type=none",
             # Webhooks behind a Service: their ClusterIP is reached through the egress proxy (egress.py).
             f"--egress-selector-config-file={EGRESS_CONFIG}",
+            # Requests of the audited operator identity only (audit_policy): counted by bench_steady_requests.py.
+            f"--audit-policy-file={AUDIT_POLICY}",
+            f"--audit-log-path={AUDIT_LOG}",
+            "--audit-log-format=json",
+            "--audit-log-maxsize=100",
+            "--audit-log-maxbackup=1",
         ],
     )
     controller_manager = Component(

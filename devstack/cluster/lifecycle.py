@@ -31,6 +31,7 @@ from loom.devstack.cluster.components import (
     EGRESS_SOCKET,
     Component,
     Ports,
+    audit_policy,
     control_plane,
     egress_selector_config,
     kubeconfig_path,
@@ -41,6 +42,7 @@ from loom.devstack.cluster.components import (
 from loom.devstack.cluster.handle import Cluster
 from loom.devstack.cluster.nodes import NodeShape, ensure_nodes, wait_nodes_ready
 from loom.devstack.cluster.paths import (
+    AUDIT_POLICY,
     KUBECONFIG,
     LOCK_FILE,
     PKI_DIR,
@@ -268,6 +270,10 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
             kubeconfig_path("controller-manager"), "system:kube-controller-manager", server, pki, "controller-manager"
         )
         _write_kubeconfig(kubeconfig_path("scheduler"), "system:kube-scheduler", server, pki, "scheduler")
+        _write_kubeconfig(
+            kubeconfig_path("audited-operator"), "loom-audited-operator", server, pki, "audited-operator"
+        )
+        AUDIT_POLICY.write_text(yaml.safe_dump(audit_policy()))
         EGRESS_CONFIG.write_text(yaml.safe_dump(egress_selector_config(EGRESS_SOCKET)))
         REGISTRY_DATA_DIR.mkdir(parents=True, exist_ok=True)
         REGISTRY_CONFIG.write_text(yaml.safe_dump(registry_config(ports.registry)))

@@ -25,6 +25,9 @@ STACK_FILE = STACK_DIR / "stack.json"
 LOCK_FILE = STACK_DIR / ".lock"
 AGENT_STATE_DIR = STATE_DIR / "agent"
 REGISTRY_CONFIG = STACK_DIR / "registry.yaml"
+# The API server's audit log: only the requests of the audited operator identity (components.AUDITED_USER).
+AUDIT_POLICY = STACK_DIR / "audit-policy.yaml"
+AUDIT_LOG = LOG_DIR / "audit.log"
 REGISTRY_DATA_DIR = STACK_DIR / "registry-data"
 
 
