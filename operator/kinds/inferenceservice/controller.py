@@ -70,7 +70,7 @@ async def _resolve(
         # The job's checkpoints are where it wrote them: with the operator's S3 defaults where it names none.
         job = training_job_manifest(job, defaults) if job is not None else None
     try:
-        return resolve_model(spec.model, spec.serving_handler, job), None
+        return resolve_model(spec.model, spec.serving_handler, job, spec.runtime), None
     except ResolveError as err:
         return None, err
 
