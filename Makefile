@@ -67,7 +67,7 @@ unit: venv venv-vllm
 stack: venv
 	$(BIN)/loom dev build
 
-e2e: venv stack image-tools
+e2e: venv venv-vllm stack image-tools
 	$(BIN)/pytest -q e2e
 
 # `make test` must fit 45 minutes on a fresh 2-core machine, cold stack build included. A cold run has two
