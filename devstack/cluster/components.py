@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from loom.devstack.cluster.paths import (
+    AGENT_IMAGE_ENVIRONMENTS,
     AGENT_MAIN,
     AGENT_STATE_DIR,
     AUDIT_LOG,
@@ -278,6 +279,7 @@ def node_agent(pki: Pki, ports: Ports, gpus: int) -> Component | None:
             str(pki.key("kubelet")),
             "--gpus",
             str(gpus),
+            *(f"--image-env={name}={bin_dir}" for name, bin_dir in AGENT_IMAGE_ENVIRONMENTS.items()),
         ],
         env,
     )

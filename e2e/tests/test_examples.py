@@ -95,6 +95,16 @@ def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in (obj.get("status") or {}).get("conditions", [])}
 
 
+def api_key_secrets() -> set[str]:
+    """The API-key Secrets the InferenceService examples name (their comments tell a user to create each)."""
+    return {
+        ref["name"]
+        for path in EXAMPLES
+        for doc in documents(path)
+        if (ref := ((doc.get("spec") or {}).get("auth") or {}).get("apiKeysSecretRef"))
+    }
+
+
 @pytest.fixture(scope="module")
 def services(cluster: Cluster) -> backing.BackingServices:
     """What `loom dev up` provides for the examples (idempotent: a stack started by `loom dev up` has it)."""
@@ -110,7 +120,8 @@ def examples_namespace(
     wait_default_service_account(cluster, ns)
     # What the examples' comments and the README tell a user to create in a namespace other than default.
     cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(backing.credentials_secret(ns)))
-    cluster.kubectl("create", "secret", "generic", "chargpt-api-keys", "-n", ns, f"--from-literal=keys={API_KEY}")
+    for secret in api_key_secrets():
+        cluster.kubectl("create", "secret", "generic", secret, "-n", ns, f"--from-literal=keys={API_KEY}")
     # The CRDs as in this checkout first, so the chart's copy of them installs over what a session applied before.
     apply_crds(cluster)
     try:
@@ -202,6 +213,23 @@ def check_inference_service(cluster: Cluster, ns: str, doc: dict[str, Any], oper
     )
     assert response.status_code == 200, response.text
     assert isinstance(response.json()["text_output"], str) and response.json()["text_output"]
+    if spec.get("runtime") == "vllm":
+        check_openai_stream(f"http://{service_address(name, ns, AGENT_STATE_DIR)}:80/v1", name)
+
+
+def check_openai_stream(base_url: str, model: str) -> None:
+    """What the vllm example's comment shows: the official `openai` client streams a chat completion (SSE through
+    the Service to Loom's front and the vLLM engine), with usage at the end."""
+    import openai
+
+    llm = openai.OpenAI(base_url=base_url, api_key=API_KEY, max_retries=0, timeout=120)
+    chunks = list(llm.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Tom painted"}], max_tokens=8, stream=True,
+        stream_options={"include_usage": True},
+    ))  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    usage = chunks[-1].usage
+    assert text and usage is not None and 0 < usage.completion_tokens <= 8, chunks
 
 
 def events_of(cluster: Cluster, ns: str, name: str, reason: str) -> list[str]:
