@@ -96,7 +96,8 @@ def main() -> None:
     print(f"quiet window {args.quiet_s:.0f}s: {len(requests)} operator requests "
           f"({len(requests) / args.quiet_s:.2f}/s), of them {len(watches)} watch (re)connections")
     for (verb, resource), n in per_pass.most_common():
-        print(f"  {verb:>7} {resource:<32} {n:>6}  {n / minutes / args.objects:.2f} per object per minute")
+        print(f"  {verb:>7} {resource:<32} {n / minutes:>7.0f}/min  ({n / minutes / args.objects:.2f} per minute per "
+              f"object of all {args.objects})")
 
 
 if __name__ == "__main__":
