@@ -14,7 +14,6 @@ them from the vllm image.
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -30,11 +29,9 @@ from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.paths import AGENT_STATE_DIR
 from loom.devstack.cluster.pki import AGENT_NODE_NAME
-from loom.devstack.prometheus import PrometheusEndpoint
 from loom.devstack.servers import S3Endpoint
 from loom.e2e.autoscaling import autoscaled
-from loom.e2e.exporter import local_prometheus
-from loom.e2e.pytest_operator import OperatorProcess, apply_crds, operator_namespace_for, operator_process
+from loom.e2e.pytest_operator import OperatorProcess, operator_namespace_for
 from loom.e2e.pytest_services import apply_s3_secret
 from loom.workloads.llm.hf_model import LlamaShape, write_llama_folder
 
@@ -46,27 +43,11 @@ MAX_NUM_SEQS = 2  # decoded at once; more concurrent requests wait in the engine
 LOAD_STREAMS = 10
 
 
-@pytest.fixture(scope="module")
-def prometheus(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusEndpoint]:
-    with local_prometheus(cluster, tmp_path_factory.mktemp("prometheus")) as endpoint:
-        yield endpoint
-
-
-@pytest.fixture(scope="module")
-def operator(
-    cluster: Cluster, prometheus: PrometheusEndpoint, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    """An operator that reads the stack's Prometheus (the builtin autoscaler's source)."""
-    apply_crds(cluster)
-    log = tmp_path_factory.mktemp("loom-operator") / "loom_operator.log"
-    with operator_process(cluster, log, {"LOOM_PROMETHEUS_URL": prometheus.url}) as handle:
-        yield handle
-    print(f"[loom operator] log: {log}", file=sys.__stderr__)
 
 
 @pytest.fixture
-def operator_namespace(cluster: Cluster, operator: OperatorProcess) -> Iterator[str]:
-    with operator_namespace_for(cluster, operator) as namespace:
+def operator_namespace(cluster: Cluster, autoscaling_operator: OperatorProcess) -> Iterator[str]:
+    with operator_namespace_for(cluster, autoscaling_operator) as namespace:
         yield namespace
 
 
@@ -101,7 +82,7 @@ def service(bucket: str, s3: S3Endpoint) -> dict[str, Any]:
 
 def test_openai_client_through_the_service_and_scaling_on_waiting_requests(
     cluster: Cluster,
-    operator: OperatorProcess,
+    autoscaling_operator: OperatorProcess,
     operator_namespace: str,
     s3: S3Endpoint,
     bucket: str,
@@ -124,7 +105,7 @@ def test_openai_client_through_the_service_and_scaling_on_waiting_requests(
     except TimeoutError as error:
         pods = cluster.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False).stdout
         status = cluster.kubectl("get", "inferenceservice", NAME, "-n", ns, "-o", "yaml", check=False).stdout
-        raise AssertionError(f"{error}\n{status}\n{pods}\n{operator.log_tail()}") from None
+        raise AssertionError(f"{error}\n{status}\n{pods}\n{autoscaling_operator.log_tail()}") from None
 
     assert obj["status"]["openaiBaseUrl"] == f"http://{NAME}.{ns}.svc/v1"
     columns = cluster.kubectl("get", "inferenceservice", NAME, "-n", ns).stdout
@@ -183,7 +164,7 @@ def test_openai_client_through_the_service_and_scaling_on_waiting_requests(
         up = wait_until(scaled_up, timeout=180, what="a scale-up on llm-waiting-requests", interval=1)
     except TimeoutError as error:
         got = cluster.kubectl("get", "inferenceservice", NAME, "-n", ns, "-o", "json").stdout
-        raise AssertionError(f"{error}\n{json.loads(got).get('status')}\n{operator.log_tail()}") from None
+        raise AssertionError(f"{error}\n{json.loads(got).get('status')}\n{autoscaling_operator.log_tail()}") from None
     finally:
         stop.set()
     state = up["status"]["autoscaling"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ import yaml
 from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.pki import AGENT_NODE_NAME
 from loom.devstack.prometheus import PrometheusEndpoint
-from loom.e2e.exporter import exporter_pod, local_prometheus
+from loom.e2e.exporter import exporter_pod
 from loom.operator.autoscale.decision import MetricUnavailable, MetricValue
 from loom.operator.autoscale.prometheus import PrometheusClient
 from loom.operator.autoscale.promql import MetricKind, PodSelector, build_query
@@ -54,11 +53,6 @@ def _exporter_pod(namespace: str) -> dict[str, Any]:
         extra_ports=[{"name": "http", "containerPort": 8080}],
     )
 
-
-@pytest.fixture(scope="module")
-def prometheus(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusEndpoint]:
-    with local_prometheus(cluster, tmp_path_factory.mktemp("prometheus")) as endpoint:
-        yield endpoint
 
 
 async def _eventually(
