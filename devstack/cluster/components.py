@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loom.devstack.cluster.kwok_crds import ENABLED_KINDS
 from loom.devstack.cluster.paths import (
     AGENT_IMAGE_ENVIRONMENTS,
     AGENT_MAIN,
@@ -212,6 +213,8 @@ def control_plane(bin_dir: Path, pki: Pki, ports: Ports) -> list[Component]:
             f"--tls-cert-file={pki.cert('kwok')}",
             f"--tls-private-key-file={pki.key('kwok')}",
             "--node-lease-duration-seconds=40",
+            # Port-forwards to its pods go where a PortForward object names (loom.devstack.cluster.kwok_crds).
+            f"--enable-crds={','.join(ENABLED_KINDS)}",
         ],
     )
     env = {**os.environ, "PYTHONSAFEPATH": "1"}

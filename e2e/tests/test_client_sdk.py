@@ -5,7 +5,8 @@ with its own condition message.
 
 Services are reached through the node agent's local Service addresses (`loom.client.Direct` with
 `loom.devstack.agent.service_address`): the agent has no port-forward, so the SDK's PortForward (the default
-outside a cluster) is exercised here only for its refusal; its piping is unit-tested (tests/unit/test_client_units.py).
+outside a cluster) is exercised here only for its refusal; its forward end to end (API server, kwok's kubelet server)
+in test_client_portforward.py, its piping in tests/unit/test_client_units.py.
 """
 
 from __future__ import annotations
