@@ -10,6 +10,7 @@ counted) and runs again once the high-priority job is done.
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +22,14 @@ import yaml
 from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.nodes import KWOK_TOLERATION
+from loom.devstack.cluster.pki import AGENT_NODE_NAME
+from loom.devstack.servers import MLflowEndpoint, S3Endpoint
 from loom.e2e.pytest_operator import OperatorProcess
+from loom.e2e.pytest_services import apply_s3_secret
+from loom.operator.core.model import parse_time
 
 from .test_trainingjob_kwok import get, job_status, pods
+from .test_trainingjob_training import committed_steps, events, job, wait_finished, worker_logs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -274,3 +280,85 @@ def test_the_example_queue_setup_admits_the_example_job_as_written(
         cluster.kubectl("delete", "trainingjob", "chargpt-queued", "-n", ns, "--wait=false", check=False)
         cluster.kubectl("delete", "clusterqueue", "gpu-cluster-queue", "--wait=false", check=False)
         cluster.kubectl("delete", "resourceflavor", "gpu", "--wait=false", check=False)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_preempted_job_checkpoints_requeues_and_resumes_from_that_step_to_success(
+    cluster: Cluster,
+    loom_operator: OperatorProcess,
+    operator_namespace: str,
+    s3: S3Endpoint,
+    mlflow: MLflowEndpoint,
+    bucket: str,
+) -> None:
+    """Real training on the node agent: a ClusterQueue of 2 CPUs holds a low-priority job of two 1-CPU workers;
+    a high-priority job of 2 CPUs preempts it. The low one writes its final checkpoint (the only one: everySteps is
+    larger than the run), requeues, and once the high one is done resumes from that step and finishes."""
+    ns, op = operator_namespace, loom_operator
+    apply_s3_secret(cluster, ns, s3)
+    suffix = uuid.uuid4().hex[:6]
+    flavor, cq, low, high = f"agent-{suffix}", f"cpus-{suffix}", f"low-{suffix}", f"high-{suffix}"
+    apply(
+        cluster,
+        {"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": flavor},
+         "spec": {"nodeLabels": {"kubernetes.io/hostname": AGENT_NODE_NAME}}},
+        {"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": {"name": cq}, "spec": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            "preemption": {"withinClusterQueue": "LowerPriority"},
+            "resourceGroups": [{"coveredResources": ["cpu"],
+                                "flavors": [{"name": flavor, "resources": [{"name": "cpu", "nominalQuota": 2}]}]}]}},
+        {"apiVersion": KUEUE, "kind": "LocalQueue", "metadata": {"name": "cpus", "namespace": ns},
+         "spec": {"clusterQueue": cq}},
+        {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass", "metadata": {"name": low}, "value": 10},
+        {"apiVersion": KUEUE, "kind": "WorkloadPriorityClass", "metadata": {"name": high}, "value": 1000},
+    )  # fmt: skip
+    try:
+        background = training(job("background", "fsdp", bucket, s3, mlflow, max_steps=100), low, cpus="1")
+        background["spec"]["checkpoint"]["everySteps"] = 1000  # only the eviction's final checkpoint can exist
+        apply_ns(cluster, ns, background)
+        wait_until(
+            lambda: (job_status(cluster, ns, "background").get("progress") or {}).get("step", 0) >= 10,
+            timeout=300,
+            what="training past step 10",
+            interval=1,
+        )
+        urgent = training(job("urgent", "fsdp", bucket, s3, mlflow, max_steps=5), high, cpus="1", replicas=2)
+        apply_ns(cluster, ns, urgent)
+
+        def requeued() -> dict[str, Any] | None:
+            status = job_status(cluster, ns, "background")
+            eviction = (status.get("queue") or {}).get("lastEviction") or {}
+            return status if eviction.get("stoppedTime") else None
+
+        status = wait_for(cluster, op, ns, "background preempted and requeued", requeued, timeout=240)
+        eviction = status["queue"]["lastEviction"]
+        assert eviction["reason"] == "Preempted" and eviction["checkpointed"] is True, eviction
+        saved = committed_steps(s3, bucket, "background")
+        assert len(saved) == 1 and 10 <= saved[0] < 100, saved  # the final checkpoint written on eviction
+        assert eviction["checkpointStep"] in (None, saved[0])
+        assert status["restarts"] == 0 and status["failures"] == 0
+        took = parse_time(eviction["stoppedTime"]) - parse_time(eviction["time"])  # reported, never asserted
+        print(f"[kueue] eviction to final checkpoint committed and quota released: {took}", file=sys.__stderr__)
+
+        assert wait_finished(cluster, op, ns, "urgent", timeout=300)["phase"] == "Succeeded"
+        final = wait_finished(cluster, op, ns, "background", timeout=400)
+        assert final["phase"] == "Succeeded", final
+        assert (final["restarts"], final["failures"], final["attempt"]) == (0, 0, 1)
+        assert final["queue"]["evictions"] == 1
+        resumed = events(worker_logs(cluster, ns, "background-worker-0"), "resume")
+        assert resumed and resumed[0]["step"] == saved[0] > 0
+    finally:
+        cluster.kubectl("delete", "trainingjobs", "--all", "-n", ns, "--wait=false", check=False)
+        cluster.kubectl("delete", "clusterqueue", cq, "--wait=false", check=False)
+        cluster.kubectl("delete", "resourceflavor", flavor, "--wait=false", check=False)
+        cluster.kubectl("delete", "workloadpriorityclass", low, high, "--wait=false", check=False)
+
+
+def training(manifest: dict[str, Any], priority: str, cpus: str, replicas: int = 2) -> dict[str, Any]:
+    """A real training job of the training tier, queued in `cpus` with a priority, each worker asking for `cpus`."""
+    manifest["metadata"]["labels"] = {QUEUE_LABEL: "cpus", "kueue.x-k8s.io/priority-class": priority}
+    workers = manifest["spec"]["workers"]
+    workers.pop("nodeSelector", None)  # the flavor places them on the agent
+    workers.update({"replicas": replicas, "resources": {"requests": {"cpu": cpus}}})
+    return manifest
