@@ -334,7 +334,7 @@ def _start_kueue(cluster: Cluster, ports: Ports, progress: Progress) -> None:
     component = kueue_component(cluster.bin_dir, KUBECONFIG, kueue.CONFIG_FILE)
     _ensure_running(component, progress)
     kueue.sync_certificates(cluster)
-    _wait(component.name, "Kueue (certificates, webhooks)", lambda: _kueue_ready(ports), timeout=START_TIMEOUT)
+    _wait("Kueue (certificates, webhooks)", component.name, lambda: _kueue_ready(ports), timeout=START_TIMEOUT)
     progress("kueue: ready")
 
 
