@@ -293,7 +293,9 @@ class QueueEviction(ApiModel):
     time: str | None = Field(None, description="When Kueue evicted the workload.")
     stopped_time: str | None = Field(None, description="When the last worker stopped and the quota was released.")
     checkpointed: bool | None = Field(
-        None, description="Every worker stopped after writing its final checkpoint (false: stopped without one)."
+        None,
+        description="True: workers were seen exiting after their final checkpoint (exit 143); false: forced after the "
+        "bound; unset: the workers were gone before the operator saw how they exited.",
     )
     checkpoint_step: int | None = Field(None, description="The step the job resumes from when readmitted.")
 
