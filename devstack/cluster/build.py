@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from loom.devstack.cluster import keda
+from loom.devstack.cluster import keda, kueue
 from loom.devstack.cluster.paths import GO_MODULES_DIR, cache_root
 
 KUBERNETES_VERSION = "v1.37.2"
@@ -111,6 +111,8 @@ MODULES: tuple[GoModule, ...] = (
         (f"-X github.com/distribution/distribution/v3/version.version={REGISTRY_VERSION}",),
         packages=(".",),
     ),
+    # Kueue's controller manager (kueue.py): quotas, fair sharing and preemption for queued TrainingJobs.
+    GoModule("kueue", ("kueue",), (f"-X sigs.k8s.io/kueue/pkg/version.GitVersion={kueue.KUEUE_VERSION}",)),
 )
 
 
@@ -218,6 +220,7 @@ def build(progress: Progress = print) -> Path:
             else:
                 _build_module(module, progress)
         keda.fetch(progress)  # not a binary: KEDA's CRDs, cached next to the binaries
+        kueue.fetch_chart(progress)  # likewise Kueue's chart (its CRDs and webhook configurations)
         bin_dir = stack_bin_dir() if is_built() else _link_stack_bin_dir()
         progress(f"stack binaries ready in {bin_dir} ({time.monotonic() - started:.1f}s)")
         return bin_dir

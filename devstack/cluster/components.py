@@ -40,6 +40,9 @@ class Ports:
     kubelet: int
     # The image registry (0 in a stack.json written before it existed: `up` then picks a port).
     registry: int = 0
+    # Kueue's webhook server and health probes (likewise 0 in an older stack.json).
+    kueue_webhook: int = 0
+    kueue_health: int = 0
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -56,6 +59,8 @@ class Component:
 # The API server's `cluster` traffic (webhooks via Services, kubelets) goes through the egress proxy (egress.py).
 EGRESS_SOCKET = STACK_DIR / "egress.sock"
 EGRESS_CONFIG = STACK_DIR / "egress-selector.yaml"
+# Services served by a host process of the stack rather than a pod (Kueue's webhooks, kueue.py), for the egress proxy.
+HOST_SERVICES = STACK_DIR / "host-services.json"
 
 
 def egress_selector_config(socket_path: Path) -> dict[str, Any]:
@@ -225,6 +230,7 @@ def control_plane(bin_dir: Path, pki: Pki, ports: Ports) -> list[Component]:
             "-m",
             "loom.devstack.cluster.egress",
             f"--socket={EGRESS_SOCKET}",
+            f"--services={HOST_SERVICES}",
             f"--services={AGENT_STATE_DIR / 'services.json'}",
         ],
         env,
@@ -286,3 +292,9 @@ def node_agent(pki: Pki, ports: Ports, gpus: int) -> Component | None:
         ],
         env,
     )
+
+
+def kueue(bin_dir: Path, kubeconfig: Path, config_file: Path) -> Component:
+    """Kueue's controller manager (go/kueue) on the host, as admin; its configuration and objects: kueue.py."""
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    return Component("kueue", [str(bin_dir / "kueue"), f"--config={config_file}", "--zap-log-level=info"], env)

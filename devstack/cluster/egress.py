@@ -45,18 +45,24 @@ def parse_connect(head: bytes) -> tuple[str, int]:
 
 
 def resolve(host: str, port: int, services: Mapping[str, Any]) -> tuple[str, int]:
-    """Where to dial: a Service's ClusterIP becomes the agent's address for it (same port); others as asked."""
+    """Where to dial: a Service's ClusterIP becomes the agent's address for it (same port, unless the entry maps
+    the port: a Service served by a host process of the stack, such as Kueue's webhooks); others as asked."""
     for entry in services.values():
         if entry.get("clusterIP") == host and port in entry.get("ports", [port]):
-            return str(entry["address"]), port
+            return str(entry["address"]), int((entry.get("targetPorts") or {}).get(str(port), port))
     return host, port
 
 
-def _load(services_file: Path) -> dict[str, Any]:
-    try:
-        return dict(json.loads(services_file.read_text()))
-    except (OSError, ValueError):
-        return {}  # no agent (yet): only direct targets resolve
+def _load(services_files: list[Path]) -> dict[str, Any]:
+    """The Services of every file; the first file naming a Service wins (host services before the agent's)."""
+    merged: dict[str, Any] = {}
+    for services_file in services_files:
+        try:
+            found = dict(json.loads(services_file.read_text()))
+        except (OSError, ValueError):
+            continue  # no agent (yet), no host service: only direct targets resolve
+        merged = {**found, **merged}
+    return merged
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -68,14 +74,14 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.write_eof()
 
 
-async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, services_file: Path) -> None:
+async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, services_files: list[Path]) -> None:
     upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
     try:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEADER_TIMEOUT_S)
         if len(head) > MAX_HEADER_BYTES:
             raise ValueError("request head too large")
         host, port = parse_connect(head)
-        target = resolve(host, port, _load(services_file))
+        target = resolve(host, port, _load(services_files))
         try:
             upstream = await asyncio.wait_for(asyncio.open_connection(*target), CONNECT_TIMEOUT_S)
         except (OSError, TimeoutError) as exc:
@@ -99,12 +105,12 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, se
                 end.close()
 
 
-async def serve(socket_path: Path, services_file: Path) -> None:
+async def serve(socket_path: Path, services_files: list[Path]) -> None:
     socket_path.parent.mkdir(parents=True, exist_ok=True)
     socket_path.unlink(missing_ok=True)  # left by a previous run
-    server = await asyncio.start_unix_server(lambda r, w: _handle(r, w, services_file), path=str(socket_path))
+    server = await asyncio.start_unix_server(lambda r, w: _handle(r, w, services_files), path=str(socket_path))
     os.chmod(socket_path, 0o600)  # only this user (the API server runs as it) may tunnel into the stack
-    log.info("egress proxy on %s (Services from %s)", socket_path, services_file)
+    log.info("egress proxy on %s (Services from %s)", socket_path, ", ".join(map(str, services_files)))
     async with server:
         await server.serve_forever()
 
@@ -112,7 +118,13 @@ async def serve(socket_path: Path, services_file: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--socket", type=Path, required=True)
-    parser.add_argument("--services", type=Path, required=True, help="the node agent's services.json")
+    parser.add_argument(
+        "--services",
+        type=Path,
+        action="append",
+        required=True,
+        help="a services.json (repeatable: the stack's host services, then the node agent's)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(serve(args.socket, args.services))

@@ -24,11 +24,12 @@ from typing import Any
 import httpx
 import yaml
 
-from loom.devstack.cluster import keda, kwok_crds, procs
+from loom.devstack.cluster import keda, kueue, kwok_crds, procs
 from loom.devstack.cluster.build import build, is_built, stack_bin_dir
 from loom.devstack.cluster.components import (
     EGRESS_CONFIG,
     EGRESS_SOCKET,
+    HOST_SERVICES,
     Component,
     Ports,
     audit_policy,
@@ -39,6 +40,7 @@ from loom.devstack.cluster.components import (
     registry,
     registry_config,
 )
+from loom.devstack.cluster.components import kueue as kueue_component
 from loom.devstack.cluster.handle import Cluster
 from loom.devstack.cluster.nodes import NodeShape, ensure_nodes, wait_nodes_ready
 from loom.devstack.cluster.paths import (
@@ -57,7 +59,7 @@ from loom.devstack.cluster.pki import AGENT_NODE_NAME, Pki, ensure_pki
 Progress = Callable[[str], None]
 COMPONENT_ORDER = (
     "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "egress-proxy", "node-agent",
-    "registry",
+    "registry", "kueue",
 )
 START_TIMEOUT = 90.0
 
@@ -138,7 +140,8 @@ def _port_free(port: int) -> bool:
 
 def _pick_ports(previous: Ports | None) -> Ports:
     """Keep last time's ports where still free (a shell's KUBECONFIG keeps working); else fresh ones."""
-    if previous is not None and previous.registry and all(_port_free(p) for p in asdict(previous).values()):
+    kept = asdict(previous).values() if previous is not None else ()
+    if previous is not None and all(kept) and all(_port_free(p) for p in kept):
         return previous
     sockets = []
     try:
@@ -153,12 +156,20 @@ def _pick_ports(previous: Ports | None) -> Ports:
 
 
 def _with_registry_port(ports: Ports) -> Ports:
-    """A stack recorded before the registry existed has no port for it: a free one, the others kept."""
-    if ports.registry:
+    """A stack recorded before the registry (or Kueue) existed has no port for it: a free one, the others kept."""
+    missing = [name for name, port in asdict(ports).items() if not port]
+    if not missing:
         return ports
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return replace(ports, registry=sock.getsockname()[1])
+    sockets = []
+    try:
+        for _ in missing:
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return replace(ports, **{name: s.getsockname()[1] for name, s in zip(missing, sockets, strict=True)})
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def _write_kubeconfig(path: Path, user: str, server: str, pki: Pki, cert_name: str) -> None:
@@ -311,6 +322,7 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
             f" ({time.monotonic() - started:.1f}s)"
         )
         keda.install_crds(cluster, progress)  # engine keda's ScaledObjects are checked against KEDA's own schema
+        _start_kueue(cluster, ports, progress)
         if agent is not None and procs.running(agent.name) is None:
             progress(f"WARNING: the node agent exited; see {procs.log_path(agent.name)}")
     # What examples/ reference (S3, MLflow, the credentials Secret) as pods on the node agent; for a person's
@@ -320,6 +332,22 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
 
         backing.ensure(cluster, progress)
     return cluster
+
+
+def _start_kueue(cluster: Cluster, ports: Ports, progress: Progress) -> None:
+    """Kueue's objects, then its process, then its certificate where its webhook server reads it (kueue.py)."""
+    cluster_ip = kueue.install(cluster, progress)
+    HOST_SERVICES.write_text(json.dumps(kueue.host_services(cluster_ip, ports.kueue_webhook), indent=2))
+    kueue.write_config(ports.kueue_webhook, ports.kueue_health)
+    component = kueue_component(cluster.bin_dir, KUBECONFIG, kueue.CONFIG_FILE)
+    _ensure_running(component, progress)
+    kueue.sync_certificates(cluster)
+    _wait("Kueue (certificates, webhooks)", component.name, lambda: _kueue_ready(ports), timeout=START_TIMEOUT)
+    progress("kueue: ready")
+
+
+def _kueue_ready(ports: Ports) -> bool:
+    return httpx.get(f"http://127.0.0.1:{ports.kueue_health}/readyz", timeout=5).status_code == 200
 
 
 def join_session() -> None:
@@ -360,7 +388,7 @@ def _strays() -> list[int]:
         if (
             argv
             and Path(argv[0].decode(errors="replace")).name
-            in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "registry")
+            in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "registry", "kueue")
             and any(marker in a.decode(errors="replace") for a in argv)
         ):
             found.append(int(entry.name))

@@ -92,6 +92,15 @@ RESOURCES: dict[tuple[str, str], Resource] = {
     ("loom.dev/v1alpha1", "InferenceService"): Resource("loom.dev/v1alpha1", "inferenceservices"),
     ("loom.dev/v1alpha1", "InferenceGraph"): Resource("loom.dev/v1alpha1", "inferencegraphs"),
     ("loom.dev/v1alpha1", "FeatureView"): Resource("loom.dev/v1alpha1", "featureviews"),
+    # Kueue (kinds/*/queueing.py): Loom creates and releases Workloads, reads flavors and priority classes.
+    ("kueue.x-k8s.io/v1beta2", "Workload"): Resource("kueue.x-k8s.io/v1beta2", "workloads"),
+    ("kueue.x-k8s.io/v1beta2", "ResourceFlavor"): Resource(
+        "kueue.x-k8s.io/v1beta2", "resourceflavors", namespaced=False
+    ),
+    ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): Resource(
+        "kueue.x-k8s.io/v1beta2", "workloadpriorityclasses", namespaced=False
+    ),
+    ("scheduling.k8s.io/v1", "PriorityClass"): Resource("scheduling.k8s.io/v1", "priorityclasses", namespaced=False),
     # Kopf peering (high availability): read by core/leadership.py.
     ("kopf.dev/v1", "ClusterKopfPeering"): Resource("kopf.dev/v1", "clusterkopfpeerings", namespaced=False),
 }

@@ -162,6 +162,11 @@ def test_every_rule_says_why_it_is_there() -> None:
         ("apps", "deployments", {"get", "list", "watch", "create", "patch", "delete"}),
         ("", "nodes", {"list", "watch"}),
         ("apiextensions.k8s.io", "customresourcedefinitions", {"list", "watch"}),
+        ("kueue.x-k8s.io", "workloads", {"get", "list", "watch", "create", "patch"}),
+        ("kueue.x-k8s.io", "workloads/status", {"patch"}),
+        ("kueue.x-k8s.io", "resourceflavors", {"get"}),
+        ("kueue.x-k8s.io", "workloadpriorityclasses", {"get"}),
+        ("scheduling.k8s.io", "priorityclasses", {"get"}),
     ],
 )
 def test_the_operator_gets_what_it_uses(group: str, resource: str, verbs: set[str]) -> None:

@@ -28,6 +28,25 @@ def test_a_cluster_ip_goes_to_the_agents_address_and_anything_else_as_asked() ->
     assert resolve("127.0.0.1", 10250, SERVICES) == ("127.0.0.1", 10250)  # a kubelet
 
 
+def test_a_host_service_maps_its_port_and_wins_over_the_agents_entry(tmp_path: Path) -> None:
+    from loom.devstack.cluster.egress import _load
+
+    host = {
+        "kueue-system/hook": {
+            "address": "127.0.0.1",
+            "clusterIP": "10.96.0.9",
+            "ports": [443],
+            "targetPorts": {"443": 40123},
+        }
+    }
+    agent = {"kueue-system/hook": {"address": "127.20.1.9", "clusterIP": "10.96.0.9", "ports": [443]}, **SERVICES}
+    (tmp_path / "host.json").write_text(json.dumps(host))
+    (tmp_path / "agent.json").write_text(json.dumps(agent))
+    merged = _load([tmp_path / "host.json", tmp_path / "agent.json"])
+    assert resolve("10.96.0.9", 443, merged) == ("127.0.0.1", 40123)
+    assert resolve("10.96.0.7", 443, merged) == ("127.20.1.2", 443)
+
+
 def test_the_api_server_config_sends_cluster_traffic_to_the_socket(tmp_path: Path) -> None:
     config = egress_selector_config(tmp_path / "egress.sock")
     [selection] = config["egressSelections"]
@@ -50,7 +69,7 @@ def test_a_tunnel_carries_bytes_both_ways(tmp_path: Path) -> None:
         services = tmp_path / "services.json"
         services.write_text(json.dumps({"ns/s": {"address": "127.0.0.1", "clusterIP": "10.96.9.9", "ports": [port]}}))
         socket_path = tmp_path / "egress.sock"
-        proxy = asyncio.create_task(serve(socket_path, services))
+        proxy = asyncio.create_task(serve(socket_path, [tmp_path / "absent.json", services]))
         while not socket_path.exists():
             await asyncio.sleep(0.01)
         reader, writer = await asyncio.open_unix_connection(str(socket_path))

@@ -26,7 +26,7 @@ from ...core.model import (
     validations,
 )
 
-TrainingPhase = Literal["Pending", "Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
+TrainingPhase = Literal["Pending", "Queued", "Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 
 
 class Entrypoint(ApiModel):
@@ -285,6 +285,35 @@ class TrainingDataStatus(ApiModel):
     completion_time: str | None = None
 
 
+class QueueEviction(ApiModel):
+    """The last time Kueue evicted the job (preemption, a quota change, a waitForPodsReady timeout)."""
+
+    reason: str = Field(description="Kueue's reason: Preempted, PodsReadyTimeout, ClusterQueueStopped, ...")
+    message: str = ""
+    time: str | None = Field(None, description="When Kueue evicted the workload.")
+    stopped_time: str | None = Field(None, description="When the last worker stopped and the quota was released.")
+    checkpointed: bool | None = Field(
+        None,
+        description="True: workers were seen exiting after their final checkpoint (exit 143); false: forced after the "
+        "bound; unset: the workers were gone before the operator saw how they exited.",
+    )
+    checkpoint_step: int | None = Field(None, description="The step the job resumes from when readmitted.")
+
+
+class QueueStatus(ApiModel):
+    """Admission by Kueue, for a job labelled kueue.x-k8s.io/queue-name."""
+
+    name: str | None = Field(None, description="The LocalQueue (the job's kueue.x-k8s.io/queue-name label).")
+    workload: str | None = Field(None, description="The Kueue Workload Loom created for this job.")
+    state: Literal["Queued", "Admitted", "Evicting", "Finished"] | None = None
+    cluster_queue: str | None = Field(None, description="The ClusterQueue that admitted the job.")
+    flavor: str | None = Field(None, description="The ResourceFlavor(s) admitted (comma-separated).")
+    admitted_workers: int | None = Field(None, description="Workers admitted (fewer than replicas: partial admission).")
+    message: str | None = Field(None, description="Why the job waits, as Kueue says it.")
+    evictions: int = Field(0, description="Evictions by Kueue so far (not counted as restarts or failures).")
+    last_eviction: QueueEviction | None = None
+
+
 class TrainingJobStatus(StatusBase):
     phase: TrainingPhase | None = None
     workers: WorkerCounts | None = None
@@ -303,6 +332,7 @@ class TrainingJobStatus(StatusBase):
     start_time: str | None = None
     completion_time: str | None = None
     training_data: TrainingDataStatus | None = None
+    queue: QueueStatus | None = None
 
 
 class TrainingJob(ApiModel):
@@ -334,6 +364,9 @@ TRAINING_JOB = Kind(
         PrinterColumn("Restarts", ".status.restarts", "integer"),
         PrinterColumn("Loss", ".status.progress.loss", "number", priority=1),
         PrinterColumn("Checkpoint", ".status.checkpoint.latest", priority=1),
+        PrinterColumn("Queue", ".status.queue.name", priority=1, description="Kueue LocalQueue"),
+        PrinterColumn("Admission", ".status.queue.state", priority=1, description="Queued, Admitted or Evicting"),
+        PrinterColumn("Flavor", ".status.queue.flavor", priority=1, description="Kueue ResourceFlavor admitted"),
         AGE,
     ),
     # The controller also checks the last worker's hostname against the job's worker count (11 workers or more

@@ -24,6 +24,7 @@ import kopf
 
 from ... import defaults as endpoint_defaults
 from ...core import client as kube
+from ...core import kueue
 from ...core.events import post_events
 from ...core.kit import Event, set_condition
 from ...core.model import Condition
@@ -38,6 +39,7 @@ from .data_job import observe_training_data
 from .mlflow import TrackingError, ensure_run, finish_run
 from .observe import NodeView, ProgressReport, WorkerView, observe_node, observe_pod
 from .progress import fetch_progress, new_client
+from .queueing import QueueObservation, workload
 from .state import Decision, Observation, Policy, decide
 
 log = logging.getLogger("loom.trainingjob")
@@ -65,6 +67,7 @@ class Observed:
     endpoint_problem: str | None = None
     tracking_error: str | None = None
     training_data: DataObservation | None = None
+    queue: QueueObservation | None = None
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     @property
@@ -129,6 +132,7 @@ class Controller:
                 seen.spec_error = str(error)
         seen.tracking_error = None if seen.endpoint_problem else await self.ensure_tracking(job, spec, status)
         seen.progress = await self.poll_progress(spec, status, seen.observed)
+        seen.queue = await observe_queue(job)
         data_built = status.training_data is not None and status.training_data.phase == "Succeeded"
         blocked = seen.spec_error is not None or seen.endpoint_problem is not None
         if not blocked and not data_built and status.phase not in FINISHED and not spec.run_policy.suspend:
@@ -155,6 +159,7 @@ class Controller:
                 spec_error=seen.spec_error,
                 training_data=seen.training_data,
                 endpoint_problem=seen.endpoint_problem,
+                queue=seen.queue,
             ),
             self.policy,
         )
@@ -186,7 +191,7 @@ class Controller:
             return seen  # nothing renders without the endpoint; the next pass after a fix goes on
         spec, status = ctx.spec.spec, seen.status
         spec_changed = status.observed_generation != ctx.generation
-        await self.act(ctx.body, spec, decision, seen.views, spec_changed=spec_changed)
+        await self.act(ctx.body, spec, decision, seen.views, spec_changed=spec_changed, queue=seen.queue)
         if decision.status.phase in FINISHED and status.phase not in FINISHED:
             await self.close_run(spec, decision)
         return seen
@@ -256,6 +261,7 @@ class Controller:
         views: tuple[WorkerView, ...],
         *,
         spec_changed: bool,
+        queue: QueueObservation | None = None,
     ) -> None:
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         status = decision.status
@@ -271,12 +277,16 @@ class Controller:
             )
         if decision.create or (spec_changed and status.phase not in FINISHED and not decision.delete_children):
             await self.apply_children(job, spec)
+        if queue is not None:
+            await self.act_on_workload(job, spec, decision, queue)
         if decision.create:
             run_id = status.mlflow.run_id if status.mlflow else None
             pods = [
                 render.worker_pod(job, spec, index, attempt=status.attempt, image=self.image, mlflow_run_id=run_id)
                 for index in decision.create
             ]
+            if queue is not None:  # admitted: on the admitted flavor's nodes
+                pods = [kueue.place(pod, queue.admitted_flavors()) for pod in pods]
             await asyncio.gather(*(kube.apply(pod) for pod in pods))
         deletes = [
             kube.delete("v1", "Pod", namespace, d.name, grace_period_seconds=0 if d.force else None, uid=d.uid)
@@ -292,6 +302,36 @@ class Controller:
             group = render.pod_group(job, spec)
             if group is not None:
                 await kube.delete(group["apiVersion"], "PodGroup", namespace, name)
+
+    async def act_on_workload(
+        self, job: kube.Manifest, spec: TrainingJobSpec, decision: Decision, queue: QueueObservation
+    ) -> None:
+        """Create the Workload, release its quota after an eviction, or mark it Finished (core/kueue.py)."""
+        view, now = queue.workload, datetime.now(UTC)
+        if decision.create_workload:
+            worker = render.worker_pod(job, spec, 0, attempt=0, image=self.image, mlflow_run_id=None)
+            priority = await workload_priority(job, spec)
+            try:
+                await kube.apply(workload(job, spec, worker, queue.name, priority))
+            except kube.NotFound:
+                missing = f"{kueue.API_VERSION} Workload is not installed: the job waits until Kueue is"
+                post_events(job, [Event("Warning", "KueueMissing", missing)])
+            return
+        if view is None:
+            return
+        patch = None
+        if decision.release_workload:
+            patch = kueue.release(view, now)
+        elif decision.finish_workload:
+            succeeded = decision.status.phase == "Succeeded"
+            patch = kueue.finish(view, succeeded, f"TrainingJob {decision.status.phase}", now)
+        if patch is None:
+            return
+        namespace = job["metadata"]["namespace"]
+        try:
+            await kube.merge_patch(kueue.API_VERSION, "Workload", namespace, view.name, patch, subresource="status")
+        except (kube.Conflict, kube.NotFound):
+            log.info("Workload %s/%s changed meanwhile; the next pass writes it again", namespace, view.name)
 
     async def apply_children(self, job: kube.Manifest, spec: TrainingJobSpec) -> None:
         await asyncio.gather(kube.apply(render.headless_service(job)), kube.apply(render.config_map(job, spec)))
@@ -341,8 +381,50 @@ def register(settings: OperatorSettings) -> None:
         runner.resync(kwargs.get(JOB_INDEX))
         await runner.trigger(str(body.metadata.namespace), body.metadata.labels[render.JOB_LABEL])
 
+    # A queued job's Workload: Kueue admitting or evicting it is a reason to reconcile the job at once. Without
+    # Kueue's CRDs Kopf only warns that the resource is not served, and watches once it is.
+    @kopf.on.event(kueue.GROUP, "v1beta2", "workloads", labels={kueue.JOB_UID_LABEL: kopf.PRESENT})
+    async def trainingjob_workload_event(body: kopf.Body, **_: Any) -> None:
+        for owner in body.metadata.get("ownerReferences") or []:
+            if owner.get("kind") == "TrainingJob" and owner.get("controller"):
+                await runner.trigger(str(body.metadata.namespace), owner["name"])
+
     # Every TrainingJob, flagged due while the periodic resync has something to do for it.
     own_kind_handlers(runner, PLURAL, JOB_INDEX, due=resync_due)
+
+
+async def observe_queue(job: kube.Manifest) -> QueueObservation | None:
+    """For a job labelled kueue.x-k8s.io/queue-name: its Workload and the flavors it was admitted on."""
+    meta = job["metadata"]
+    name = kueue.queue_name(meta)
+    if name is None:
+        return None
+    wl_name = kueue.workload_name("TrainingJob", meta["name"], meta["uid"])
+    body = await kube.get(kueue.API_VERSION, "Workload", meta["namespace"], wl_name)  # None: none, or no Kueue
+    view = kueue.observe_workload(body) if body is not None else None
+    flavors: dict[str, kueue.FlavorView] = {}
+    names = {f for a in (view.assignments if view else ()) for f in a.flavors.values()}
+    for flavor in sorted(names):
+        found = await kube.get(kueue.API_VERSION, "ResourceFlavor", None, flavor)
+        if found is not None:
+            flavors[flavor] = kueue.observe_flavor(found)
+    return QueueObservation(name, view, flavors)
+
+
+async def workload_priority(job: kube.Manifest, spec: TrainingJobSpec) -> kueue.Priority | None:
+    """The Workload's priority: a WorkloadPriorityClass named by the job's kueue.x-k8s.io/priority-class label, else
+    the workers' PriorityClass (spec.scheduling.priorityClassName), as Kueue's own integrations take it."""
+    wanted = (job["metadata"].get("labels") or {}).get(kueue.PRIORITY_CLASS_LABEL)
+    if wanted:
+        found = await kube.get(kueue.API_VERSION, "WorkloadPriorityClass", None, wanted)
+        if found is not None:
+            return kueue.Priority("WorkloadPriorityClass", wanted, int(found.get("value", 0)))
+    pod_class = spec.scheduling.priority_class_name
+    if pod_class:
+        found = await kube.get("scheduling.k8s.io/v1", "PriorityClass", None, pod_class)
+        if found is not None:
+            return kueue.Priority("PriorityClass", pod_class, int(found.get("value", 0)))
+    return None
 
 
 def resync_due(body: kopf.Body) -> bool:

@@ -1,0 +1,214 @@
+"""Kueue in the local stack: its controller manager from its Go module (go/kueue), its own API objects from its
+own Helm chart, and its own certificate management.
+
+How it runs here, and why:
+- The binary (`sigs.k8s.io/kueue/cmd/kueue`, built by build.py like the control plane) runs on the host beside
+  the other components, with the admin kubeconfig, bound to 127.0.0.1 on free ports (several stacks share this
+  machine), no leader election, no metrics or visibility server.
+- Its objects come from the chart shipped in Kueue's Go module (`charts/kueue`, rendered by the stack's helm):
+  the CRDs (with their conversion webhooks), the webhook configurations and Service, and the empty Secret that
+  Kueue's internal certificate management fills. Left out: its Deployment (the binary runs on the host), RBAC
+  (it runs as admin), the visibility APIService (an unanswered aggregated API would break discovery for every
+  client) and the webhooks of integrations other than Kueue's own API: Kueue's pod, Job, Deployment and
+  StatefulSet webhooks fail closed, so with them every pod creation in the stack would depend on Kueue.
+- Certificates: Kueue's rotator creates a CA and a serving certificate for `kueue-webhook-service.kueue-system.svc`
+  in that Secret and injects the CA into the webhook configurations and CRDs itself; in a pod the kubelet would
+  then mount the Secret where the webhook server reads it, so here `up` copies the Secret's keys into the
+  certificate directory (the rotator waits for that file, as for a mounted Secret).
+- The API server reaches the webhook Service through the stack's egress proxy (egress.py): the Service has no
+  selector, and `host-services.json` maps its ClusterIP:443 to the host process's webhook port.
+- Configured with Loom's TrainingJob as an external framework (`integrations.externalFrameworks`): Kueue then
+  knows Workloads owned by TrainingJobs as jobs' Workloads; Loom creates them and starts the workers on admission.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from loom.devstack.cluster.handle import Cluster, wait_until
+from loom.devstack.cluster.paths import STACK_DIR, cache_root
+
+KUEUE_MODULE = "sigs.k8s.io/kueue"
+KUEUE_VERSION = "v0.17.0"
+NAMESPACE = "kueue-system"
+WEBHOOK_SERVICE = "kueue-webhook-service"
+CERT_SECRET = "kueue-webhook-server-cert"
+# Loom's kinds that Kueue queues as external frameworks (Kind.version.group).
+EXTERNAL_FRAMEWORKS = ("TrainingJob.v1alpha1.loom.dev",)
+KUEUE_DIR = STACK_DIR / "kueue"
+CONFIG_FILE = KUEUE_DIR / "config.yaml"
+CERT_DIR = KUEUE_DIR / "certs"
+KUEUE_GROUP = "kueue.x-k8s.io"
+CRD_NAMES = (
+    "admissionchecks", "clusterqueues", "cohorts", "localqueues", "multikueueclusters", "multikueueconfigs",
+    "provisioningrequestconfigs", "resourceflavors", "topologies", "workloadpriorityclasses", "workloads",
+)  # fmt: skip
+# Kinds of the chart applied as they are (the webhook configurations and the Service are adapted first).
+KEPT_KINDS = frozenset({"CustomResourceDefinition", "Secret"})
+
+Progress = Callable[[str], None]
+
+
+def chart_dir() -> Path:
+    return cache_root() / f"kueue-{KUEUE_VERSION}" / "chart"
+
+
+def _go() -> str:
+    go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
+    if go is None:
+        raise RuntimeError("the Go toolchain is needed to fetch Kueue's chart from its Go module; `go` is not on PATH")
+    return go
+
+
+def fetch_chart(progress: Progress = print) -> Path:
+    """Copy Kueue's Helm chart out of its Go module (the module build.py compiles; in Go's module cache) once."""
+    if (chart_dir() / "Chart.yaml").is_file():
+        return chart_dir()
+    found = subprocess.run(
+        [_go(), "mod", "download", "-json", f"{KUEUE_MODULE}@{KUEUE_VERSION}"],
+        capture_output=True,
+        text=True,
+        cwd=tempfile.gettempdir(),  # outside any module: the download must not touch a go.mod
+        check=False,
+    )
+    try:
+        info: dict[str, Any] = json.loads(found.stdout)
+    except ValueError:
+        info = {}
+    if found.returncode != 0 or "Dir" not in info:
+        why = info.get("Error") or found.stderr
+        raise RuntimeError(f"go mod download {KUEUE_MODULE}@{KUEUE_VERSION} failed: {why}")
+    final = chart_dir()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".kueue-chart-", dir=final.parent))
+    shutil.copytree(Path(info["Dir"]) / "charts" / "kueue", staging / "chart")
+    for path in [staging, *staging.rglob("*")]:  # the module cache is read-only; the copies need not be
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    shutil.rmtree(final, ignore_errors=True)
+    (staging / "chart").rename(final)
+    shutil.rmtree(staging, ignore_errors=True)
+    progress(f"kueue: chart of {KUEUE_MODULE} {KUEUE_VERSION} -> {final}")
+    return final
+
+
+def configuration(webhook_port: int, health_port: int, cert_dir: Path = CERT_DIR) -> dict[str, Any]:
+    """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2) for the host process."""
+    return {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
+        "namespace": NAMESPACE,
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
+        "metrics": {"bindAddress": "0"},  # off: nothing scrapes it here, and it would need a port per stack
+        "webhook": {"host": "127.0.0.1", "port": webhook_port, "certDir": str(cert_dir)},
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {
+            "enable": True,
+            "webhookServiceName": WEBHOOK_SERVICE,
+            "webhookSecretName": CERT_SECRET,
+        },
+        "manageJobsWithoutQueueName": False,
+        "integrations": {"frameworks": ["batch/job"], "externalFrameworks": list(EXTERNAL_FRAMEWORKS)},
+        # The visibility API server would bind 0.0.0.0:8082 (one per machine); partial admission is how an elastic
+        # TrainingJob's minReplicas is admitted.
+        "featureGates": {"VisibilityOnDemand": False, "PartialAdmission": True},
+    }
+
+
+def _only_kueue_api(webhook_config: dict[str, Any]) -> dict[str, Any]:
+    """A webhook configuration with only the webhooks of Kueue's own API group."""
+    kept = [
+        w
+        for w in webhook_config.get("webhooks") or []
+        if all(set(r.get("apiGroups") or [""]) <= {KUEUE_GROUP} for r in w.get("rules") or [])
+    ]
+    return {**webhook_config, "webhooks": kept}
+
+
+def select(rendered: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of the chart's objects, what the host-run Kueue needs, adapted (see the module's docstring)."""
+    out: list[dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]
+    for doc in rendered:
+        kind, name = doc.get("kind"), (doc.get("metadata") or {}).get("name")
+        if kind in KEPT_KINDS:
+            out.append(doc)
+        elif kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            out.append(_only_kueue_api(doc))
+        elif kind == "Service" and name == WEBHOOK_SERVICE:
+            spec = {k: v for k, v in doc["spec"].items() if k != "selector"}  # served from the host
+            out.append({**doc, "spec": spec})
+    return out
+
+
+def render(cluster: Cluster) -> list[dict[str, Any]]:
+    result = subprocess.run(
+        [str(cluster.bin_dir / "helm"), "template", "kueue", str(fetch_chart()), "--namespace", NAMESPACE],
+        capture_output=True,
+        text=True,
+        env=cluster.env,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"helm template of Kueue's chart failed: {result.stderr}")
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def install(cluster: Cluster, progress: Progress = print) -> str:
+    """Apply Kueue's objects (idempotent); return the webhook Service's ClusterIP."""
+    objects = select(render(cluster))
+    cluster.kubectl(
+        "apply", "--server-side", "--force-conflicts", "--field-manager=loom-devstack", "-f", "-",
+        stdin=yaml.safe_dump_all(objects),
+    )  # fmt: skip
+    cluster.wait_crds_established([f"{n}.{KUEUE_GROUP}" for n in CRD_NAMES], timeout_s=60)
+    ip = cluster.kubectl("get", "service", "-n", NAMESPACE, WEBHOOK_SERVICE, "-o", "jsonpath={.spec.clusterIP}")
+    progress(f"kueue: {len(objects)} objects of its chart applied")
+    return ip.stdout.strip()
+
+
+def host_services(cluster_ip: str, webhook_port: int) -> dict[str, Any]:
+    """The egress proxy's entry for the webhook Service: its ClusterIP:443 -> the host process's port."""
+    return {
+        f"{NAMESPACE}/{WEBHOOK_SERVICE}": {
+            "clusterIP": cluster_ip,
+            "ports": [443],
+            "address": "127.0.0.1",
+            "targetPorts": {"443": webhook_port},
+        }
+    }
+
+
+def write_config(webhook_port: int, health_port: int) -> None:
+    KUEUE_DIR.mkdir(parents=True, exist_ok=True)
+    CERT_DIR.mkdir(parents=True, exist_ok=True)
+    CONFIG_FILE.write_text(yaml.safe_dump(configuration(webhook_port, health_port)))
+
+
+def sync_certificates(cluster: Cluster, timeout_s: float = 90) -> None:
+    """What a Secret volume would do: put the Secret's keys, once Kueue's rotator wrote them, in the cert dir."""
+
+    def written() -> dict[str, str] | None:
+        result = cluster.kubectl("get", "secret", "-n", NAMESPACE, CERT_SECRET, "-o", "json", check=False)
+        if result.returncode != 0:
+            return None
+        data: dict[str, str] = json.loads(result.stdout).get("data") or {}
+        return data if {"tls.crt", "tls.key", "ca.crt"} <= set(data) else None
+
+    data = wait_until(written, timeout_s, "Kueue's certificate in its Secret", interval=0.5)
+    CERT_DIR.mkdir(parents=True, exist_ok=True)
+    for key in ("ca.crt", "tls.key", "tls.crt"):  # tls.crt last: its presence is what the rotator waits for
+        target = CERT_DIR / key
+        content = base64.b64decode(data[key])
+        if not target.exists() or target.read_bytes() != content:
+            staging = target.with_suffix(".tmp")
+            staging.write_bytes(content)
+            staging.chmod(0o600)
+            staging.rename(target)
