@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from loom.workloads.server import config as server
 
@@ -30,6 +30,7 @@ from ...core.model import (
     cel,
     validations,
 )
+from .analysis_api import Analysis, RolloutStatus
 from .vllm import VllmSpec
 
 ServingPhase = Literal["Pending", "Loading", "Ready", "RollingOut", "Degraded", "Failed"]
@@ -111,7 +112,13 @@ class Auth(ApiModel):
 
 
 class Rollout(ApiModel):
-    """Rolling update and canary settings."""
+    """Rolling update and canary settings: a fixed canaryPercent a person promotes, or an analysis that walks the
+    canary through steps and promotes or rolls it back by itself."""
+
+    model_config = validations(
+        cel("!has(self.canaryPercent) || !has(self.analysis)", "set canaryPercent or analysis, not both",
+            field_path=".analysis"),
+    )  # fmt: skip
 
     max_surge: Quantity | None = Field(
         None, description="Default: 25% on CPU, 0 when GPUs are requested (no spare GPU is assumed)."
@@ -127,6 +134,16 @@ class Rollout(ApiModel):
     min_ready_seconds: int = Field(
         5, ge=0, le=3600, description="A new replica counts as available only after being ready this long."
     )
+    analysis: Analysis | None = Field(
+        None, description="Automated canary analysis: a new model version walks these steps, judged by checks on "
+        "Prometheus metrics against the stable version, and is promoted or rolled back by itself."
+    )
+
+    @model_validator(mode="after")
+    def _one_canary_mode(self) -> Rollout:
+        if self.canary_percent is not None and self.analysis is not None:
+            raise ValueError("set canaryPercent or analysis, not both")
+        return self
 
 
 class FeatureEnrichment(ApiModel):
@@ -198,6 +215,8 @@ class InferenceServiceStatus(StatusBase):
     selector: str | None = Field(None, description="Label selector of the serving pods (scale subresource).")
     model_version: str | None = Field(None, description="Model version being served to stable traffic.")
     canary: CanaryStatus | None = None
+    rollout: RolloutStatus | None = Field(None, description="Canary analysis: its step, verdict and rejected versions.")
+    model_changed: str | None = Field(None, description="Why the served model last changed.")
     autoscaling: AutoscalingStatus | None = None
 
 
@@ -229,6 +248,8 @@ INFERENCE_SERVICE = Kind(
         PrinterColumn("Model", ".spec.model.name", priority=1),
         PrinterColumn("Version", ".status.modelVersion"),
         PrinterColumn("Canary", ".status.canary.percent", "integer"),
+        PrinterColumn("Step", ".status.rollout.analysis.step"),
+        PrinterColumn("Verdict", ".status.rollout.analysis.verdict"),
         PrinterColumn("Desired", ".status.autoscaling.desiredReplicas", "integer", description="Autoscaler wants"),
         PrinterColumn("Metric", ".status.autoscaling.metricValue", "number", priority=1),
         PrinterColumn("Scaled", ".status.autoscaling.lastScaleReason", priority=1),
