@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from loom.operator.api import (
+        AliasStatus,
         Analysis,
         AnalysisCheck,
         AnalysisStatus,
@@ -62,6 +63,8 @@ if TYPE_CHECKING:
         OnlineStore,
         Progress,
         RateLimit,
+        Register,
+        RegisteredModel,
         Registry,
         RejectedVersion,
         ResourceRequirements,
@@ -178,6 +181,9 @@ _WHERE: dict[str, str] = {
     "LoomObject": ".models",
     "Materialization": "loom.operator.api",
     "MlflowRun": "loom.operator.api",
+    "Register": "loom.operator.api",
+    "RegisteredModel": "loom.operator.api",
+    "AliasStatus": "loom.operator.api",
     "MlflowTracking": "loom.operator.api",
     "ModelSource": "loom.operator.api",
     "NodeStatus": "loom.operator.api",
@@ -253,6 +259,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AliasStatus",
     "Analysis",
     "AnalysisCheck",
     "AnalysisStatus",
@@ -307,6 +314,8 @@ __all__ = [
     "PortForward",
     "Progress",
     "RateLimit",
+    "Register",
+    "RegisteredModel",
     "Registry",
     "RejectedVersion",
     "ResourceRequirements",

@@ -54,6 +54,7 @@ from ..kinds.inferenceservice.analysis_api import (
     RolloutStatus,
 )
 from ..kinds.inferenceservice.api import (
+    AliasStatus,
     Auth,
     Batching,
     CanaryStatus,
@@ -76,6 +77,8 @@ from ..kinds.trainingjob.api import (
     MlflowRun,
     MlflowTracking,
     Progress,
+    Register,
+    RegisteredModel,
     RunPolicy,
     Scheduling,
     Tracking,
@@ -95,6 +98,7 @@ __all__ = [
     "GROUP",
     "KINDS",
     "VERSION",
+    "AliasStatus",
     "Analysis",
     "AnalysisCheck",
     "AnalysisStatus",
@@ -142,6 +146,8 @@ __all__ = [
     "OnlineStore",
     "Progress",
     "RateLimit",
+    "Register",
+    "RegisteredModel",
     "Registry",
     "RejectedVersion",
     "ResourceRequirements",

@@ -156,6 +156,7 @@ class RejectedVersion(ApiModel):
     reason: str
     message: str = ""
     at: str | None = None
+    tagged: bool = Field(False, description="The MLflow version carries the rejection tag (loom.dev/rejected).")
 
 
 class RolloutStatus(ApiModel):

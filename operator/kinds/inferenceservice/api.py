@@ -85,6 +85,22 @@ class ModelSource(ApiModel):
     secret_ref: S3Credentials | None = Field(
         None, description="Secret with S3 credentials for fetching (default: the operator's, defaults.s3.secretName)."
     )
+    alias_poll_seconds: int = Field(
+        30, ge=5, le=86400, description="For models:/name@alias: how often the operator asks MLflow where the alias "
+        "points (never more often, per service); a move rolls the new version out (as a canary under analysis)."
+    )
+
+
+class AliasStatus(ApiModel):
+    """Where a followed MLflow alias pointed when last asked."""
+
+    model: str
+    alias: str
+    version: str | None = None
+    checked_at: str | None = Field(None, description="When MLflow was last asked.")
+    changed_at: str | None = Field(None, description="When the alias was last seen to move.")
+    previous_version: str | None = None
+    error: str | None = Field(None, description="Why the last question to MLflow failed (the version kept).")
 
 
 class Batching(ApiModel):
@@ -216,7 +232,8 @@ class InferenceServiceStatus(StatusBase):
     model_version: str | None = Field(None, description="Model version being served to stable traffic.")
     canary: CanaryStatus | None = None
     rollout: RolloutStatus | None = Field(None, description="Canary analysis: its step, verdict and rejected versions.")
-    model_changed: str | None = Field(None, description="Why the served model last changed.")
+    model_changed: str | None = Field(None, description="Why the model asked for last changed.")
+    alias: AliasStatus | None = Field(None, description="The followed MLflow alias (model.mlflow: models:/name@alias).")
     autoscaling: AutoscalingStatus | None = None
 
 

@@ -26,6 +26,7 @@ from ...core.events import post_events
 from ...core.kit import status_patch
 from ...core.model import API_VERSION, Manifest
 from ...core.reconcile import Pass
+from .alias import registry_writes
 from .analysis import Outcome, Override, Reading, Rejections, decide, is_due, model_key
 from .analysis_api import Analysis, AnalysisStatus, RejectedVersion, RolloutStatus
 from .analysis_promql import Version, check_query
@@ -82,7 +83,7 @@ class AnalysisInput:
     readings: dict[str, Reading] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass
 class Judgement:
     """The outcome, the model the plan runs, the canary's share and the rollout status to write."""
 
@@ -203,8 +204,13 @@ def held_percent(spec: InferenceServiceSpec, body: Manifest, canary: Manifest | 
     return min(state.weight if state is not None else spec.rollout.analysis.steps[0].weight, 99)
 
 
-async def persist_rollout(ctx: Pass[Any], judged: Judgement) -> None:
-    """status.rollout, the analysis' events and the consumed override: written before the pass acts."""
+async def persist_rollout(ctx: Pass[Any], judged: Judgement, desired: ModelRef, analysis: Analysis | None) -> None:
+    """status.rollout, the analysis' events and the consumed override: written before the pass acts; with the
+    registry's part of the verdict (the rejection tag, the promotion alias) for a model from MLflow."""
+    promoted = judged.outcome is not None and judged.outcome.action == "promote"
+    judged.status = await registry_writes(
+        judged.status, desired, promote_alias=analysis.promote_alias if analysis else None, promoted=promoted
+    )
     before = (ctx.body.get("status") or {}).get("rollout") or {}
     patch = status_patch({"rollout": before}, {"rollout": judged.status.to_wire()})
     if patch is not None:

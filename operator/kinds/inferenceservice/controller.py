@@ -33,8 +33,9 @@ from ...defaults import Defaulted, EndpointDefaults, model_problem, training_job
 from ...defaults import inference_service as inference_service_defaults
 from ...settings import OperatorSettings
 from .activator import activator_enabled, activator_selector
+from .alias import change_reason, followed, previous_alias, resolve_alias
 from .analysis import seconds_until_due
-from .api import INFERENCE_SERVICE, InferenceServiceSpec, InferenceServiceStatus
+from .api import INFERENCE_SERVICE, AliasStatus, InferenceServiceSpec, InferenceServiceStatus
 from .canary import WEIGHT_ANNOTATION, AnalysisInput, Judgement, held_percent, judge_canary, persist_rollout
 from .canary import read_analysis as read_canary_analysis
 from .canary_report import analysis_condition
@@ -67,7 +68,7 @@ POD_INDEX_ID = "loom_inferenceservice_pods"
 
 
 async def _resolve(
-    spec: InferenceServiceSpec, namespace: str, defaults: EndpointDefaults
+    spec: InferenceServiceSpec, namespace: str, defaults: EndpointDefaults, alias_version: str | None = None
 ) -> tuple[ModelRef | None, ResolveError | None]:
     job = None
     if spec.model.from_training_job is not None:
@@ -75,7 +76,7 @@ async def _resolve(
         # The job's checkpoints are where it wrote them: with the operator's S3 defaults where it names none.
         job = training_job_manifest(job, defaults) if job is not None else None
     try:
-        return resolve_model(spec.model, spec.serving_handler, job), None
+        return resolve_model(spec.model, spec.serving_handler, job, alias_version), None
     except ResolveError as err:
         return None, err
 
@@ -133,6 +134,7 @@ class Observed:
     features: EnrichmentConfig | None = None
     features_error: ResolveError | None = None
     analysis: AnalysisInput | None = None  # what the canary analysis read, while a canary is judged
+    alias: AliasStatus | None = None  # the followed MLflow alias, as last asked
     plan: RolloutPlan = field(default_factory=lambda: RolloutPlan(stable_ref=None, stable_replicas=0, mode="waiting"))
 
 
@@ -182,7 +184,12 @@ class ServiceReconciler:
             if missing is not None:
                 observed.resolve_error = missing  # nothing can be fetched without the endpoint
             else:
-                observed.desired, observed.resolve_error = await _resolve(spec, namespace, self.defaults)
+                observed.alias, alias_error = await resolve_alias(spec.model, previous_alias(ctx.body), self.now())
+                if alias_error is not None:
+                    observed.resolve_error = alias_error
+                else:
+                    version = observed.alias.version if observed.alias is not None else None
+                    observed.desired, observed.resolve_error = await _resolve(spec, namespace, self.defaults, version)
             observed.features, observed.features_error = await _features(spec, namespace)
             if observed.features_error is not None:
                 observed.desired = None
@@ -231,7 +238,8 @@ class ServiceReconciler:
         if judged is not None:
             # The verdict is written before anything acts on it: killed in between, the next pass reads it back
             # (a rolled-back version stays rejected, a step once started keeps its start).
-            await persist_rollout(ctx, judged)
+            assert observed.analysis is not None
+            await persist_rollout(ctx, judged, observed.analysis.desired, ctx.spec.spec.rollout.analysis)
         weight = judged.outcome.state.weight if judged is not None and judged.outcome is not None else None
         if plan.invalid is None and observed.features_error is None and plan.rollout.stable_ref is not None:
             observed.stable, observed.canary, observed.plan = await _apply(
@@ -242,6 +250,8 @@ class ServiceReconciler:
         state = judged.status.analysis if judged is not None else None
         if analysis is not None and self.later is not None and (wait := seconds_until_due(analysis, state, self.now())):
             self.later(ctx.namespace, ctx.name, wait)
+        if followed(ctx.spec.spec.model) is not None and self.later is not None:
+            self.later(ctx.namespace, ctx.name, ctx.spec.spec.model.alias_poll_seconds)
         return observed
 
     def status(
@@ -265,6 +275,9 @@ class ServiceReconciler:
         )
         status, events = compute_status(ctx.owner, seen, previous)
         status.endpoint_defaults = ctx.spec.status_field() if ctx.spec is not None else None
+        if ctx.spec is not None and followed(ctx.spec.spec.model) is not None:
+            status.alias = observed.alias or (previous.alias if previous else None)
+        status.model_changed = change_reason(status.alias) or (previous.model_changed if previous else None)
         judged = plan.judgement
         status.rollout = judged.status if judged is not None else (previous.rollout if previous else None)
         if status.rollout is not None:

@@ -38,6 +38,7 @@ from .data_job import observe_training_data
 from .mlflow import TrackingError, ensure_run, finish_run
 from .observe import NodeView, ProgressReport, WorkerView, observe_node, observe_pod
 from .progress import fetch_progress, new_client
+from .register import needs_registration, register_model
 from .state import Decision, Observation, Policy, decide
 
 log = logging.getLogger("loom.trainingjob")
@@ -189,6 +190,13 @@ class Controller:
         await self.act(ctx.body, spec, decision, seen.views, spec_changed=spec_changed)
         if decision.status.phase in FINISHED and status.phase not in FINISHED:
             await self.close_run(spec, decision)
+        if needs_registration(spec, decision.status):
+            registered, events = await register_model(ctx.body, spec, decision.status)
+            if registered != decision.status.registered_model:
+                await kube.patch_status(
+                    "loom.dev/v1alpha1", self.kind, ctx.namespace, ctx.name, {"registeredModel": registered.to_wire()}
+                )
+            post_events(ctx.body, events)
         return seen
 
     async def ensure_tracking(self, job: kube.Manifest, spec: TrainingJobSpec, status: TrainingJobStatus) -> str | None:
