@@ -358,8 +358,8 @@ def resync_due(body: kopf.Body) -> bool:
     children are deleted, and a succeeded job that registers its model has registered it (MLflow may have been
     down when it succeeded)."""
     status, spec = body.get("status") or {}, body.get("spec") or {}
-    if spec.get("register") and status.get("phase") == "Succeeded":
-        if not (status.get("registeredModel") or {}).get("version"):
-            return True
+    registered = (status.get("registeredModel") or {}).get("version")
+    if spec.get("register") and status.get("phase") == "Succeeded" and not registered:
+        return True
     ttl = (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished")
     return not (status.get("phase") in FINISHED and (ttl is None or bool(status.get("childrenDeleted"))))
