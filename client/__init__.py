@@ -96,6 +96,7 @@ if TYPE_CHECKING:
         Direct,
         InCluster,
         PortForward,
+        PortForwardRefused,
         ServiceAccess,
     )
     from .client import (
@@ -191,6 +192,7 @@ _WHERE: dict[str, str] = {
     "OfflineStore": "loom.operator.api",
     "OnlineStore": "loom.operator.api",
     "PortForward": ".access",
+    "PortForwardRefused": ".access",
     "Progress": "loom.operator.api",
     "RateLimit": "loom.operator.api",
     "Registry": "loom.operator.api",
@@ -312,6 +314,7 @@ __all__ = [
     "OfflineStore",
     "OnlineStore",
     "PortForward",
+    "PortForwardRefused",
     "Progress",
     "RateLimit",
     "Register",

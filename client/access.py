@@ -86,8 +86,16 @@ class Direct:
         yield target.with_address(self.resolve(target.name, target.namespace), target.port)
 
 
+class PortForwardRefused(ConnectionError):
+    """The API server or the pod's node would not forward a port to the pod (the message says which and why)."""
+
+
 class PortForward:
-    """Outside the cluster: a local port forwarded through the API server to a ready pod behind the Service."""
+    """Outside the cluster: a local port forwarded through the API server to a ready pod behind the Service.
+
+    `open` forwards one connection before it hands out the local port: a node that serves no port-forward (a
+    virtual node, a node agent) or a caller without the `pods/portforward` permission is a PortForwardRefused with
+    the reason there, not a connection reset on the caller's first request."""
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
@@ -119,6 +127,14 @@ class PortForward:
             yield url.rstrip("/")
             return
         pod, port = self._pod_and_port(target)
+        try:
+            self._pod_socket(target.namespace, pod, port).close()
+        except Exception as exc:
+            raise PortForwardRefused(
+                f"cannot port-forward to pod {target.namespace}/{pod} port {port} for Service {target.name}: "
+                f"{_reason(exc)}. Reach the Service another way: Client(access=Direct(...)) with an address you "
+                f"can reach (an ingress, a LoadBalancer), or the CLI's --url"
+            ) from exc
         forwarder = Forwarder(lambda: self._pod_socket(target.namespace, pod, port))
         with forwarder:
             yield target.with_address("127.0.0.1", forwarder.port)
@@ -183,6 +199,16 @@ class Forwarder:
         finally:
             local.close()
             remote.close()
+
+
+def _reason(exc: BaseException) -> str:
+    """What a failed forward says, without the client's multi-line HTTP dump."""
+    status, reason = getattr(exc, "status", None), getattr(exc, "reason", None)
+    if status is not None:
+        return f"the API server answered {status} {reason or ''}".rstrip()
+    # Past the API server: the pod's node (its kubelet) never opened the stream; the client's own words vary.
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return f"the pod's node did not open the forward ({detail})"
 
 
 def _ready(pod: dict[str, Any]) -> bool:

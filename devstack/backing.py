@@ -15,6 +15,8 @@ agent (which resolves Service names in each pod's /etc/hosts and proxies Cluster
                            prometheus.io/* annotations in every namespace: what the autoscaling examples read
                            through the operator (Helm value prometheus.url); `loom dev env` exports its host
                            address as LOOM_PROMETHEUS_URL for an operator run on this machine
+  node loom-simulated-gpu-0, dcgm-exporter.monitoring  a simulated GPU node and a dcgm-exporter stand-in whose
+                           utilisation is set by hand (loom.devstack.simgpu): what the GPU autoscaling example needs
 
 Both keep their data in memory / in the pod: `loom dev down` stops them with every other pod, and the next
 `loom dev up` starts them empty (buckets re-created). The host reaches them through
@@ -324,6 +326,10 @@ def ensure(cluster: Any, progress: Progress = print, timeout: float = READY_TIME
                 why = rolled.stderr.strip() or f"not answering {path or 'PING'} after {timeout:.0f}s"
                 raise TimeoutError(f"{name}.{namespace}.svc not ready: {why}\n{pods}")
             time.sleep(0.5)
+    # What the GPU autoscaling example needs besides Prometheus: a GPU node and dcgm-exporter (both simulated).
+    from loom.devstack import simgpu
+
+    simgpu.ensure(cluster, progress)
     progress(
         f"examples' services ready ({time.monotonic() - started:.1f}s): S3 {S3_URL}, MLflow {MLFLOW_URL},"
         f" Redis {REDIS_ADDRESS}, Prometheus {PROMETHEUS_URL} (from this machine {urls[PROMETHEUS_SERVICE]}),"

@@ -85,3 +85,28 @@ def env() -> None:
     click.echo(f"export KUBECONFIG={KUBECONFIG} PATH={stack_bin_dir()}:$PATH{registry}")
     if (prometheus := host_prometheus_url()) is not None:
         click.echo(f"export LOOM_PROMETHEUS_URL={prometheus}")
+
+
+@dev.command("gpu-utilization")
+@click.option("-n", "--namespace", default="default", show_default=True, help="The InferenceService's namespace.")
+@click.argument("service")
+@click.argument("percent", type=click.FloatRange(0, 100))
+def gpu_utilization(namespace: str, service: str, percent: float) -> None:
+    """Set the GPU utilisation (PERCENT, 0-100) that the stack's simulated dcgm-exporter reports for the pods of
+    InferenceService SERVICE on the simulated GPU node loom-simulated-gpu-0. No GPU runs on the local stack, so
+    nothing measures it: this value is what Prometheus, and so the autoscaler, sees (0 until set)."""
+    from loom.devstack.cluster import current
+    from loom.devstack.simgpu import EXPORTER, NODE_NAME, set_utilization
+
+    if (cluster := current()) is None:
+        raise click.ClickException("the local stack is not up: `loom dev up` first")
+    try:
+        with cluster.api_client() as api:
+            pods = set_utilization(api, namespace, service, percent)
+    except LookupError as error:
+        raise click.ClickException(str(error)) from None
+    where = f"now on it: {', '.join(pods)}" if pods else "none of its pods is on it yet; those that land there will"
+    click.echo(
+        f"{EXPORTER} reports {percent:g}% GPU utilisation for the pods of inferenceservice {namespace}/{service}"
+        f" on node {NODE_NAME} ({where})"
+    )

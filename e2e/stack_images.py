@@ -3,7 +3,8 @@
 Loom publishes no image, so the chart and the operator have no default (issue 32). The local stack's node agent
 records a pod's image and runs this checkout's code, so nothing is pulled there: tests name the images
 `make images` builds on this machine (buildah gives local images the `localhost/` prefix), a qualified name no
-registry namespace of anyone else can answer to.
+registry namespace of anyone else can answer to. The vllm image runs from the checkout's .venv-vllm there
+(loom.devstack.cluster.paths.AGENT_IMAGE_ENVIRONMENTS).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 VERSION: str = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 REGISTRY = "localhost/loom"
 # The workload images the operator puts into pods; the router runs from the server image.
-WORKLOADS = {"trainer": "trainer", "server": "server", "router": "server", "features": "features"}
+WORKLOADS = {"trainer": "trainer", "server": "server", "router": "server", "features": "features", "vllm": "vllm"}
 
 
 def image(name: str, registry: str = REGISTRY) -> str:
@@ -49,11 +50,13 @@ def _run(argv: list[str]) -> str:
     return result.stdout.strip()
 
 
-def build_stand_ins(state: Path, names: tuple[str, ...] = ("operator", "trainer", "server", "features")) -> None:
+def build_stand_ins(
+    state: Path, names: tuple[str, ...] = ("operator", "trainer", "server", "features", "vllm")
+) -> None:
     """The smallest images buildah builds, under the names images/build.sh gives the real ones
     (localhost/loom/<name>:<appVersion>) in the storage `make push` pushes from: `scratch` plus one file and a label
     naming the image, so that each has its own digest (a push that swapped two would be caught). Under a second
-    each; the real four take half an hour (images/README.md), and pushing, digests and the chart's references do
+    each; the real five take longer (images/README.md), and pushing, digests and the chart's references do
     not depend on what the layers hold."""
     buildah = ["buildah", "--root", str(state / "storage"), "--runroot", str(state / "run"), "--storage-driver", "vfs"]
     version = push_tool().app_version()

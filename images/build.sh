@@ -5,7 +5,7 @@
 # packages by mmdebstrap (minbase + python3 + venv + CA certificates), with the host's own apt sources.
 # pip still installs Loom's Python dependencies from the package index while the images build.
 #
-# Usage: images/build.sh [operator|server|trainer|features ...]   (default: operator)
+# Usage: images/build.sh [operator|server|trainer|features|vllm ...]   (default: operator)
 # Then the operator image is started once (`loom --version`, as the image's non-root user) and the sizes are
 # printed and written to $STATE/report.txt. Needs: apt-get install buildah mmdebstrap.
 # Images stay in $STATE/storage (buildah --root); copy one out with e.g.
@@ -91,6 +91,7 @@ smoke() {
   case $1 in
     operator) echo "loom --version" ;;
     server) echo "python -c 'import torch, loom.workloads.server.app; print(\"torch\", torch.__version__)'" ;;
+    vllm) echo "python -c 'import vllm, loom.workloads.llm.app, loom.workloads.server.fetch; print(\"vllm\", vllm.__version__)'" ;;
     features) echo "python -m loom.workloads.features --help >/dev/null &&
       python -c 'import feast, loom.workloads.features.commands; print(\"feast\", feast.__version__)'" ;;
     trainer) echo "torchrun --help >/dev/null && python -m loom.workloads.trainer --help >/dev/null &&

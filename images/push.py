@@ -24,9 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "loom"
-NAMES = ("operator", "trainer", "server", "features")
+NAMES = ("operator", "trainer", "server", "features", "vllm")
 # The chart's workload images (LOOM_<KEY>_IMAGE) and the image each runs: the InferenceGraph router is the server.
-WORKLOADS = {"trainer": "trainer", "server": "server", "router": "server", "features": "features"}
+WORKLOADS = {"trainer": "trainer", "server": "server", "router": "server", "features": "features", "vllm": "vllm"}
 DIGEST = re.compile(r"^sha256:[a-f0-9]{64}$")
 
 

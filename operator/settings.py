@@ -51,6 +51,9 @@ class OperatorSettings(BaseModel):
     router_image: str = Field(pattern=IMAGE_REFERENCE)
     # Feast pods (apply/materialize Jobs, the feature server): the [features] extra.
     features_image: str = Field(pattern=IMAGE_REFERENCE)
+    # InferenceService runtime vllm (images/vllm.Dockerfile): the vLLM engine and Loom's OpenAI front in one image,
+    # for the fetch step and the server container alike; spec.image still overrides it per service.
+    vllm_image: str = Field(pattern=IMAGE_REFERENCE)
     # Admission webhook (operator/admission): served with TLS only when a certificate folder is set (the chart
     # mounts its Secret there); a host-process operator serves none. In a pod the chart sets the host 0.0.0.0.
     webhook_cert_dir: str | None = None

@@ -46,8 +46,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--exit-grace", type=float, default=5.0, help="at most this many seconds of grace for pods stopped on SIGTERM"
     )
+    parser.add_argument(
+        "--image-env",
+        action="append",
+        default=[],
+        metavar="NAME=BIN_DIR",
+        help="containers whose image repository is NAME run their programs from BIN_DIR (repeatable), e.g. "
+        "vllm=<checkout>/.venv-vllm/bin; other images run from this agent's virtualenv",
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
+
+
+def image_environments(pairs: list[str]) -> tuple[tuple[str, str], ...]:
+    """`--image-env NAME=BIN_DIR` values as (name, absolute bin folder) pairs."""
+    out = []
+    for pair in pairs:
+        name, sep, bin_dir = pair.partition("=")
+        if not sep or not name or not bin_dir:
+            raise SystemExit(f"--image-env {pair!r}: expected NAME=BIN_DIR")
+        out.append((name, os.path.abspath(bin_dir)))
+    return tuple(out)
 
 
 async def take_over(state_dir: Path, wait_seconds: float = 30.0) -> int:
@@ -97,6 +116,7 @@ async def amain(args: argparse.Namespace) -> None:
         backoff_max=args.backoff_max,
         bin_dir=os.path.dirname(sys.executable),
         shim_path=str(build_shim(state_dir)),
+        image_environments=image_environments(args.image_env),
     )
     loop = asyncio.get_running_loop()
     # API calls run in threads; on a 2-core machine the default pool (cores + 4) is too small for

@@ -34,6 +34,8 @@ class AgentConfig:
     shim_path: str | None = None
     # Kept visible in every container even under a pod volume (a checkout under /tmp, an emptyDir at /tmp).
     host_paths: tuple[str, ...] = default_host_paths()
+    # Image repository name -> the bin folder of the local environment standing for that image (plan.environment_for).
+    image_environments: tuple[tuple[str, str], ...] = ()
 
     @property
     def pods_dir(self) -> Path:

@@ -213,6 +213,28 @@ def allocate_address(network: str, taken: set[str], key: str) -> str:
     raise RuntimeError(f"no free address left in {network}")
 
 
+def image_repository_name(image: str) -> str:
+    """The last path segment of an image reference, without tag or digest: `localhost/loom/vllm:0.1.0` -> `vllm`."""
+    name = image.split("@", 1)[0].rsplit("/", 1)[-1]
+    return name.split(":", 1)[0]
+
+
+def environment_for(image: str, image_environments: dict[str, str], default_bin_dir: str) -> str:
+    """The bin folder a container's programs come from. Images are never pulled here: an image whose repository
+    name is mapped (`vllm` -> the checkout's .venv-vllm/bin) runs from that environment, every other image from
+    the project's virtualenv. A mapped environment that does not exist is a CreateContainerError naming it."""
+    bin_dir = image_environments.get(image_repository_name(image))
+    if bin_dir is None:
+        return default_bin_dir
+    if not os.path.isdir(bin_dir):
+        raise ConfigError(
+            "CreateContainerError",
+            f"image {image!r} runs from the local environment {bin_dir}, which does not exist "
+            "(make venv-vllm builds .venv-vllm)",
+        )
+    return bin_dir
+
+
 def base_environment(bin_dir: str, pod_ip: str, shim: str | None) -> dict[str, str]:
     """What every container gets before its own env: the project's programs first on PATH."""
     path = os.pathsep.join([bin_dir, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"])

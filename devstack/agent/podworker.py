@@ -238,7 +238,8 @@ class PodWorker:
         return int(code)
 
     def container_env(self, spec: Obj, data: ClusterData, index: int) -> dict[str, str]:
-        env: dict[str, str] = plan.base_environment(self.cfg.bin_dir, self.state.pod_ip, self.cfg.shim_path)
+        bin_dir = plan.environment_for(spec.get("image", ""), dict(self.cfg.image_environments), self.cfg.bin_dir)
+        env: dict[str, str] = plan.base_environment(bin_dir, self.state.pod_ip, self.cfg.shim_path)
         env.update(self.extra_env)
         env["HOSTNAME"] = self.hostname
         wanted = plan.gpu_request({"containers": [spec]})

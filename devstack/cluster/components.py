@@ -8,9 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loom.devstack.cluster.kwok_crds import ENABLED_KINDS
 from loom.devstack.cluster.paths import (
+    AGENT_IMAGE_ENVIRONMENTS,
     AGENT_MAIN,
     AGENT_STATE_DIR,
+    AUDIT_LOG,
+    AUDIT_POLICY,
     ETCD_DATA_DIR,
     KWOK_STAGES_FILE,
     REGISTRY_CONFIG,
@@ -65,6 +69,20 @@ def egress_selector_config(socket_path: Path) -> dict[str, Any]:
                 "connection": {"proxyProtocol": "HTTPConnect", "transport": {"uds": {"udsName": str(socket_path)}}},
             }
         ],
+    }
+
+
+AUDITED_USER = "loom-audited-operator"
+
+
+def audit_policy() -> dict[str, Any]:
+    """Metadata (verb, resource, name, user, response code) for the audited operator identity's requests, nothing
+    for anyone else: the log costs the shared stack nothing unless an operator runs as that identity."""
+    return {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived", "ResponseStarted"],
+        "rules": [{"level": "Metadata", "users": [AUDITED_USER]}, {"level": "None"}],
     }
 
 
@@ -140,6 +158,12 @@ def control_plane(bin_dir: Path, pki: Pki, ports: Ports) -> list[Component]:
             "--endpoint-reconciler-type=none",
             # Webhooks behind a Service: their ClusterIP is reached through the egress proxy (egress.py).
             f"--egress-selector-config-file={EGRESS_CONFIG}",
+            # Requests of the audited operator identity only (audit_policy): counted by bench_steady_requests.py.
+            f"--audit-policy-file={AUDIT_POLICY}",
+            f"--audit-log-path={AUDIT_LOG}",
+            "--audit-log-format=json",
+            "--audit-log-maxsize=100",
+            "--audit-log-maxbackup=1",
         ],
     )
     controller_manager = Component(
@@ -189,6 +213,8 @@ def control_plane(bin_dir: Path, pki: Pki, ports: Ports) -> list[Component]:
             f"--tls-cert-file={pki.cert('kwok')}",
             f"--tls-private-key-file={pki.key('kwok')}",
             "--node-lease-duration-seconds=40",
+            # Port-forwards to its pods go where a PortForward object names (loom.devstack.cluster.kwok_crds).
+            f"--enable-crds={','.join(ENABLED_KINDS)}",
         ],
     )
     env = {**os.environ, "PYTHONSAFEPATH": "1"}
@@ -256,6 +282,7 @@ def node_agent(pki: Pki, ports: Ports, gpus: int) -> Component | None:
             str(pki.key("kubelet")),
             "--gpus",
             str(gpus),
+            *(f"--image-env={name}={bin_dir}" for name, bin_dir in AGENT_IMAGE_ENVIRONMENTS.items()),
         ],
         env,
     )

@@ -24,13 +24,14 @@ from typing import Any
 import httpx
 import yaml
 
-from loom.devstack.cluster import keda, procs
+from loom.devstack.cluster import keda, kwok_crds, procs
 from loom.devstack.cluster.build import build, is_built, stack_bin_dir
 from loom.devstack.cluster.components import (
     EGRESS_CONFIG,
     EGRESS_SOCKET,
     Component,
     Ports,
+    audit_policy,
     control_plane,
     egress_selector_config,
     kubeconfig_path,
@@ -41,6 +42,7 @@ from loom.devstack.cluster.components import (
 from loom.devstack.cluster.handle import Cluster
 from loom.devstack.cluster.nodes import NodeShape, ensure_nodes, wait_nodes_ready
 from loom.devstack.cluster.paths import (
+    AUDIT_POLICY,
     KUBECONFIG,
     LOCK_FILE,
     PKI_DIR,
@@ -268,12 +270,23 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
             kubeconfig_path("controller-manager"), "system:kube-controller-manager", server, pki, "controller-manager"
         )
         _write_kubeconfig(kubeconfig_path("scheduler"), "system:kube-scheduler", server, pki, "scheduler")
+        _write_kubeconfig(
+            kubeconfig_path("audited-operator"), "loom-audited-operator", server, pki, "audited-operator"
+        )
+        AUDIT_POLICY.write_text(yaml.safe_dump(audit_policy()))
         EGRESS_CONFIG.write_text(yaml.safe_dump(egress_selector_config(EGRESS_SOCKET)))
         REGISTRY_DATA_DIR.mkdir(parents=True, exist_ok=True)
         REGISTRY_CONFIG.write_text(yaml.safe_dump(registry_config(ports.registry)))
         state = StackState(ports=ports, config=config, started_by=started_by, bin_dir=str(bin_dir))
         state.save()
 
+        cluster = Cluster(
+            kubeconfig=KUBECONFIG,
+            server=server,
+            bin_dir=bin_dir,
+            ca_cert=pki.ca_cert,
+            registry=f"127.0.0.1:{ports.registry}",
+        )
         etcd, apiserver, *controllers = control_plane(bin_dir, pki, ports)
         agent = node_agent(pki, ports, config.agent_gpus)
         # etcd, then the API server, then everything that only talks to the API server (and the image registry,
@@ -287,14 +300,9 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
                     _wait(component.name, component.name, check)
             if phase == [apiserver]:
                 progress(f"API server ready at {server} ({time.monotonic() - started:.1f}s)")
+                # Before kwok starts, so its PortForward informer finds the CRD at once.
+                kwok_crds.install_crds(cluster, progress)
 
-        cluster = Cluster(
-            kubeconfig=KUBECONFIG,
-            server=server,
-            bin_dir=bin_dir,
-            ca_cert=pki.ca_cert,
-            registry=f"127.0.0.1:{ports.registry}",
-        )
         with cluster.api_client() as api:
             names = ensure_nodes(api, config.shape())
             wait_nodes_ready(api, names, timeout=START_TIMEOUT)

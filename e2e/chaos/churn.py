@@ -259,6 +259,12 @@ def _namespace(cluster: Any, prefix: str) -> Iterator[str]:
         cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
+def log_errors(log: Path, last: int = 12) -> list[str]:
+    """The operator log's last error and warning lines (a pass abandoned, an exception), cut to a readable width."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return [line[:300] for line in lines if " ERROR " in line or " WARNING " in line][-last:]
+
+
 def churn(cluster: Any, workdir: Path, objects: int, kills: int, seed: int | None = None,
           interval_s: tuple[float, float] = (2.0, 5.0), timeout_s: float = 240) -> Figures:
     """Run the storm in a fresh namespace; return the figures and, under "problems", every broken invariant."""
@@ -319,6 +325,8 @@ def churn(cluster: Any, workdir: Path, objects: int, kills: int, seed: int | Non
                         if summary(objs[name]) != want_state or kids.get(name, set()) != want_children:
                             problems.append(f"{name}: {summary(objs[name])} with {sorted(kids.get(name, set()))}; "
                                             f"calm: {want_state} with {sorted(want_children)}")
+                    # The CI log keeps only the assertion: carry the operator's own account of why into it.
+                    figures["operator_log_errors"] = log_errors(log)
                 figures["converged_s"] = round(time.monotonic() - started, 1)
 
                 # Deletion, with one more kill in the middle of it.

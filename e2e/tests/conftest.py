@@ -13,6 +13,9 @@ Fixtures (names are stable; other e2e modules rely on them):
 - ``kube_api`` (session): an admin ``kubernetes.client.ApiClient``.
 - ``namespace`` (function): a fresh namespace whose ``default`` ServiceAccount exists (so pods can
   be created at once); deleted after the test.
+- ``prometheus`` (module): a Prometheus of the module's own scraping the stack (loom.e2e.exporter.local_prometheus).
+- ``autoscaling_operator`` (module): an operator reading that Prometheus (the builtin autoscaler's source), its
+  intervals at their defaults.
 
 Pods land on the simulated kwok nodes (``type=kwok``, 8 ``nvidia.com/gpu`` each by default) only
 with ``loom.devstack.cluster.nodes.KWOK_TOLERATION``; ``loom.devstack.cluster.handle.wait_until`` polls for
@@ -35,6 +38,9 @@ from loom.devstack.cluster.build import build, is_built
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.lifecycle import join_session, leave_session
 from loom.devstack.cluster.paths import AGENT_STATE_DIR, LOG_DIR
+from loom.devstack.prometheus import PrometheusEndpoint
+from loom.e2e.exporter import local_prometheus
+from loom.e2e.pytest_operator import OperatorProcess, apply_crds, operator_process
 from loom.e2e.secrets_scan import finish_session, record_namespace
 
 HERE = Path(__file__).resolve().parent
@@ -126,3 +132,21 @@ def namespace(kube_api: client.ApiClient) -> Iterator[str]:
     except ApiException as err:
         if err.status != 404:
             raise
+
+
+@pytest.fixture(scope="module")
+def prometheus(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusEndpoint]:
+    with local_prometheus(cluster, tmp_path_factory.mktemp("prometheus")) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="module")
+def autoscaling_operator(
+    cluster: Cluster, prometheus: PrometheusEndpoint, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    apply_crds(cluster)
+    log = tmp_path_factory.mktemp("loom-operator") / "loom_operator.log"
+    # The autoscaler's interval stays at its default: the reaction measured is the one users get.
+    with operator_process(cluster, log, {"LOOM_PROMETHEUS_URL": prometheus.url}) as handle:
+        yield handle
+    print(f"[loom operator] log: {log}", file=sys.__stderr__)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -20,11 +19,10 @@ import yaml
 
 from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
-from loom.devstack.prometheus import PrometheusEndpoint
 from loom.devstack.servers import S3Endpoint
 from loom.e2e.autoscaling import autoscaled, condition, example, get, ready_pods
-from loom.e2e.exporter import Exporter, local_prometheus
-from loom.e2e.pytest_operator import OperatorProcess, apply_crds, operator_namespace_for, operator_process
+from loom.e2e.exporter import Exporter
+from loom.e2e.pytest_operator import OperatorProcess, operator_namespace_for
 from loom.e2e.pytest_services import apply_s3_secret
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -32,22 +30,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 TIMEOUT_S = 240.0
 
 
-@pytest.fixture(scope="module")
-def prometheus(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusEndpoint]:
-    with local_prometheus(cluster, tmp_path_factory.mktemp("prometheus")) as endpoint:
-        yield endpoint
-
-
-@pytest.fixture(scope="module")
-def autoscaling_operator(
-    cluster: Cluster, prometheus: PrometheusEndpoint, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    apply_crds(cluster)
-    log = tmp_path_factory.mktemp("loom-operator") / "loom_operator.log"
-    # The autoscaler's interval stays at its default: the reaction measured here is the one users get.
-    with operator_process(cluster, log, {"LOOM_PROMETHEUS_URL": prometheus.url}) as handle:
-        yield handle
-    print(f"[loom operator] log: {log}", file=sys.__stderr__)
 
 
 def scale_logged(op: OperatorProcess, what: str) -> float:

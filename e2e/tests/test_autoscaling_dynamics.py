@@ -41,7 +41,7 @@ from loom.e2e.autoscaling import (
     scale_writes,
     wait_for,
 )
-from loom.e2e.exporter import Exporter, local_prometheus
+from loom.e2e.exporter import Exporter
 from loom.e2e.pytest_operator import OperatorProcess, apply_crds, operator_namespace_for, operator_process
 from loom.e2e.pytest_services import apply_s3_secret
 from loom.e2e.stack_images import IMAGE_SETTINGS
@@ -55,11 +55,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 INTERVAL_S = 1.0  # the operator's decision round here (default 5 s)
 TIMEOUT_S = 90.0
 
-
-@pytest.fixture(scope="module")
-def prometheus(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusEndpoint]:
-    with local_prometheus(cluster, tmp_path_factory.mktemp("prometheus")) as endpoint:
-        yield endpoint
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,10 +17,9 @@ import yaml
 
 from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
-from loom.devstack.prometheus import PrometheusEndpoint
 from loom.e2e.autoscaling import autoscaled, condition, scale_writes
-from loom.e2e.exporter import Exporter, local_prometheus
-from loom.e2e.pytest_operator import OperatorProcess, apply_crds, operator_namespace_for, operator_process
+from loom.e2e.exporter import Exporter
+from loom.e2e.pytest_operator import OperatorProcess, operator_namespace_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -29,21 +27,6 @@ TIMEOUT_S = 120.0
 GRAPH = "routed"
 
 
-@pytest.fixture(scope="module")
-def prometheus(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusEndpoint]:
-    with local_prometheus(cluster, tmp_path_factory.mktemp("prometheus")) as endpoint:
-        yield endpoint
-
-
-@pytest.fixture(scope="module")
-def autoscaling_operator(
-    cluster: Cluster, prometheus: PrometheusEndpoint, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    apply_crds(cluster)
-    log = tmp_path_factory.mktemp("loom-operator") / "loom_operator.log"
-    with operator_process(cluster, log, {"LOOM_PROMETHEUS_URL": prometheus.url}) as handle:
-        yield handle
-    print(f"[loom operator] log: {log}", file=sys.__stderr__)
 
 
 def service_on_kwok(name: str) -> dict[str, Any]:

@@ -108,6 +108,7 @@ def test_the_maximal_values_render_every_optional_object(cluster: Cluster) -> No
     assert env["LOOM_SERVER_IMAGE"] == "registry.example/loom/server:1.2.3"
     assert env["LOOM_ROUTER_IMAGE"] == "registry.example/loom/router:1.2.4"
     assert env["LOOM_FEATURES_IMAGE"] == "registry.example/loom/features:1.2.3"
+    assert env["LOOM_VLLM_IMAGE"] == "registry.example/loom/vllm:1.2.3"
     assert env["LOOM_PROMETHEUS_URL"] == "http://prometheus-operated.monitoring:9090"
     assert env["LOOM_LOG_FORMAT"] == "json" and env["LOOM_LOG_LEVEL"] == "DEBUG"
     assert env["LOOM_AUTOSCALE_INTERVAL_S"] == "10" and env["NO_PROXY"] == ".svc,.cluster.local"

@@ -5,7 +5,8 @@ with its own condition message.
 
 Services are reached through the node agent's local Service addresses (`loom.client.Direct` with
 `loom.devstack.agent.service_address`): the agent has no port-forward, so the SDK's PortForward (the default
-outside a cluster) is not exercised here; its piping is unit-tested (tests/unit/test_client_units.py).
+outside a cluster) is exercised here only for its refusal; its forward end to end (API server, kwok's kubelet server)
+in test_client_portforward.py, its piping in tests/unit/test_client_units.py.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from loom.client import (
     Direct,
     Entrypoint,
     InvalidObject,
+    PortForward,
+    PortForwardRefused,
     TrainingJob,
     TrainingJobSpec,
     WaitFailed,
@@ -130,6 +133,13 @@ def test_the_sdk_notebook_trains_serves_and_queries_and_the_cli_agrees(
     assert chatted.exit_code == 0 and chatted.output.strip(), chatted.output
     logged = cli("logs", "chargpt", "-n", ns, "--tail", "40")
     assert logged.exit_code == 0 and '"event": "done"' in logged.output, logged.output
+
+    # The SDK's default outside a cluster on a node that serves no port-forward (the node agent): a clear refusal
+    # naming the pod and what to do instead, before any request (it used to be a bare connection reset).
+    forward = PortForward(client.connection).open(f"http://chargpt.{ns}.svc/v2/health/ready")
+    refused = rf"cannot port-forward to pod {ns}/chargpt-.*node did not open the forward.*Direct"
+    with pytest.raises(PortForwardRefused, match=refused), forward:
+        pass
 
     # The broken job: WaitFailed with the job's condition message (the trainer's own, naming the module).
     with pytest.raises(WaitFailed) as caught:

@@ -11,15 +11,16 @@ in MLflow; an InferenceService Ready and answering a request through its Service
 (`gpusPerWorker`, `gpus`) are accepted by the API server (server-side dry run: schema and CEL rules), but cannot
 run here: the local stack's GPUs are on kwok nodes, which carry kwok's taint, and the examples name real GPU
 nodes' labels (and Volcano for the gang); the e2e tests of the GPU paths (test_trainingjob_kwok.py,
-test_inferenceservice_gpu.py) add kwok's toleration instead.
+test_inferenceservice_gpu.py) add kwok's toleration instead. The GPU autoscaling example is also run, on the stack's
+simulated GPU node (below).
 
 The operator is installed by the README's local-stack `helm install` (readme_install.local_install_command: the
 stack's Prometheus as prometheus.url, the endpoint defaults), only the release, its namespace and the watched
 namespace renamed. So the autoscaling examples are held to what a user gets: the queue-depth example, idle after
 its first request, goes to zero once the stack's Prometheus has shown an empty queue for its idleSeconds (with no
 metric it holds one replica forever); the GPU example, applied unchanged, scales up on GPU utilisation
-(`test_gpu_autoscaling_example_scales_up_on_its_metric`, with a kwok GPU node and a dcgm-format exporter pod standing
-in for what a GPU cluster has).
+(`test_gpu_autoscaling_example_scales_up_on_its_metric`: the README's commands, on the stack's simulated GPU node and
+dcgm-exporter stand-in, loom.devstack.simgpu, whose utilisation the README's `loom dev gpu-utilization` sets).
 
 Other example kinds join by adding their glob to EXAMPLES and an outcome to `test_example_runs`.
 """
@@ -27,6 +28,8 @@ Other example kinds join by adding their glob to EXAMPLES and an outcome to `tes
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,19 +38,16 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from kubernetes import client
 
-from loom.devstack import backing
+from loom.devstack import backing, simgpu
 from loom.devstack.agent.proxies import service_address
 from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
-from loom.devstack.cluster.nodes import GPU_RESOURCE
 from loom.devstack.cluster.paths import AGENT_STATE_DIR
 from loom.e2e.autoscaling import ready_pods
-from loom.e2e.exporter import Exporter
 from loom.e2e.helm_operator import InClusterOperator, operator_in_cluster, wait_default_service_account
 from loom.e2e.pytest_operator import apply_crds
-from loom.e2e.readme_install import local_install_command
+from loom.e2e.readme_install import LOCAL_SECTION, README, commands, local_install_command, section
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -95,6 +95,16 @@ def conditions(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in (obj.get("status") or {}).get("conditions", [])}
 
 
+def api_key_secrets() -> set[str]:
+    """The API-key Secrets the InferenceService examples name (their comments tell a user to create each)."""
+    return {
+        ref["name"]
+        for path in EXAMPLES
+        for doc in documents(path)
+        if (ref := ((doc.get("spec") or {}).get("auth") or {}).get("apiKeysSecretRef"))
+    }
+
+
 @pytest.fixture(scope="module")
 def services(cluster: Cluster) -> backing.BackingServices:
     """What `loom dev up` provides for the examples (idempotent: a stack started by `loom dev up` has it)."""
@@ -110,7 +120,8 @@ def examples_namespace(
     wait_default_service_account(cluster, ns)
     # What the examples' comments and the README tell a user to create in a namespace other than default.
     cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(backing.credentials_secret(ns)))
-    cluster.kubectl("create", "secret", "generic", "chargpt-api-keys", "-n", ns, f"--from-literal=keys={API_KEY}")
+    for secret in api_key_secrets():
+        cluster.kubectl("create", "secret", "generic", secret, "-n", ns, f"--from-literal=keys={API_KEY}")
     # The CRDs as in this checkout first, so the chart's copy of them installs over what a session applied before.
     apply_crds(cluster)
     try:
@@ -202,6 +213,23 @@ def check_inference_service(cluster: Cluster, ns: str, doc: dict[str, Any], oper
     )
     assert response.status_code == 200, response.text
     assert isinstance(response.json()["text_output"], str) and response.json()["text_output"]
+    if spec.get("runtime") == "vllm":
+        check_openai_stream(f"http://{service_address(name, ns, AGENT_STATE_DIR)}:80/v1", name)
+
+
+def check_openai_stream(base_url: str, model: str) -> None:
+    """What the vllm example's comment shows: the official `openai` client streams a chat completion (SSE through
+    the Service to Loom's front and the vLLM engine), with usage at the end."""
+    import openai
+
+    llm = openai.OpenAI(base_url=base_url, api_key=API_KEY, max_retries=0, timeout=120)
+    chunks = list(llm.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Tom painted"}], max_tokens=8, stream=True,
+        stream_options={"include_usage": True},
+    ))  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    usage = chunks[-1].usage
+    assert text and usage is not None and 0 < usage.completion_tokens <= 8, chunks
 
 
 def events_of(cluster: Cluster, ns: str, name: str, reason: str) -> list[str]:
@@ -235,55 +263,40 @@ def check_idles_to_zero_on_its_metric(
     assert any(m.startswith("replicas 1 -> 0") and f"{idle:g}s" in m for m in zeroed), zeroed
 
 
-@pytest.fixture
-def gpu_node(cluster: Cluster) -> Iterator[str]:
-    """A GPU node as a GPU cluster has one: nvidia.com/gpu capacity and the usual `nvidia.com/gpu` NoSchedule taint,
-    which the GPU examples tolerate (kwok runs its pods; the stack's own kwok nodes carry kwok's taint instead)."""
-    name = f"ex-gpu-{uuid.uuid4().hex[:6]}"
-    capacity = {"cpu": "32", "memory": "256Gi", "pods": "110", GPU_RESOURCE: "4"}
-    node = {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {"type": "kwok", "kubernetes.io/hostname": name, "nvidia.com/gpu.present": "true"},
-            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
-        },
-        "spec": {"taints": [{"key": GPU_RESOURCE, "value": "present", "effect": "NoSchedule"}]},
-        "status": {"capacity": capacity, "allocatable": capacity},
-    }
-    with cluster.api_client() as api:
-        client.CoreV1Api(api).create_node(node)
-    try:
-        cluster.kubectl("wait", "--for=condition=Ready", f"node/{name}", "--timeout=60s")
-        yield name
-    finally:
-        cluster.kubectl("delete", "node", name, "--wait=false", check=False)
-
-
 def test_gpu_autoscaling_example_scales_up_on_its_metric(
-    cluster: Cluster,
-    services: backing.BackingServices,
-    examples_namespace: tuple[str, InClusterOperator],
-    gpu_node: str,
+    cluster: Cluster, services: backing.BackingServices, examples_namespace: tuple[str, InClusterOperator]
 ) -> None:
-    """examples/inferenceservice-autoscale-gpu.yaml, unchanged, with the operator the README installs: its replica
-    lands on the GPU node; dcgm-exporter's series for it (an exporter pod in dcgm-exporter's format) reach the
-    stack's Prometheus; 90% against the 60% target scales 1 -> 2, and status and the event name the metric."""
+    """examples/inferenceservice-autoscale-gpu.yaml with exactly the README's local-stack commands (the chart's
+    install, `kubectl apply`, `loom dev gpu-utilization`), only the namespace given: its replica lands on the stack's
+    simulated GPU node; the stack's dcgm-exporter stand-in reports the utilisation set for it to the stack's
+    Prometheus; 90% against the 60% target scales 1 -> 2, and status and the event name the metric."""
     ns, operator = examples_namespace
-    path = EXAMPLES_DIR / "inferenceservice-autoscale-gpu.yaml"
-    (doc,) = documents(path)
+    apply_cmd, set_cmd = readme_gpu_autoscaling_commands()
+    at = apply_cmd.index("-f") + 1
+    path = apply_cmd[at] = str(EXAMPLES_DIR.parent / apply_cmd[at])  # the README's path is the checkout's
+    (doc,) = documents(Path(path))
     name = doc["metadata"]["name"]
-    exporter = Exporter(cluster, ns)
-    exporter.start()
+    assert set_cmd[set_cmd.index("-n") + 2] == name, set_cmd  # the README sets it for this example's service
+    percent = float(set_cmd[-1])
     try:
-        cluster.kubectl("apply", "-n", ns, "-f", str(path))
+        cluster.kubectl(*in_namespace(apply_cmd[1:], ns))
         one_ready = lambda o: (o.get("status") or {}).get("readyReplicas") == 1  # noqa: E731
         wait_for(cluster, ns, "inferenceservice", name, one_ready, operator)
         (pod,) = ready_pods(cluster, ns, name)
         placed = json.loads(cluster.kubectl("get", "pod", pod, "-n", ns, "-o", "json").stdout)
-        assert placed["spec"]["nodeName"] == gpu_node
-        exporter.publish({pod: 90})
+        assert placed["spec"]["nodeName"] == simgpu.NODE_NAME
+        # Before it is set, the exporter reports the pod's GPU at 0%: the autoscaler reads it and holds at one.
+        wait_for(
+            cluster, ns, "inferenceservice", name,
+            lambda o: ((o.get("status") or {}).get("autoscaling") or {}).get("metricValue") == 0,
+            operator,
+        )  # fmt: skip
+        loom = Path(sys.executable).with_name("loom")
+        out = subprocess.run(
+            [str(loom), *in_namespace(set_cmd[1:], ns)], env=cluster.env, capture_output=True, text=True, check=False
+        )
+        assert out.returncode == 0, out.stderr
+        assert f"{ns}/{name}" in out.stdout and pod in out.stdout, out.stdout
         up = wait_for(
             cluster, ns, "inferenceservice", name,
             lambda o: ((o.get("status") or {}).get("autoscaling") or {}).get("lastScaleReason") == "ScaledUp",
@@ -292,10 +305,27 @@ def test_gpu_autoscaling_example_scales_up_on_its_metric(
         assert up["spec"]["replicas"] == 2
         assert up["status"]["autoscaling"]["metric"] == "gpu-utilization"
         scaled = events_of(cluster, ns, name, "ScaledUp")
-        assert any(m.startswith("replicas 1 -> 2") and "metric 90" in m for m in scaled), scaled
+        assert any(m.startswith("replicas 1 -> 2") and f"metric {percent:g}" in m for m in scaled), scaled
     finally:
         cluster.kubectl("delete", "inferenceservice", name, "-n", ns, "--ignore-not-found", "--wait=true", check=False)
-        exporter.stop()
+
+
+def readme_gpu_autoscaling_commands() -> tuple[list[str], list[str]]:
+    """The README local-stack section's `kubectl apply` of the GPU autoscaling example and its
+    `loom dev gpu-utilization` (argv, the program name first)."""
+    argvs = commands(section(README.read_text(), LOCAL_SECTION))
+    applies = [a for a in argvs if a[:2] == ["kubectl", "apply"] and "inferenceservice-autoscale-gpu.yaml" in a[-1]]
+    sets = [a for a in argvs if a[0].endswith("loom") and a[1:3] == ["dev", "gpu-utilization"]]
+    assert len(applies) == 1 and len(sets) == 1, argvs
+    return applies[0], sets[0]
+
+
+def in_namespace(argv: list[str], ns: str) -> list[str]:
+    """The README's command for namespace `ns` (its `-n default` replaced, or `-n ns` added)."""
+    if "-n" in argv:
+        i = argv.index("-n")
+        return [*argv[: i + 1], ns, *argv[i + 2 :]]
+    return [*argv, "-n", ns]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

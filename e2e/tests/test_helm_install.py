@@ -122,6 +122,7 @@ def test_chart_lints_and_renders_what_the_api_server_accepts(cluster: Cluster, t
             "server": {"repository": "registry.example/loom/server", "tag": "1.2.3"},
             "router": {"repository": "registry.example/loom/server", "tag": "1.2.3"},
             "features": {"repository": "registry.example/loom/features", "tag": "1.2.3"},
+            "vllm": {"repository": "registry.example/loom/vllm", "tag": "1.2.3"},
         },
         "podAnnotations": {"team": "ml"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
@@ -136,6 +137,7 @@ def test_chart_lints_and_renders_what_the_api_server_accepts(cluster: Cluster, t
         "spec"]["containers"][0]["env"]}  # fmt: skip
     assert env["LOOM_NAMESPACES"] == "default,kube-public" and env["LOOM_RESYNC_INTERVAL_S"] == "60"
     assert env["LOOM_SERVER_IMAGE"] == "registry.example/loom/server:1.2.3" and env["HTTPS_PROXY"]
+    assert env["LOOM_VLLM_IMAGE"] == "registry.example/loom/vllm:1.2.3"
     # Exact namespaces: a RoleBinding in each, no cluster-wide grant of the namespaced rules.
     bindings = {(d["kind"], d["metadata"].get("namespace"), d["roleRef"]["name"]) for d in docs if "roleRef" in d}
     assert bindings == {

@@ -3,7 +3,7 @@ and a digest-pinned install names exactly what was pushed (issue 32).
 
 The registry is the local stack's CNCF distribution registry (devstack/cluster/go/registry, started by
 `loom dev up` on loopback, plain HTTP). The images pushed are small stand-ins that buildah builds here in under a
-second each (loom.e2e.stack_images.build_stand_ins): the real four take half an hour (images/README.md), and the
+second each (loom.e2e.stack_images.build_stand_ins): the real five take half an hour (images/README.md), and the
 push, the digests and the chart's references do not depend on what the layers hold. Every reference the chart
 renders is then looked up in the registry through its HTTP API v2, as a runtime pulling it would.
 """
@@ -122,7 +122,7 @@ def test_make_images_push_then_a_digest_pinned_install_resolves_in_the_registry(
     # The chart rendered with those values: every reference pinned, and each resolves to the image it should be.
     image, workload_env = rendered(cluster, "-f", str(tmp_path / "pushed-values.yaml"))
     references = [("operator", image)] + [(WORKLOAD_ENV[key], ref) for key, ref in sorted(workload_env.items())]
-    assert len(references) == 5  # the operator, trainer, server, router and features
+    assert len(references) == 6  # the operator, trainer, server, router, features and vllm
     for name, reference in references:
         assert reference.startswith(f"{target}/{name}@sha256:"), reference
         status, body = manifest(registry, reference)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ import yaml
 from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.pki import AGENT_NODE_NAME
 from loom.devstack.prometheus import PrometheusEndpoint
-from loom.e2e.exporter import exporter_pod, local_prometheus
+from loom.e2e.exporter import exporter_pod
 from loom.operator.autoscale.decision import MetricUnavailable, MetricValue
 from loom.operator.autoscale.prometheus import PrometheusClient
 from loom.operator.autoscale.promql import MetricKind, PodSelector, build_query
@@ -32,6 +31,15 @@ def _series(namespace: str) -> str:
         f"DCGM_FI_DEV_GPU_UTIL{{{gpu}}} 85\n"
         f"DCGM_FI_DEV_FB_USED{{{gpu}}} 3000\n"
         f"DCGM_FI_DEV_FB_FREE{{{gpu}}} 1000\n"
+        # What the vllm runtime's front exposes: vLLM's engine gauges passed through, and its own TTFT histogram
+        # (no stream in the window here: its rate is 0).
+        'vllm:num_requests_waiting{model_name="m",engine="0"} 4\n'
+        'vllm:num_requests_running{model_name="m",engine="0"} 8\n'
+        'vllm:kv_cache_usage_perc{model_name="m",engine="0"} 0.25\n'
+        'loom_llm_time_to_first_token_seconds_bucket{model="m",le="0.5"} 3\n'
+        'loom_llm_time_to_first_token_seconds_bucket{model="m",le="+Inf"} 3\n'
+        'loom_llm_time_to_first_token_seconds_count{model="m"} 3\n'
+        'loom_llm_time_to_first_token_seconds_sum{model="m"} 0.6\n'
     )
 
 
@@ -45,11 +53,6 @@ def _exporter_pod(namespace: str) -> dict[str, Any]:
         extra_ports=[{"name": "http", "containerPort": 8080}],
     )
 
-
-@pytest.fixture(scope="module")
-def prometheus(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusEndpoint]:
-    with local_prometheus(cluster, tmp_path_factory.mktemp("prometheus")) as endpoint:
-        yield endpoint
 
 
 async def _eventually(
@@ -89,6 +92,16 @@ async def test_prometheus_discovers_and_scrapes_annotated_pods(
         # No request counter yet: a scraped pod without it has served nothing (0), it is not "missing".
         rps = await client.observe(build_query("requests-per-second", exporter), now=time.time(), max_age_seconds=30)
         assert isinstance(rps, MetricValue) and rps.value == 0.0
+
+        # The vllm runtime's metrics, as its autoscaler reads them: requests waiting in the engine (what
+        # llm-waiting-requests scales on), KV-cache use in percent, and a TTFT p95 of 0 for a pod that streamed
+        # nothing in the window (idle, not missing).
+        waiting = await _eventually(client, "llm-waiting-requests", exporter, want=MetricValue)
+        assert isinstance(waiting, MetricValue) and (waiting.value, waiting.pods) == (4.0, 1), waiting
+        kv = await client.observe(build_query("llm-kv-cache-usage", exporter), now=time.time(), max_age_seconds=30)
+        assert isinstance(kv, MetricValue) and kv.value == 25.0, kv
+        ttft = await client.observe(build_query("llm-ttft-p95", exporter), now=time.time(), max_age_seconds=30)
+        assert isinstance(ttft, MetricValue) and ttft.value == 0.0, ttft
 
         # dcgm-exporter attribution through exported_pod / exported_namespace.
         util = await client.observe(build_query("gpu-utilization", chat), now=time.time(), max_age_seconds=30)

@@ -8,11 +8,15 @@ so Kopf's event loop never blocks.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import json
 import logging
 import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
@@ -21,6 +25,27 @@ from ..settings import FIELD_MANAGER
 from .model import Manifest as Manifest  # re-exported: the kube layer's callers use kube.Manifest
 
 log = logging.getLogger("loom.kube")
+
+# Every request has a deadline: without one a request the API server never answers holds its thread forever, and
+# the pass that made it can only be abandoned (by the runner's pass timeout), never finished. Reads of a few
+# hundred objects take well under a second; the read bound is for an API server under heavy load.
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 30.0
+# The calls run the sync client in worker threads that mostly wait on the API server. asyncio's default pool has
+# cores + 4 threads (6 on a 2-core node): passes for a dozen objects, each a chain of calls, then queue behind each
+# other; under load a pass spent its whole timeout waiting for threads, was abandoned before its status write, and
+# its object never showed a status (the operator-churn chaos test, in CI). A pool of its own, wide enough for the
+# passes that run at once.
+KUBE_THREADS = 32
+_threads = ThreadPoolExecutor(max_workers=KUBE_THREADS, thread_name_prefix="loom-kube")
+T = TypeVar("T")
+
+
+async def _in_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` in the kube pool, with this task's context (the object a log line names)."""
+    context = contextvars.copy_context()
+    call = functools.partial(context.run, fn, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(_threads, call)
 
 
 @dataclass(frozen=True)
@@ -138,6 +163,7 @@ def _call(
             auth_settings=["BearerToken"],
             _preload_content=False,
             _return_http_data_only=True,
+            _request_timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S),
         )
     except ApiException as exc:
         if exc.status == 404:
@@ -209,7 +235,7 @@ async def apply(manifest: Manifest, *, subresource: str | None = None, force: bo
             raise OwnerGone(f"{owner['kind']} {meta.get('namespace')}/{owner['name']} uid {owner['uid']}")
         return _call("PATCH", path, body=body, query=query, content_type=APPLY_CONTENT_TYPE)
 
-    result = await asyncio.to_thread(check_and_apply)
+    result = await _in_thread(check_and_apply)
     assert result is not None
     return result
 
@@ -217,7 +243,7 @@ async def apply(manifest: Manifest, *, subresource: str | None = None, force: bo
 async def get(api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
     """The object, or None when it does not exist."""
     try:
-        return await asyncio.to_thread(_call, "GET", resource(api_version, kind).path(namespace, name))
+        return await _in_thread(_call, "GET", resource(api_version, kind).path(namespace, name))
     except NotFound:
         return None
 
@@ -226,7 +252,7 @@ async def list_objects(
     api_version: str, kind: str, namespace: str | None, label_selector: str | None = None
 ) -> list[Manifest]:
     query = [("labelSelector", label_selector)] if label_selector else []
-    result = await asyncio.to_thread(_call, "GET", resource(api_version, kind).path(namespace), query=query)
+    result = await _in_thread(_call, "GET", resource(api_version, kind).path(namespace), query=query)
     return list((result or {}).get("items", []))
 
 
@@ -246,7 +272,7 @@ async def delete(
     if uid:
         body["preconditions"] = {"uid": uid}
     try:
-        await asyncio.to_thread(_call, "DELETE", resource(api_version, kind).path(namespace, name), body=body)
+        await _in_thread(_call, "DELETE", resource(api_version, kind).path(namespace, name), body=body)
     except (NotFound, Conflict):
         return False
     return True
@@ -255,7 +281,7 @@ async def delete(
 async def patch_status(api_version: str, kind: str, namespace: str, name: str, status: Manifest) -> None:
     """Merge-patch the status subresource (used outside Kopf handlers, e.g. by background daemons)."""
     path = resource(api_version, kind).path(namespace, name, "status")
-    await asyncio.to_thread(
+    await _in_thread(
         _call, "PATCH", path, body={"status": status}, content_type="application/merge-patch+json"
     )
 
@@ -273,7 +299,7 @@ async def merge_patch(
     """Merge-patch the object or one of its subresources (scale, status). A metadata.resourceVersion in `body`
     makes it conditional: Conflict when the object changed since it was read."""
     path = resource(api_version, kind).path(namespace, name, subresource)
-    result = await asyncio.to_thread(
+    result = await _in_thread(
         _call,
         "PATCH",
         path,

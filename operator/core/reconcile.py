@@ -152,5 +152,9 @@ async def write_status(kind: str, body: Manifest, status: StatusBase, events: Se
     patch = status_patch(dict(body.get("status") or {}), status.to_wire())
     meta = body["metadata"]
     if patch is not None:
-        await kube.patch_status(API_VERSION, kind, meta["namespace"], meta["name"], patch)
+        try:
+            await kube.patch_status(API_VERSION, kind, meta["namespace"], meta["name"], patch)
+        except kube.NotFound as gone:
+            # Deleted while the pass ran: nothing to report on, and nothing wrong (the runner ends the pass quietly).
+            raise kube.OwnerGone(f"{kind} {meta['namespace']}/{meta['name']}") from gone
     post_events(body, events)

@@ -116,6 +116,62 @@ def test_base_environment_puts_the_project_programs_first() -> None:
     assert env["LD_PRELOAD"] == "/state/shim.so"
 
 
+@pytest.mark.parametrize(
+    ("image", "name"),
+    [
+        ("localhost/loom/vllm:0.1.0", "vllm"),
+        ("registry.example.com:5000/ml/vllm@sha256:" + "a" * 64, "vllm"),
+        ("registry.example.com/ml/vllm:1@sha256:" + "a" * 64, "vllm"),
+        ("vllm", "vllm"),
+        ("localhost/loom/server:0.1.0", "server"),
+        ("localhost:5000/vllm-tools:1", "vllm-tools"),
+    ],
+)
+def test_image_repository_name(image: str, name: str) -> None:
+    assert plan.image_repository_name(image) == name
+
+
+def test_a_mapped_image_runs_from_its_own_environment(tmp_path: Path) -> None:
+    vllm_bin = tmp_path / ".venv-vllm" / "bin"
+    vllm_bin.mkdir(parents=True)
+    mapping = {"vllm": str(vllm_bin)}
+    assert plan.environment_for("localhost/loom/vllm:0.1.0", mapping, "/venv/bin") == str(vllm_bin)
+    assert plan.environment_for("localhost/loom/server:0.1.0", mapping, "/venv/bin") == "/venv/bin"
+    assert plan.environment_for("", mapping, "/venv/bin") == "/venv/bin"
+    # A mapped environment that is not there: the container cannot be created, and the message says what to build.
+    with pytest.raises(ConfigError) as missing:
+        plan.environment_for("localhost/loom/vllm:0.1.0", {"vllm": str(tmp_path / "nothing")}, "/venv/bin")
+    assert missing.value.reason == "CreateContainerError" and "make venv-vllm" in missing.value.message
+
+
+def test_the_agent_reads_image_environments_from_its_flags() -> None:
+    from loom.devstack.agent.__main__ import image_environments, parse_args
+
+    args = parse_args(["--kubeconfig", "k", "--state-dir", "s", "--image-env", "vllm=/x/.venv-vllm/bin"])
+    assert image_environments(args.image_env) == (("vllm", "/x/.venv-vllm/bin"),)
+    with pytest.raises(SystemExit):
+        image_environments(["vllm"])
+
+
+def test_the_stack_maps_the_vllm_image_to_the_checkouts_vllm_environment() -> None:
+    from loom.devstack.cluster.components import node_agent
+    from loom.devstack.cluster.paths import REPO_ROOT
+
+    class _Pki:
+        def cert(self, name: str) -> str:
+            return f"{name}.crt"
+
+        def key(self, name: str) -> str:
+            return f"{name}.key"
+
+    class _Ports:
+        kubelet = 10250
+
+    agent = node_agent(_Pki(), _Ports(), 0)  # type: ignore[arg-type]
+    assert agent is not None
+    assert f"--image-env=vllm={REPO_ROOT / '.venv-vllm' / 'bin'}" in agent.argv
+
+
 def test_volumes_hold_the_right_files_with_modes(tmp_path: Path) -> None:
     pod = {
         **POD,

@@ -95,9 +95,8 @@ def test_no_image_is_a_default_and_an_unqualified_one_is_refused() -> None:
     for registry in ("loom", "loom/images", "https://registry.example.com/loom", "registry.example.com/Loom/"):
         assert errors({"registry": registry}), registry
     assert errors({"repository": "registry.example.com/loom/operator"})  # the workload images would have none
-    named = {
-        name: {"repository": f"registry.example.com/ml/{name}"} for name in ("trainer", "server", "router", "features")
-    }
+    workloads = ("trainer", "server", "router", "features", "vllm")
+    named = {name: {"repository": f"registry.example.com/ml/{name}"} for name in workloads}
     assert errors({"repository": "registry.example.com/loom/operator"}, named) == []
     assert errors({"repository": "registry.example.com/loom/operator"}, {**named, "trainer": {"repository": "loom/t"}})
     assert errors({"registry": "a.io/loom", "digest": "sha256:" + "0" * 64}) == []

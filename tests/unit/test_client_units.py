@@ -331,3 +331,22 @@ def test_the_client_takes_the_kubeconfig_context_and_its_namespace_as_kubectl_do
     other = Client(context="b")
     assert other.namespace == "default" and other.connection.api.configuration.host == "https://10.0.0.2:6443"
     assert Client(context="b", namespace="x").namespace == "x"
+
+
+def test_a_port_forward_the_node_refuses_is_named_before_any_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from loom.client import PortForward, PortForwardRefused
+
+    forward = PortForward(SimpleNamespace(namespace="team-a"))  # type: ignore[arg-type]
+    monkeypatch.setattr(forward, "_pod_and_port", lambda target: ("bot-7d9-x2", 8080))
+
+    def refused(namespace: str, pod: str, port: int) -> Any:
+        raise AttributeError("'NoneType' object has no attribute 'decode'")  # what the kubernetes client raises
+
+    monkeypatch.setattr(forward, "_pod_socket", refused)
+    with pytest.raises(PortForwardRefused) as caught, forward.open("http://bot.team-a.svc/v2/health/ready"):
+        pass
+    message = str(caught.value)
+    assert message.startswith("cannot port-forward to pod team-a/bot-7d9-x2 port 8080 for Service bot: ")
+    assert "the pod's node did not open the forward" in message and "access=Direct(...)" in message

@@ -46,8 +46,8 @@ def module_file(module: str) -> Path | None:
 
 
 def test_there_is_an_image_for_every_image_setting_of_the_operator() -> None:
-    # trainer_image, server_image (router_image is the server image too), features_image, and the operator.
-    assert {p.stem for p in DOCKERFILES} == {"operator", "server", "trainer", "features"}
+    # trainer_image, server_image (router_image is the server image too), features_image, vllm_image, the operator.
+    assert {p.stem for p in DOCKERFILES} == {"operator", "server", "trainer", "features", "vllm"}
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.stem)

@@ -47,6 +47,7 @@ def test_the_values_pin_every_image_and_pass_the_charts_schema() -> None:
             "server": {"digest": DIGESTS["server"]},
             "router": {"digest": DIGESTS["server"]},  # the InferenceGraph router runs the server image
             "features": {"digest": DIGESTS["features"]},
+            "vllm": {"digest": DIGESTS["vllm"]},
         },
     }
     chart: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())

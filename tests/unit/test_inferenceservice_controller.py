@@ -361,6 +361,21 @@ async def test_every_pod_runs_the_server_image_the_operator_was_given(api: FakeA
     assert set().union(*map(pod_images, deployments)) == {DISTINCT_IMAGE_SETTINGS["server_image"]}
 
 
+async def test_runtime_vllm_pods_run_the_vllm_image_the_operator_was_given(api: FakeApi) -> None:
+    """LOOM_VLLM_IMAGE (the chart's <image.registry>/vllm) is what a runtime vllm service's pods run, fetch step
+    included; the server image is not used for them."""
+    settings = OperatorSettings(**DISTINCT_IMAGE_SETTINGS)
+    put_isvc(api, {**spec("v1"), "handler": "auto", "runtime": "vllm"})
+    await controller.reconcile("ml", "gpt", settings)
+    deployments = [o for (_, kind, _, _), o in api.objects.items() if kind == "Deployment"]
+    assert len(deployments) == 1
+    assert pod_images(deployments[0]) == {DISTINCT_IMAGE_SETTINGS["vllm_image"]}
+    # Status names the OpenAI base URL (the Service's /v1) for vllm only.
+    assert api.isvc()["status"]["openaiBaseUrl"] == "http://gpt.ml.svc/v1"
+    put_isvc(api, spec("v1"))
+    assert "openaiBaseUrl" not in await reconcile(api)
+
+
 async def test_the_activators_pods_come_from_the_pod_watch_cache_only_when_it_runs(api: FakeApi) -> None:
     """At zero the activator answers for the service: its pods (for why one cannot start) are read from the pod
     index handed in, never LISTed, and only when the service scales to zero through it."""

@@ -121,3 +121,48 @@ def test_annotation_round_trip_and_garbage() -> None:
     assert ModelRef.from_annotation(None) is None
     assert ModelRef.from_annotation("{not json") is None
     assert ModelRef.from_annotation('{"storageUri": 3}') is None
+
+
+def hf_job(phase: str, export_format: str | None = "huggingface") -> dict[str, Any]:
+    job = training_job(phase, "s3://ckpt/train/step-30/", 30)
+    if export_format is not None:
+        job["spec"]["checkpoint"]["exportFormat"] = export_format
+    return job
+
+
+@pytest.mark.parametrize("checkpoint", ["final", "latest"])
+def test_runtime_vllm_serves_the_jobs_hugging_face_export(checkpoint: str) -> None:
+    spec = source(fromTrainingJob={"name": "train", "checkpoint": checkpoint})
+    ref = resolve_model(spec, "noop", hf_job("Succeeded"), runtime="vllm")
+    assert (ref.storage_uri, ref.version, ref.endpoint) == ("s3://ckpt/train/final", "final-step-30", "http://s3:9000")
+    # A running job's sharded checkpoint is no Hugging Face folder: vllm waits for the export, even with latest.
+    with pytest.raises(ResolveError) as caught:
+        resolve_model(spec, "noop", hf_job("Running"), runtime="vllm")
+    assert caught.value.reason == "WaitingForTrainingJob" and caught.value.transient
+    assert "final Hugging Face export" in caught.value.message
+
+
+@pytest.mark.parametrize("export_format", [None, "loom"])
+def test_runtime_vllm_refuses_a_job_without_a_hugging_face_export(export_format: str | None) -> None:
+    job = hf_job("Succeeded", export_format)
+    with pytest.raises(ResolveError) as caught:
+        resolve_model(source(fromTrainingJob={"name": "train"}), "noop", job, runtime="vllm")
+    error = caught.value
+    assert error.reason == "NoHuggingFaceExport" and not error.transient
+    assert "TrainingJob train exports loom" in error.message and "exportFormat: huggingface" in error.message
+    # The default runtime serves the same job's loom export as before.
+    assert resolve_model(source(fromTrainingJob={"name": "train"}), "chargpt", job).storage_uri == "s3://ckpt/train/final"
+
+
+def test_runtime_vllm_needs_the_job_and_its_checkpoint_store() -> None:
+    with pytest.raises(ResolveError) as missing:
+        resolve_model(source(fromTrainingJob={"name": "train"}), "noop", None, runtime="vllm")
+    assert missing.value.reason == "TrainingJobNotFound"
+    job = hf_job("Succeeded")
+    del job["spec"]["checkpoint"]
+    with pytest.raises(ResolveError) as storeless:
+        resolve_model(source(fromTrainingJob={"name": "train"}), "noop", job, runtime="vllm")
+    assert storeless.value.reason == "NoCheckpointStore" and not storeless.value.transient
+    with pytest.raises(ResolveError) as failed:
+        resolve_model(source(fromTrainingJob={"name": "train"}), "noop", hf_job("Failed"), runtime="vllm")
+    assert failed.value.reason == "TrainingJobFailed"

@@ -14,12 +14,12 @@ from loom.operator.autoscale.promql import METRIC_KINDS, PodSelector, build_quer
 from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
 from loom.operator.kinds.inferenceservice.model import resolve_model
 from loom.operator.kinds.inferenceservice.render import CONFIG_HASH_ANNOTATION, render_deployment
-from loom.operator.kinds.inferenceservice.vllm_render import DEFAULT_VLLM_IMAGE
 from loom.workloads.llm.__main__ import resolve_model_folder
 from loom.workloads.llm.config import LlmServerConfig
 from loom.workloads.server.fetch import MARKER
 
-IMAGE = "loom/server:test"
+IMAGE = "localhost/loom/server:test"
+VLLM_IMAGE = "localhost/loom/vllm:test"
 BASE: dict[str, Any] = {"model": {"uri": "s3://models/llama/v1", "endpoint": "http://s3:9000", "name": "llama"}}
 
 
@@ -28,7 +28,8 @@ def render(spec_wire: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
              "metadata": {"name": "chat", "namespace": "ml", "uid": "u"}, "spec": spec_wire}
     spec = InferenceServiceSpec.model_validate(spec_wire)
     result: tuple[dict[str, Any], dict[str, Any]] = render_deployment(
-        owner, spec, "stable", resolve_model(spec.model, spec.serving_handler), 1, IMAGE)
+        owner, spec, "stable", resolve_model(spec.model, spec.serving_handler), 1, IMAGE,
+        vllm_image=VLLM_IMAGE)
     return result
 
 
@@ -46,9 +47,9 @@ def test_the_vllm_pod_runs_the_openai_front_with_its_config_and_the_vllm_image()
     container = server(deployment)
     assert container["command"][:5] == ["python", "-m", "loom.workloads.llm", "--config", "/etc/loom/llm.json"]
     assert "--drain-seconds" in container["command"]  # the same SIGTERM drain as the default runtime
-    assert container["image"] == DEFAULT_VLLM_IMAGE
+    assert container["image"] == VLLM_IMAGE
     init = deployment["spec"]["template"]["spec"]["initContainers"][0]
-    assert init["command"][2] == "loom.workloads.server.fetch" and init["image"] == DEFAULT_VLLM_IMAGE
+    assert init["command"][2] == "loom.workloads.server.fetch" and init["image"] == VLLM_IMAGE
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
     llm = LlmServerConfig.model_validate_json(config_map["data"]["llm.json"])
     assert llm.model_name == "llama" and llm.port == 8080 and llm.model_dir == "/models"
@@ -129,3 +130,5 @@ def test_the_crds_cel_rules_for_runtime_vllm() -> None:
     assert len(failing) == 2
     ok = {"self": {"extraArgs": ["--swap-space=4", "--disable-log-stats", "--hostname-x"]}}
     assert all(p.execute(ok) for p in vllm_rules.values())
+    # A spec.vllm without extraArgs (the API server fills no default for it): every rule holds, none errors.
+    assert all(p.execute({"self": {"maxModelLen": 256}}) is True for p in vllm_rules.values())

@@ -120,7 +120,8 @@ async def test_no_deletion_gets_between_the_owner_check_and_the_apply_while_thre
     its owner queued for a thread again before its PATCH, long enough for the owner's deletion and the garbage
     collector to come in between. Here: one worker thread, and a deletion queued while the owner check runs."""
     loop = asyncio.get_running_loop()
-    loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+    scarce = ThreadPoolExecutor(max_workers=1)
+    monkeypatch.setattr(client, "_threads", scarce)
     checking, deletion_queued = threading.Event(), threading.Event()
 
     def call(method: str, path: str, **kw: Any) -> Any:
@@ -139,10 +140,33 @@ async def test_no_deletion_gets_between_the_owner_check_and_the_apply_while_thre
     applying = asyncio.ensure_future(kube.apply(child("bot-config")))
     while not checking.is_set():  # the owner check holds the only worker thread
         await asyncio.sleep(0.01)
-    deleting = loop.run_in_executor(None, delete_owner_and_children)
+    deleting = loop.run_in_executor(scarce, delete_owner_and_children)
     deletion_queued.set()
     await applying
     await deleting
     # The child was applied before the deletion (and collected with its owner), never after it.
     assert server.calls[-1] == ("DELETE", OWNER_PATH), server.calls
     assert "/api/v1/namespaces/ml/configmaps/bot-config" not in server.objects
+
+
+async def test_a_pass_whose_object_is_gone_at_its_status_write_ends_quietly(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from loom.operator.core.reconcile import write_status
+    from loom.operator.kinds.inferenceservice.api import InferenceServiceStatus
+
+    async def gone(api_version: str, kind: str, namespace: str, name: str, patch: Any) -> None:
+        raise client.NotFound(f"/apis/loom.dev/v1alpha1/namespaces/{namespace}/inferenceservices/{name}/status")
+
+    monkeypatch.setattr(client, "patch_status", gone)
+    body = {**OWNER, "metadata": {"name": "bot", "namespace": "ml", "uid": "u1"}}
+
+    async def one_pass(namespace: str, name: str) -> None:
+        await write_status("InferenceService", body, InferenceServiceStatus(phase="Pending"), [])
+
+    runner = Runner("InferenceService", one_pass, interval_s=3600, timeout_s=30)
+    with caplog.at_level(logging.DEBUG, logger="loom.operator.runner"):
+        await runner.trigger("ml", "bot")
+    runner_lines = [r for r in caplog.records if r.name == "loom.operator.runner"]
+    assert [r.levelno for r in runner_lines] == [logging.INFO]  # no ERROR with a traceback for a deletion
+    assert "deleted during its pass" in runner_lines[0].getMessage()

@@ -130,7 +130,7 @@ def test_every_value_the_commands_set_exists_and_passes_the_schema() -> None:
 def test_the_push_writes_what_pins_every_image_by_digest() -> None:
     values = pushed_values(readme_commands()[0])
     assert values["image"]["registry"] == "registry.example.com/loom" and values["image"]["digest"]
-    assert set(values["workloadImages"]) == {"trainer", "server", "router", "features"}
+    assert set(values["workloadImages"]) == {"trainer", "server", "router", "features", "vllm"}
     assert values["workloadImages"]["router"] == values["workloadImages"]["server"]  # the router is the server image
 
 

@@ -37,6 +37,7 @@ from .openai_protocol import (
     Kind,
     LlmRequest,
     OpenAIError,
+    body_limit_error,
     chunk_text,
     completion_to_generate,
     engine_error,
@@ -294,7 +295,8 @@ def build_app(config: LlmServerConfig, engine: VllmEngine | None = None, drain: 
         routes=routes.table(), lifespan=lifespan,
         middleware=[
             Middleware(CloseWhileDraining, drain=drain), guard,
-            Middleware(BodyLimit, max_bytes=config.max_request_bytes, timeout_s=config.request_body_timeout_s),
+            Middleware(BodyLimit, max_bytes=config.max_request_bytes, timeout_s=config.request_body_timeout_s,
+                       error_body=body_limit_error),
         ],
         exception_handlers={404: _not_found, 405: _not_allowed},
     )

@@ -6,21 +6,17 @@ Refusals are OpenAI-shaped. Probes and /metrics are exempt, as on the model serv
 
 from __future__ import annotations
 
-import json
-import logging
 import time
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from loom.workloads.server.callers import caller_of, guarded, send_json
 from loom.workloads.server.config import RateLimitConfig
-from loom.workloads.server.flow import ANONYMOUS, ApiKeys, RateLimiter, presented_key, retry_after_header
+from loom.workloads.server.flow import ApiKeys, RateLimiter, retry_after_header
 
 from .budget import TokenBudget
 from .metrics import LlmMetrics
 from .openai_protocol import OpenAIError
-
-log = logging.getLogger(__name__)
-EXEMPT_PREFIXES = ("/v2/health/", "/metrics")
 
 
 def per_minute_limiter(requests_per_minute: int) -> RateLimiter:
@@ -34,23 +30,15 @@ class LlmGuard:
         self.app, self.keys, self.requests, self.tokens, self.metrics = app, keys, requests, tokens, metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"].startswith(EXEMPT_PREFIXES):
+        if not guarded(scope):
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        caller = ANONYMOUS
-        if self.keys.enabled:
-            key = presented_key(headers.get("authorization"), headers.get("x-api-key"))
-            checked = self.keys.check(key)
-            if checked is None:
-                log.info("refused request to %s: %s", scope["path"], "no API key" if key is None else "bad API key")
-                message = "a valid API key is required (Authorization: Bearer <key>)"
-                challenge = {"www-authenticate": "Bearer"}
-                await self._reject(send, OpenAIError(401, message, "invalid_api_key", headers=challenge))
-                return
-            caller = checked
-        elif scope.get("client"):
-            caller = f"client-{scope['client'][0]}"
+        caller = caller_of(scope, self.keys)
+        if caller is None:
+            message = "a valid API key is required (Authorization: Bearer <key>)"
+            challenge = {"www-authenticate": "Bearer"}
+            await self._reject(send, OpenAIError(401, message, "invalid_api_key", headers=challenge))
+            return
         if self.requests is not None:
             wait = self.requests.hit(caller)
             if wait is not None:
@@ -66,11 +54,7 @@ class LlmGuard:
 
     async def _reject(self, send: Send, error: OpenAIError) -> None:
         self.metrics.answered("refused", error.status)
-        body = json.dumps(error.body()).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        headers += [(k.encode(), v.encode()) for k, v in error.headers.items()]
-        await send({"type": "http.response.start", "status": error.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send_json(send, error.status, error.body(), error.headers)
 
 
 def _limited(budget: str, wait: float) -> OpenAIError:

@@ -45,6 +45,17 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+# Codes of the refusals the shared body limit answers before any route runs (loom.workloads.common.body_limit).
+_BODY_LIMIT_CODES = {400: "invalid_content_length", 408: "request_body_timeout", 413: "request_too_large"}
+
+
+def body_limit_error(status: int, message: str) -> bytes:
+    """The body limit's refusals (413 too large, 408 too slow, 400 a bad Content-Length) in OpenAI's error shape,
+    as every other answer of the front."""
+    error = OpenAIError(status, message, _BODY_LIMIT_CODES.get(status, "invalid_request"))
+    return json.dumps(error.body()).encode()
+
+
 def invalid(message: str, param: str | None = None, code: str | None = "invalid_value") -> OpenAIError:
     return OpenAIError(400, message, code, param)
 

@@ -76,7 +76,7 @@ async def _resolve(
         # The job's checkpoints are where it wrote them: with the operator's S3 defaults where it names none.
         job = training_job_manifest(job, defaults) if job is not None else None
     try:
-        return resolve_model(spec.model, spec.serving_handler, job, alias_version), None
+        return resolve_model(spec.model, spec.serving_handler, job, spec.runtime, alias_version), None
     except ResolveError as err:
         return None, err
 
@@ -98,10 +98,11 @@ async def _apply_track(
     ref: ModelRef,
     replicas: int,
     image: str,
+    vllm_image: str,
     features: EnrichmentConfig | None = None,
     weight: int | None = None,
 ) -> Manifest:
-    config_map, deployment = render_deployment(owner, spec, track, ref, replicas, image, features)
+    config_map, deployment = render_deployment(owner, spec, track, ref, replicas, image, features, vllm_image)
     if weight is not None:  # the analysis' step this canary runs: its pause counts once this rolled out
         deployment["metadata"].setdefault("annotations", {})[WEIGHT_ANNOTATION] = str(weight)
     await kube.apply(config_map)  # before the Deployment: new pods must find their config
@@ -272,6 +273,7 @@ class ServiceReconciler:
             resolve_error=observed.resolve_error,
             invalid=plan.invalid,
             activator_problem=find_problem(observed.activator_pods),
+            runtime=ctx.spec.spec.runtime if ctx.spec is not None else "default",
         )
         status, events = compute_status(ctx.owner, seen, previous)
         status.endpoint_defaults = ctx.spec.status_field() if ctx.spec is not None else None
@@ -313,11 +315,14 @@ async def _apply(
     assert plan.stable_ref is not None
     # The Service, selecting the scale-to-zero activator while no replica is Ready (and the activator itself).
     await apply_routing(owner, spec, plan, stable, canary, settings)
-    stable = await _apply_track(owner, spec, "stable", plan.stable_ref, plan.stable_replicas, image, features)
+    stable = await _apply_track(
+        owner, spec, "stable", plan.stable_ref, plan.stable_replicas, image, settings.vllm_image, features
+    )
     if plan.canary_action == "apply":
         assert plan.canary_ref is not None
         canary = await _apply_track(
-            owner, spec, "canary", plan.canary_ref, plan.canary_replicas, image, features, canary_weight
+            owner, spec, "canary", plan.canary_ref, plan.canary_replicas, image, settings.vllm_image, features,
+            canary_weight,
         )
     elif plan.canary_action == "keep":
         # Judge the stable track as it is after this apply: a no-op apply may show it already rolled out.

@@ -91,10 +91,15 @@ def resolve_handler(handler: str, kind: StorageKind | Literal["trainingjob"]) ->
 
 
 def resolve_model(
-    source: ModelSource, handler: str, training_job: dict[str, Any] | None = None, alias_version: str | None = None
+    source: ModelSource,
+    handler: str,
+    training_job: dict[str, Any] | None = None,
+    runtime: str = "default",
+    alias_version: str | None = None,
 ) -> ModelRef:
     """The concrete model the spec asks for. `training_job` is the referenced TrainingJob (None: not found);
-    `alias_version` the version a models:/name@alias source's alias points to now (the operator follows it)."""
+    runtime vllm serves a TrainingJob's Hugging Face export only; `alias_version` the version a models:/name@alias
+    source's alias points to now (the operator follows it)."""
     if source.uri is not None:
         return ModelRef(
             storage_uri=source.uri,
@@ -121,6 +126,8 @@ def resolve_model(
             secret_ref=source.secret_ref,
         )
     if source.from_training_job is not None:
+        if runtime == "vllm":
+            _check_hugging_face_export(source, training_job)
         return _from_training_job(source, handler, training_job)
     raise ResolveError("InvalidModel", "set one of model.uri, model.mlflow or model.fromTrainingJob", transient=False)
 
@@ -129,6 +136,38 @@ def final_export_uri(job: dict[str, Any]) -> str | None:
     """Where the trainer exports the final model (full weights + config.json): <checkpoint.uri>/final."""
     uri = ((job.get("spec") or {}).get("checkpoint") or {}).get("uri")
     return f"{str(uri).rstrip('/')}/final" if uri else None
+
+
+def _check_hugging_face_export(source: ModelSource, job: dict[str, Any] | None) -> None:
+    """runtime vllm loads a Hugging Face-format folder: the job's final export in that format, nothing else (its
+    sharded training checkpoints are no such folder, so `checkpoint: latest` waits for the final export too)."""
+    ref = source.from_training_job
+    assert ref is not None
+    if job is None:
+        raise ResolveError("TrainingJobNotFound", f"TrainingJob {ref.name} does not exist in this namespace")
+    job_checkpoint = (job.get("spec") or {}).get("checkpoint") or {}
+    if not job_checkpoint.get("uri"):
+        raise ResolveError(
+            "NoCheckpointStore", f"TrainingJob {ref.name} has no spec.checkpoint: it exports no model", transient=False
+        )
+    export_format = job_checkpoint.get("exportFormat", "loom")
+    if export_format != "huggingface":
+        raise ResolveError(
+            "NoHuggingFaceExport",
+            f"runtime vllm serves a Hugging Face-format folder, but TrainingJob {ref.name} exports {export_format} "
+            "(set its spec.checkpoint.exportFormat: huggingface, with a task that writes one, such as "
+            "loom.workloads.trainer.examples.llama)",
+            transient=False,
+        )
+    phase = (job.get("status") or {}).get("phase")
+    if phase == "Failed":
+        raise ResolveError("TrainingJobFailed", f"TrainingJob {ref.name} failed: it has no final model")
+    if phase != "Succeeded":
+        raise ResolveError(
+            "WaitingForTrainingJob",
+            f"TrainingJob {ref.name} is {phase or 'Pending'}; runtime vllm waits for its final Hugging Face export "
+            "(training checkpoints are not Hugging Face folders)",
+        )
 
 
 def _from_training_job(source: ModelSource, handler: str, job: dict[str, Any] | None) -> ModelRef:

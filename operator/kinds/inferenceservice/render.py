@@ -344,8 +344,10 @@ def render_deployment(
     replicas: int,
     image: str,
     features: EnrichmentConfig | None = None,
+    vllm_image: str | None = None,
 ) -> tuple[Manifest, Manifest]:
-    """The track's (ConfigMap, Deployment); the Deployment records its model ref for later reconciles."""
+    """The track's (ConfigMap, Deployment); the Deployment records its model ref for later reconciles. `image` is the
+    server image, `vllm_image` the image of runtime vllm (the operator's settings give both)."""
     name = owner["metadata"]["name"]
     config = server_config(owner, spec, ref, features)
     config_map = render_config_map(owner, track, config)
@@ -372,4 +374,8 @@ def render_deployment(
         },
     }
     # runtime vllm: the same Deployment with the OpenAI front over vLLM in the server container
-    return apply_vllm_runtime(spec, config_map, deployment, config, CONFIG_DIR, CONFIG_HASH_ANNOTATION)
+    if spec.runtime == "vllm" and vllm_image is None and spec.image is None:
+        raise ValueError("runtime vllm needs the operator's vllm image")  # a caller's bug: settings always have one
+    return apply_vllm_runtime(
+        spec, config_map, deployment, config, CONFIG_DIR, CONFIG_HASH_ANNOTATION, vllm_image or image
+    )

@@ -43,6 +43,7 @@ class Observed:
     resolve_error: ResolveError | None = None
     invalid: str | None = None  # an InvalidSpec message
     activator_problem: PodProblem | None = None  # why the scale-to-zero activator's pod cannot start
+    runtime: str = "default"  # spec.runtime (the owner view carries no spec): vllm has an OpenAI base URL
 
 
 def _replicas(deployment: Manifest | None, field: str) -> int:
@@ -216,7 +217,7 @@ def compute_status(
         conditions=conditions,
         phase=_phase(observed, model_loaded, rolled, ready_cond, ready, wanted),
         url=service_url(owner),
-        openai_base_url=openai_base_url(service_url(owner)) if owner.get("spec", {}).get("runtime") == "vllm" else None,
+        openai_base_url=openai_base_url(service_url(owner)) if observed.runtime == "vllm" else None,
         replicas=running,
         ready_replicas=ready,
         selector=selector_string(owner),

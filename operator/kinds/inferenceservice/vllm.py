@@ -22,9 +22,10 @@ class VllmSpec(ApiModel):
     """vLLM engine options and the front's per-key LLM limits."""
 
     model_config = validations(
-        cel("self.extraArgs.all(a, a.matches('^--[a-z0-9][a-z0-9-]*(=.*)?$'))",
+        # has(): the API server applies no default for a list the user left out, so the field may be absent.
+        cel("!has(self.extraArgs) || self.extraArgs.all(a, a.matches('^--[a-z0-9][a-z0-9-]*(=.*)?$'))",
             "each extraArgs entry must be '--flag' or '--flag=value'", field_path=".extraArgs"),
-        cel(f"!self.extraArgs.exists(a, a.matches('{_RESERVED_RE}'))",
+        cel(f"!has(self.extraArgs) || !self.extraArgs.exists(a, a.matches('{_RESERVED_RE}'))",
             "extraArgs may not set " + ", ".join(RESERVED_FLAGS) + ": Loom sets them", field_path=".extraArgs"),
     )
 

@@ -5,7 +5,7 @@ What stays as it is: the fetch init container (it fetches the Hugging Face-forma
 the MLflow registry or a TrainingJob's export, reading the ServerConfig in server.json), the Service, probes
 (the front answers /v2/health/*), the preStop sleep and drain, canaries, the activator and autoscaling.
 What changes: a second config file, llm.json (loom.workloads.llm.config.LlmServerConfig), the server container's
-command, its default image (the one with vLLM), and the pod template's config hash (both files).
+command, the image (the operator's vllm image, with vLLM), and the pod template's config hash (both files).
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from .api import InferenceServiceSpec
 from .vllm import VllmSpec
 
 LLM_CONFIG_FILE = "llm.json"
-# The image with vLLM and Loom's workloads (images/vllm); the operator's settings.vllmImage when set.
-DEFAULT_VLLM_IMAGE = "loom/vllm:0.1.0"
 ENGINE_PORT = 8081
 # vLLM loads and (on GPU) compiles before it answers: minutes for a large model. The startup probe allows 20.
 STARTUP_FAILURES = 600
@@ -53,9 +51,11 @@ def llm_config(spec: InferenceServiceSpec, server: ServerConfig) -> LlmServerCon
 
 def apply_vllm_runtime(
     spec: InferenceServiceSpec, config_map: Manifest, deployment: Manifest, server: ServerConfig,
-    config_dir: str, hash_annotation: str, image: str = DEFAULT_VLLM_IMAGE,
+    config_dir: str, hash_annotation: str, image: str,
 ) -> tuple[Manifest, Manifest]:
-    """The default runtime's (ConfigMap, Deployment) turned into the vllm runtime's; unchanged for other runtimes."""
+    """The default runtime's (ConfigMap, Deployment) turned into the vllm runtime's; unchanged for other runtimes.
+    `image` is the operator's vllm image (settings.vllm_image: vLLM and Loom's workloads, images/vllm.Dockerfile),
+    which both containers run unless spec.image names another."""
     if spec.runtime != "vllm":
         return config_map, deployment
     config_map, deployment = copy.deepcopy(config_map), copy.deepcopy(deployment)
