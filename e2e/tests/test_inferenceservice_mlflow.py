@@ -1,6 +1,7 @@
 """An InferenceService serving a model from the real MLflow registry (artifacts in the real S3 server) by alias:
-the pod gets the tracking URI, the S3 endpoint and the credentials Secret by reference; the fetch step resolves
-the alias and the server reports the resolved version.
+the pod gets the tracking URI, the S3 endpoint and the credentials Secret by reference; the operator resolves the
+alias to a version (status.alias) and pins the served model to it, and the server reports that version. When the
+alias moves, the service rolls out the new version and status says why.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def test_serves_an_mlflow_registry_alias(
                 "trackingUri": mlflow.url,
                 "endpoint": s3.url,
                 "secretRef": {"name": "s3-credentials"},
+                "aliasPollSeconds": 5,  # the test waits for the move; the default is 30 s
             },
             "handler": "auto",  # an MLflow source means an MLflow pyfunc handler
             "replicas": 1,
@@ -98,8 +100,9 @@ def test_serves_an_mlflow_registry_alias(
         pods = cluster.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False).stdout
         raise AssertionError(f"{error}\n{pods}\n{loom_operator.log_tail()}") from None
 
-    # The alias is resolved by the fetch step: status names the source, the server the resolved version.
-    assert obj["status"]["modelVersion"] == f"models:/{model}@champion"
+    # The operator resolved the alias: status names the version and where the alias pointed.
+    assert obj["status"]["modelVersion"] == "1"
+    assert (obj["status"]["alias"]["alias"], obj["status"]["alias"]["version"]) == ("champion", "1")
     deployment = json.loads(cluster.kubectl("get", "deployment", "affine", "-n", ns, "-o", "json").stdout)
     env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["MLFLOW_TRACKING_URI"]["value"] == mlflow.url
@@ -116,3 +119,25 @@ def test_serves_an_mlflow_registry_alias(
     answer = response.json()
     assert answer["model_version"] == "1"
     assert answer["outputs"][0]["data"] == [3.0, 6.0]
+
+    # The alias moves (as a person or a pipeline would move it): the service rolls out version 2 by itself.
+    importlib.import_module("mlflow.tracking").MlflowClient().set_registered_model_alias(model, "champion", "2")
+
+    def moved() -> dict[str, Any] | None:
+        obj = ready()
+        rolled = {c["type"]: c for c in ((obj or {}).get("status") or {}).get("conditions", [])}.get("RolledOut", {})
+        return obj if obj and obj["status"].get("modelVersion") == "2" and rolled.get("status") == "True" else None
+
+    try:
+        obj = wait_until(moved, timeout=300, what="version 2 rolled out after the alias moved", interval=2)
+    except TimeoutError as error:
+        raise AssertionError(f"{error}\n{loom_operator.log_tail()}") from None
+    assert obj["status"]["modelChanged"].startswith(f"alias champion of {model} moved from version 1 to 2")
+    response = httpx.post(
+        f"http://{service_address('affine', ns, AGENT_STATE_DIR)}:80/v2/models/affine/infer",
+        json={"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP64", "data": [1, 2]}]},
+        timeout=30,
+        trust_env=False,
+    )
+    assert response.status_code == 200, response.text
+    assert (response.json()["model_version"], response.json()["outputs"][0]["data"]) == ("2", [5.0, 10.0])

@@ -67,6 +67,8 @@ class Runner:
         self._busy: set[Key] = set()
         self._again: set[Key] = set()
         self._resync: asyncio.Task[None] | None = None
+        self._timers: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
+        self._fired: set[asyncio.Task[None]] = set()  # passes started by a timer, referenced until done
 
     @property
     def tracked(self) -> frozenset[Key]:
@@ -109,9 +111,32 @@ class Runner:
                 if refused is not None:  # a child the API server refuses: the object says so (refusal.py)
                     await report_refusal(self.kind, namespace, name, refused)
 
+    def later(self, namespace: str, name: str, delay_s: float) -> None:
+        """Another pass for this object in `delay_s` seconds (the earliest one asked wins); for a kind whose state
+        moves with time (a canary analysis' next evaluation) sooner than the periodic resync would come."""
+        key = (namespace, name)
+        loop = asyncio.get_running_loop()
+        due = loop.time() + max(0.0, delay_s)
+        current = self._timers.get(key)
+        if current is not None and current[0] <= due:
+            return
+        if current is not None:
+            current[1].cancel()
+
+        def fire() -> None:
+            self._timers.pop(key, None)
+            task = loop.create_task(self.trigger(namespace, name))
+            self._fired.add(task)
+            task.add_done_callback(self._fired.discard)
+
+        self._timers[key] = (due, loop.call_at(due, fire))
+
     def forget(self, namespace: str, name: str) -> None:
         """The object was deleted: a pass queued behind the running one is dropped."""
         self._again.discard((namespace, name))
+        timer = self._timers.pop((namespace, name), None)
+        if timer is not None:
+            timer[1].cancel()
 
     def resync(self, index: DueIndex | None) -> None:
         """Start the periodic resync over `index` (the first call wins; later calls are no-ops)."""

@@ -229,3 +229,18 @@ def test_every_index_handler_works_off_the_event_loop() -> None:
     worker.start()
     worker.join()
     assert failures == []
+
+
+async def test_later_runs_one_pass_and_the_earliest_request_wins() -> None:
+    recorder = Recorder()
+    runner = Runner("Thing", recorder, interval_s=3600, timeout_s=5)
+    runner.later("ns", "a", 3600)  # replaced by the sooner one below
+    runner.later("ns", "a", 0.01)
+    runner.later("ns", "a", 1800)  # later than the one pending: ignored
+    await asyncio.wait_for(recorder.entered.wait(), 10)
+    await asyncio.sleep(0)
+    assert recorder.calls == [("ns", "a")]
+    assert not runner._timers  # nothing else pending
+    runner.later("ns", "b", 3600)
+    runner.forget("ns", "b")  # a deleted object's pass is dropped with it
+    assert not runner._timers

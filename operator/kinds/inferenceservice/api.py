@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from loom.workloads.server import config as server
 
@@ -30,6 +30,7 @@ from ...core.model import (
     cel,
     validations,
 )
+from .analysis_api import Analysis, RolloutStatus
 from .vllm import VllmSpec
 
 ServingPhase = Literal["Pending", "Loading", "Ready", "RollingOut", "Degraded", "Failed"]
@@ -84,6 +85,22 @@ class ModelSource(ApiModel):
     secret_ref: S3Credentials | None = Field(
         None, description="Secret with S3 credentials for fetching (default: the operator's, defaults.s3.secretName)."
     )
+    alias_poll_seconds: int = Field(
+        30, ge=5, le=86400, description="For models:/name@alias: how often the operator asks MLflow where the alias "
+        "points (never more often, per service); a move rolls the new version out (as a canary under analysis)."
+    )
+
+
+class AliasStatus(ApiModel):
+    """Where a followed MLflow alias pointed when last asked."""
+
+    model: str
+    alias: str
+    version: str | None = None
+    checked_at: str | None = Field(None, description="When MLflow was last asked.")
+    changed_at: str | None = Field(None, description="When the alias was last seen to move.")
+    previous_version: str | None = None
+    error: str | None = Field(None, description="Why the last question to MLflow failed (the version kept).")
 
 
 class Batching(ApiModel):
@@ -111,7 +128,13 @@ class Auth(ApiModel):
 
 
 class Rollout(ApiModel):
-    """Rolling update and canary settings."""
+    """Rolling update and canary settings: a fixed canaryPercent a person promotes, or an analysis that walks the
+    canary through steps and promotes or rolls it back by itself."""
+
+    model_config = validations(
+        cel("!has(self.canaryPercent) || !has(self.analysis)", "set canaryPercent or analysis, not both",
+            field_path=".analysis"),
+    )  # fmt: skip
 
     max_surge: Quantity | None = Field(
         None, description="Default: 25% on CPU, 0 when GPUs are requested (no spare GPU is assumed)."
@@ -127,6 +150,16 @@ class Rollout(ApiModel):
     min_ready_seconds: int = Field(
         5, ge=0, le=3600, description="A new replica counts as available only after being ready this long."
     )
+    analysis: Analysis | None = Field(
+        None, description="Automated canary analysis: a new model version walks these steps, judged by checks on "
+        "Prometheus metrics against the stable version, and is promoted or rolled back by itself."
+    )
+
+    @model_validator(mode="after")
+    def _one_canary_mode(self) -> Rollout:
+        if self.canary_percent is not None and self.analysis is not None:
+            raise ValueError("set canaryPercent or analysis, not both")
+        return self
 
 
 class FeatureEnrichment(ApiModel):
@@ -198,6 +231,9 @@ class InferenceServiceStatus(StatusBase):
     selector: str | None = Field(None, description="Label selector of the serving pods (scale subresource).")
     model_version: str | None = Field(None, description="Model version being served to stable traffic.")
     canary: CanaryStatus | None = None
+    rollout: RolloutStatus | None = Field(None, description="Canary analysis: its step, verdict and rejected versions.")
+    model_changed: str | None = Field(None, description="Why the model asked for last changed.")
+    alias: AliasStatus | None = Field(None, description="The followed MLflow alias (model.mlflow: models:/name@alias).")
     autoscaling: AutoscalingStatus | None = None
 
 
@@ -229,6 +265,8 @@ INFERENCE_SERVICE = Kind(
         PrinterColumn("Model", ".spec.model.name", priority=1),
         PrinterColumn("Version", ".status.modelVersion"),
         PrinterColumn("Canary", ".status.canary.percent", "integer"),
+        PrinterColumn("Step", ".status.rollout.analysis.step"),
+        PrinterColumn("Verdict", ".status.rollout.analysis.verdict"),
         PrinterColumn("Desired", ".status.autoscaling.desiredReplicas", "integer", description="Autoscaler wants"),
         PrinterColumn("Metric", ".status.autoscaling.metricValue", "number", priority=1),
         PrinterColumn("Scaled", ".status.autoscaling.lastScaleReason", priority=1),

@@ -12,8 +12,9 @@ instant: the next pass converges, creating nothing twice (deterministic names, s
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 import kopf
@@ -32,7 +33,12 @@ from ...defaults import Defaulted, EndpointDefaults, model_problem, training_job
 from ...defaults import inference_service as inference_service_defaults
 from ...settings import OperatorSettings
 from .activator import activator_enabled, activator_selector
-from .api import INFERENCE_SERVICE, InferenceServiceSpec, InferenceServiceStatus
+from .alias import change_reason, followed, previous_alias, resolve_alias
+from .analysis import seconds_until_due
+from .api import INFERENCE_SERVICE, AliasStatus, InferenceServiceSpec, InferenceServiceStatus
+from .canary import WEIGHT_ANNOTATION, AnalysisInput, Judgement, held_percent, judge_canary, persist_rollout
+from .canary import read_analysis as read_canary_analysis
+from .canary_report import analysis_condition
 from .features import resolve_features
 from .model import ModelRef, ResolveError, resolve_model
 from .render import (
@@ -47,7 +53,7 @@ from .render import (
     selector_string,
     server_config,
 )
-from .rollout import RolloutPlan, desired_total_replicas, plan_rollout
+from .rollout import RolloutPlan, desired_total_replicas, model_of, plan_rollout
 from .routing import apply_routing
 from .scaling import recommend_replicas
 from .status import Observed as StatusObserved
@@ -62,7 +68,7 @@ POD_INDEX_ID = "loom_inferenceservice_pods"
 
 
 async def _resolve(
-    spec: InferenceServiceSpec, namespace: str, defaults: EndpointDefaults
+    spec: InferenceServiceSpec, namespace: str, defaults: EndpointDefaults, alias_version: str | None = None
 ) -> tuple[ModelRef | None, ResolveError | None]:
     job = None
     if spec.model.from_training_job is not None:
@@ -70,7 +76,7 @@ async def _resolve(
         # The job's checkpoints are where it wrote them: with the operator's S3 defaults where it names none.
         job = training_job_manifest(job, defaults) if job is not None else None
     try:
-        return resolve_model(spec.model, spec.serving_handler, job, spec.runtime), None
+        return resolve_model(spec.model, spec.serving_handler, job, spec.runtime, alias_version), None
     except ResolveError as err:
         return None, err
 
@@ -94,8 +100,11 @@ async def _apply_track(
     image: str,
     vllm_image: str,
     features: EnrichmentConfig | None = None,
+    weight: int | None = None,
 ) -> Manifest:
     config_map, deployment = render_deployment(owner, spec, track, ref, replicas, image, features, vllm_image)
+    if weight is not None:  # the analysis' step this canary runs: its pause counts once this rolled out
+        deployment["metadata"].setdefault("annotations", {})[WEIGHT_ANNOTATION] = str(weight)
     await kube.apply(config_map)  # before the Deployment: new pods must find their config
     return await kube.apply(deployment)
 
@@ -125,6 +134,8 @@ class Observed:
     resolve_error: ResolveError | None = None
     features: EnrichmentConfig | None = None
     features_error: ResolveError | None = None
+    analysis: AnalysisInput | None = None  # what the canary analysis read, while a canary is judged
+    alias: AliasStatus | None = None  # the followed MLflow alias, as last asked
     plan: RolloutPlan = field(default_factory=lambda: RolloutPlan(stable_ref=None, stable_replicas=0, mode="waiting"))
 
 
@@ -132,6 +143,7 @@ class Observed:
 class Plan:
     rollout: RolloutPlan
     invalid: str | None  # the pass's own, or the server contract's refusal of what the CRD allows
+    judgement: Judgement | None = None  # the canary analysis' decision this pass
 
 
 class ServiceReconciler:
@@ -139,10 +151,18 @@ class ServiceReconciler:
     status_model: ClassVar[type[Any]] = InferenceServiceStatus
     status_first: ClassVar[bool] = False
 
-    def __init__(self, settings: OperatorSettings, pods: PodIndex | None = None) -> None:
+    def __init__(
+        self,
+        settings: OperatorSettings,
+        pods: PodIndex | None = None,
+        later: Callable[[str, str, float], None] | None = None,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self.settings = settings
         self.pods = pods
         self.defaults = EndpointDefaults.from_settings(settings)
+        self.later = later  # asks the runner for another pass in that many seconds (the analysis' next check)
+        self.now = now
 
     def parse(self, body: Manifest) -> Defaulted[InferenceServiceSpec]:
         # The operator's endpoint defaults fill what the spec leaves unset (defaults.py).
@@ -165,11 +185,25 @@ class ServiceReconciler:
             if missing is not None:
                 observed.resolve_error = missing  # nothing can be fetched without the endpoint
             else:
-                observed.desired, observed.resolve_error = await _resolve(spec, namespace, self.defaults)
+                observed.alias, alias_error = await resolve_alias(spec.model, previous_alias(ctx.body), self.now())
+                if alias_error is not None:
+                    observed.resolve_error = alias_error
+                else:
+                    version = observed.alias.version if observed.alias is not None else None
+                    observed.desired, observed.resolve_error = await _resolve(spec, namespace, self.defaults, version)
             observed.features, observed.features_error = await _features(spec, namespace)
             if observed.features_error is not None:
                 observed.desired = None
                 observed.resolve_error = observed.resolve_error or observed.features_error
+            analysis = spec.rollout.analysis
+            stable_ref = model_of(observed.stable)
+            if analysis is not None and observed.desired is not None and stable_ref is not None \
+                    and observed.desired != stable_ref:
+                observed.analysis = await read_canary_analysis(
+                    analysis, ctx.body, desired=observed.desired, stable_ref=stable_ref, stable=observed.stable,
+                    canary=observed.canary, runtime=spec.runtime, prometheus_url=self.settings.prometheus_url,
+                    now=self.now(),
+                )  # fmt: skip
         observed.pods = await kube.list_objects("v1", "Pod", namespace, selector_string(ctx.owner))
         # The scale-to-zero activator's pods (when it runs): one that cannot start is named in Ready at zero.
         if ctx.spec is not None and activator_enabled(ctx.spec.spec):
@@ -188,20 +222,37 @@ class ServiceReconciler:
                 server_config(ctx.owner, spec, observed.desired, observed.features)  # the server's own contract
             except (InvalidSpec, ValidationError) as exc:
                 invalid = first_error(exc) if isinstance(exc, ValidationError) else str(exc)
+        held = held_percent(spec, ctx.body, canary)
         if invalid is not None or observed.features_error is not None:
             # Touch nothing; report what still runs. Without its FeatureView (not found, not Ready) a running
             # server keeps the features it was rendered with; none is rendered without them.
-            return Plan(plan_rollout(spec, None, stable, canary, total), invalid)
-        return Plan(plan_rollout(spec, observed.desired, stable, canary, total), None)
+            return Plan(plan_rollout(spec, None, stable, canary, total, held), invalid)
+        if spec.rollout.analysis is not None and observed.analysis is not None:
+            judged = judge_canary(spec.rollout.analysis, observed.analysis)
+            return Plan(plan_rollout(spec, judged.run, stable, canary, total, judged.percent), None, judged)
+        return Plan(plan_rollout(spec, observed.desired, stable, canary, total, held), None)
 
     async def apply(self, ctx: Pass[Defaulted[InferenceServiceSpec]], observed: Observed, plan: Plan) -> Observed:
         assert ctx.spec is not None
         observed.plan = plan.rollout
+        judged = plan.judgement
+        if judged is not None:
+            # The verdict is written before anything acts on it: killed in between, the next pass reads it back
+            # (a rolled-back version stays rejected, a step once started keeps its start).
+            assert observed.analysis is not None
+            await persist_rollout(ctx, judged, observed.analysis.desired, ctx.spec.spec.rollout.analysis)
+        weight = judged.outcome.state.weight if judged is not None and judged.outcome is not None else None
         if plan.invalid is None and observed.features_error is None and plan.rollout.stable_ref is not None:
             observed.stable, observed.canary, observed.plan = await _apply(
                 ctx.owner, ctx.spec.spec, plan.rollout, observed.stable, observed.canary, self.settings,
-                observed.features,
+                observed.features, weight,
             )  # fmt: skip
+        analysis = ctx.spec.spec.rollout.analysis
+        state = judged.status.analysis if judged is not None else None
+        if analysis is not None and self.later is not None and (wait := seconds_until_due(analysis, state, self.now())):
+            self.later(ctx.namespace, ctx.name, wait)
+        if followed(ctx.spec.spec.model) is not None and self.later is not None:
+            self.later(ctx.namespace, ctx.name, ctx.spec.spec.model.alias_poll_seconds)
         return observed
 
     def status(
@@ -226,13 +277,27 @@ class ServiceReconciler:
         )
         status, events = compute_status(ctx.owner, seen, previous)
         status.endpoint_defaults = ctx.spec.status_field() if ctx.spec is not None else None
+        if ctx.spec is not None and followed(ctx.spec.spec.model) is not None:
+            status.alias = observed.alias or (previous.alias if previous else None)
+        status.model_changed = change_reason(status.alias) or (previous.model_changed if previous else None)
+        judged = plan.judgement
+        status.rollout = judged.status if judged is not None else (previous.rollout if previous else None)
+        if status.rollout is not None:
+            # Announced by the analysis' own events (one per step, check failure, hold, verdict), not twice.
+            status.conditions = analysis_condition(status.conditions, status.rollout, ctx.generation)
         return status, events
 
 
-async def reconcile(namespace: str, name: str, settings: OperatorSettings, pods: PodIndex | None = None) -> None:
+async def reconcile(
+    namespace: str,
+    name: str,
+    settings: OperatorSettings,
+    pods: PodIndex | None = None,
+    later: Callable[[str, str, float], None] | None = None,
+) -> None:
     """One full pass for one InferenceService, read fresh (the runner serialises passes per object, so a pass
     sees the status the previous one wrote and announces each transition once; the skeleton: core/reconcile.py)."""
-    await run(ServiceReconciler(settings, pods), namespace, name)
+    await run(ServiceReconciler(settings, pods, later), namespace, name)
 
 
 async def _apply(
@@ -243,6 +308,7 @@ async def _apply(
     canary: Manifest | None,
     settings: OperatorSettings,
     features: EnrichmentConfig | None = None,
+    canary_weight: int | None = None,
 ) -> tuple[Manifest | None, Manifest | None, RolloutPlan]:
     namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
     image = settings.server_image
@@ -255,7 +321,8 @@ async def _apply(
     if plan.canary_action == "apply":
         assert plan.canary_ref is not None
         canary = await _apply_track(
-            owner, spec, "canary", plan.canary_ref, plan.canary_replicas, image, settings.vllm_image, features
+            owner, spec, "canary", plan.canary_ref, plan.canary_replicas, image, settings.vllm_image, features,
+            canary_weight,
         )
     elif plan.canary_action == "keep":
         # Judge the stable track as it is after this apply: a no-op apply may show it already rolled out.
@@ -273,7 +340,7 @@ def register(settings: OperatorSettings) -> None:
     indexes = Indexes(POD_INDEX_ID)
 
     async def one_pass(namespace: str, name: str) -> None:
-        await reconcile(namespace, name, settings, indexes.get(POD_INDEX_ID))
+        await reconcile(namespace, name, settings, indexes.get(POD_INDEX_ID), runner.later)
 
     runner = Runner(KIND, one_pass, interval_s=settings.resync_interval_s, timeout_s=settings.reconcile_timeout_s)
     # Last (checkpoint, phase) seen per TrainingJob: a job's status changes often, only these matter here.

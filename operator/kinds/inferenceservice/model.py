@@ -91,10 +91,15 @@ def resolve_handler(handler: str, kind: StorageKind | Literal["trainingjob"]) ->
 
 
 def resolve_model(
-    source: ModelSource, handler: str, training_job: dict[str, Any] | None = None, runtime: str = "default"
+    source: ModelSource,
+    handler: str,
+    training_job: dict[str, Any] | None = None,
+    runtime: str = "default",
+    alias_version: str | None = None,
 ) -> ModelRef:
     """The concrete model the spec asks for. `training_job` is the referenced TrainingJob (None: not found);
-    runtime vllm serves a TrainingJob's Hugging Face export only."""
+    runtime vllm serves a TrainingJob's Hugging Face export only; `alias_version` the version a models:/name@alias
+    source's alias points to now (the operator follows it)."""
     if source.uri is not None:
         return ModelRef(
             storage_uri=source.uri,
@@ -105,9 +110,13 @@ def resolve_model(
             secret_ref=source.secret_ref,
         )
     if source.mlflow is not None:
-        _name, version, _alias = parse_mlflow_uri(source.mlflow)
+        name, version, alias = parse_mlflow_uri(source.mlflow)
+        uri = source.mlflow
+        if alias is not None and alias_version is not None:
+            # Pinned to the version the alias names now: a move is a new ref, so it rolls out (or starts a canary).
+            uri, version = f"models:/{name}/{alias_version}", alias_version
         return ModelRef(
-            storage_uri=source.mlflow,
+            storage_uri=uri,
             storage_kind="mlflow",
             handler=resolve_handler(handler, "mlflow"),
             # An alias is resolved by the fetch step, which the server then reports; a number is known now.

@@ -112,8 +112,12 @@ def plan_rollout(
     stable: Manifest | None,
     canary: Manifest | None,
     total: int,
+    percent: int | Literal["spec"] | None = "spec",
 ) -> RolloutPlan:
-    """Decide the tracks. `desired` None: the spec's model cannot be resolved now; keep what runs."""
+    """Decide the tracks. `desired` None: the spec's model cannot be resolved now; keep what runs.
+
+    `percent`: the canary's share; "spec" reads canaryPercent, the canary analysis passes its step's share (None
+    once it promotes or rolls back)."""
     stable_ref = model_of(stable)
     canary_ref = model_of(canary)
     if desired is None:
@@ -121,7 +125,8 @@ def plan_rollout(
         if desired is None:
             return RolloutPlan(stable_ref=None, stable_replicas=0, mode="waiting")
     current = stable_ref or desired
-    percent = spec.rollout.canary_percent
+    if percent == "spec":
+        percent = spec.rollout.canary_percent
     if desired != current and percent is not None and percent < 100:
         stable_count, canary_count = split_replicas(total, percent)
         return RolloutPlan(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from loom.workloads.trainer import config as trainer
 
@@ -216,9 +216,26 @@ class TrainingData(ApiModel):
     full_feature_names: bool = Field(False, description="Name feature columns <view>__<feature>.")
 
 
+class Register(ApiModel):
+    """Register the job's exported model (<checkpoint.uri>/final) as a new version of an MLflow registered model
+    once the job succeeded: one job, one version, tagged with the run, the final metrics, the checkpoint URI and
+    the job's name; optionally an alias (e.g. challenger) is moved to it."""
+
+    model: str = Field(
+        min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", description="Registered model name."
+    )
+    alias: str | None = Field(
+        None, max_length=255, pattern=r"^[A-Za-z0-9_\-]+$", description="Alias set to the new version."
+    )
+    tags: dict[str, str] | None = Field(None, max_length=32, description="Extra version tags.")
+
+
 class TrainingJobSpec(ApiModel):
     model_config = validations(
         cel("self.engine == oldSelf.engine", "engine is immutable", field_path=".engine"),
+        cel("!has(self.register) || (has(self.checkpoint) && has(self.tracking) && has(self.tracking.mlflow))",
+            "register needs checkpoint (where the model is exported) and tracking.mlflow (the registry)",
+            field_path=".register"),
         cel(
             "!has(self.deepspeed) || self.engine == 'deepspeed'",
             "deepspeed options need engine: deepspeed",
@@ -248,6 +265,21 @@ class TrainingJobSpec(ApiModel):
     training_data: TrainingData | None = Field(
         None, description="Build a point-in-time training set from a FeatureView before the workers start."
     )
+    # `register` on the wire; another name in Python, where it would shadow ABCMeta.register.
+    registration: Register | None = Field(
+        None, alias="register",
+        description="Register the exported model in the MLflow model registry when the job succeeds.",
+    )
+
+    @model_validator(mode="after")
+    def _register_needs(self) -> TrainingJobSpec:
+        if self.registration is not None and (
+            self.checkpoint is None or self.tracking is None or self.tracking.mlflow is None
+        ):
+            raise ValueError(
+                "register needs checkpoint (where the model is exported) and tracking.mlflow (the registry)"
+            )
+        return self
 
 
 class WorkerCounts(ApiModel):
@@ -272,6 +304,14 @@ class Progress(ApiModel):
 class MlflowRun(ApiModel):
     run_id: str | None = None
     url: str | None = None
+
+
+class RegisteredModel(ApiModel):
+    name: str
+    version: str | None = Field(None, description="The model version this job registered.")
+    alias: str | None = None
+    source: str | None = Field(None, description="The registered artifact (the final export).")
+    error: str | None = Field(None, description="Why registration has not happened yet (retried).")
 
 
 class TrainingDataStatus(ApiModel):
@@ -333,6 +373,7 @@ class TrainingJobStatus(StatusBase):
     completion_time: str | None = None
     training_data: TrainingDataStatus | None = None
     queue: QueueStatus | None = None
+    registered_model: RegisteredModel | None = None
 
 
 class TrainingJob(ApiModel):
@@ -367,6 +408,7 @@ TRAINING_JOB = Kind(
         PrinterColumn("Queue", ".status.queue.name", priority=1, description="Kueue LocalQueue"),
         PrinterColumn("Admission", ".status.queue.state", priority=1, description="Queued, Admitted or Evicting"),
         PrinterColumn("Flavor", ".status.queue.flavor", priority=1, description="Kueue ResourceFlavor admitted"),
+        PrinterColumn("Registered", ".status.registeredModel.version", priority=1),
         AGE,
     ),
     # The controller also checks the last worker's hostname against the job's worker count (11 workers or more

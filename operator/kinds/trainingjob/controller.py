@@ -40,6 +40,7 @@ from .mlflow import TrackingError, ensure_run, finish_run
 from .observe import NodeView, ProgressReport, WorkerView, observe_node, observe_pod
 from .progress import fetch_progress, new_client
 from .queueing import QueueObservation, workload
+from .register import needs_registration, register_model
 from .state import Decision, Observation, Policy, decide
 
 log = logging.getLogger("loom.trainingjob")
@@ -194,6 +195,13 @@ class Controller:
         await self.act(ctx.body, spec, decision, seen.views, spec_changed=spec_changed, queue=seen.queue)
         if decision.status.phase in FINISHED and status.phase not in FINISHED:
             await self.close_run(spec, decision)
+        if needs_registration(spec, decision.status):
+            registered, events = await register_model(ctx.body, spec, decision.status)
+            if registered != decision.status.registered_model:
+                await kube.patch_status(
+                    "loom.dev/v1alpha1", self.kind, ctx.namespace, ctx.name, {"registeredModel": registered.to_wire()}
+                )
+            post_events(ctx.body, events)
         return seen
 
     async def ensure_tracking(self, job: kube.Manifest, spec: TrainingJobSpec, status: TrainingJobStatus) -> str | None:
@@ -429,7 +437,11 @@ async def workload_priority(job: kube.Manifest, spec: TrainingJobSpec) -> kueue.
 
 def resync_due(body: kopf.Body) -> bool:
     """Whether the periodic resync has something to do for a job: False once it finished and, with a TTL, its
-    children are deleted."""
+    children are deleted, and a succeeded job that registers its model has registered it (MLflow may have been
+    down when it succeeded)."""
     status, spec = body.get("status") or {}, body.get("spec") or {}
+    registered = (status.get("registeredModel") or {}).get("version")
+    if spec.get("register") and status.get("phase") == "Succeeded" and not registered:
+        return True
     ttl = (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished")
     return not (status.get("phase") in FINISHED and (ttl is None or bool(status.get("childrenDeleted"))))
