@@ -5,6 +5,7 @@ request, and upstream errors come back OpenAI-shaped; plus the graph checks that
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,11 +23,12 @@ KEY = "Bearer sk-graph-test"
 @pytest.fixture(scope="module")
 def fakes() -> Iterator[dict[str, tuple[FakeChat, str]]]:
     chats = {"draft": FakeChat("draft:"), "polish": FakeChat("polish:"), "limited": FakeChat("x", fail=429),
-             "broken": FakeChat("x", fail=500)}
+             "broken": FakeChat("x", fail=500), "cut": FakeChat("cut:", break_after=3)}
     with serving(chats["draft"].app()) as a, serving(chats["polish"].app()) as b, \
-            serving(chats["limited"].app()) as c, serving(chats["broken"].app()) as d:
+            serving(chats["limited"].app()) as c, serving(chats["broken"].app()) as d, \
+            serving(chats["cut"].app()) as e:
         yield {"draft": (chats["draft"], a), "polish": (chats["polish"], b), "limited": (chats["limited"], c),
-               "broken": (chats["broken"], d)}
+               "broken": (chats["broken"], d), "cut": (chats["cut"], e)}
 
 
 def config(nodes: dict[str, Any], fakes: dict[str, tuple[FakeChat, str]]) -> RouterConfig:
@@ -146,6 +148,40 @@ def test_upstream_error_is_openai_shaped(
     assert streamed.status_code == status and streamed.json()["error"]["code"] == "upstream_error"
     if status == 429:
         assert caught.value.response.headers["retry-after"] == "7"
+
+
+def stream_events(url: str) -> list[str]:
+    with httpx.stream("POST", f"{url}/v1/chat/completions",
+                      json={"model": "writer", "stream": True, "messages": [{"role": "user", "content": "ab"}]}) as r:
+        assert r.status_code == 200
+        return [line for line in r.iter_lines() if line]
+
+
+def test_a_stream_broken_mid_way_ends_with_an_openai_error_event_and_done(
+    fakes: dict[str, tuple[FakeChat, str]]
+) -> None:
+    nodes = {"root": {"routerType": "Sequence", "steps": [chat_step("draft"), chat_step("cut", data="$response")]}}
+    with serving(build_app(config(nodes, fakes))) as url:
+        events = stream_events(url)
+    texts = [json.loads(e.removeprefix("data: "))["choices"][0]["delta"]["content"] for e in events[:3]]
+    assert texts == list("cut")  # what arrived before the break was passed on
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert (error["code"], error["type"]) == ("stream_error", "server_error")
+    assert events[-1] == "data: [DONE]"
+
+
+def test_a_skipped_soft_last_step_streams_the_previous_answer_as_one_chunk(
+    fakes: dict[str, tuple[FakeChat, str]]
+) -> None:
+    nodes = {"root": {"routerType": "Sequence", "steps": [
+        chat_step("draft"), chat_step("broken", data="$response", dependency="Soft"),
+    ]}}
+    with serving(build_app(config(nodes, fakes))) as url:
+        events = stream_events(url)
+    assert len(events) == 2 and events[-1] == "data: [DONE]"
+    chunk = json.loads(events[0].removeprefix("data: "))
+    assert chunk["object"] == "chat.completion.chunk"
+    assert chunk["choices"][0]["delta"]["content"] == "draft:ab"
 
 
 def test_switch_routes_on_the_chat_request(fakes: dict[str, tuple[FakeChat, str]]) -> None:

@@ -149,6 +149,7 @@ class FakeChat:
 
     prefix: str
     fail: int | None = None
+    break_after: int | None = None  # a stream broken off (connection dropped) after this many chunks
     requests: list[tuple[dict[str, Any], dict[str, str]]] = field(default_factory=list)
 
     def app(self) -> ASGIApp:
@@ -170,7 +171,9 @@ class FakeChat:
                 return JSONResponse({**base, "object": "chat.completion", "choices": [choice]})
 
             async def events() -> AsyncIterator[bytes]:
-                for char in text:
+                for index, char in enumerate(text):
+                    if index == self.break_after:
+                        raise RuntimeError("the fake chat service broke off its stream")
                     choice = {"index": 0, "delta": {"content": char}, "finish_reason": None}
                     chunk = {**base, "object": "chat.completion.chunk", "choices": [choice]}
                     yield f"data: {json.dumps(chunk)}\n\n".encode()
