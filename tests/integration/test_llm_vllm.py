@@ -14,6 +14,7 @@ import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -23,6 +24,9 @@ import torch
 from loom.devstack.servers import free_port
 from loom.workloads.llm.config import EngineOptions, LlmLimits, LlmServerConfig
 from loom.workloads.llm.testing import llm_server, vllm_python
+from loom.workloads.router.app import build_app as build_router
+from loom.workloads.router.config import RouterConfig
+from loom.workloads.router.testing import serving
 from loom.workloads.server.config import AuthConfig
 from loom.workloads.trainer.examples.llama import Llama, LlamaTask, greedy
 from loom.workloads.trainer.task import TaskContext
@@ -33,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny-llama"
 MAX_MODEL_LEN = 256
 TOKENS_PER_MINUTE = 600
-KEYS = ["k-models", "k-chat", "k-stream", "k-stop", "k-limit", "k-long", "k-batch", "k-oip", "k-greedy"]
+KEYS = ["k-models", "k-chat", "k-stream", "k-stop", "k-limit", "k-long", "k-batch", "k-oip", "k-greedy", "k-graph"]
 
 
 @pytest.fixture(scope="module")
@@ -218,3 +222,32 @@ def test_the_trained_export_generates_in_vllm_what_it_generates_in_torch(
         model=MODEL, prompt=ids, max_tokens=8, temperature=0, extra_body={"ignore_eos": True, "return_token_ids": True})
     served = (answer.choices[0].model_extra or {}).get("token_ids")
     assert served == greedy(model, ids, 8)
+
+
+def test_an_inference_graph_chains_and_streams_chat_through_the_engine(url: str) -> None:
+    """An InferenceGraph router with two openai-chat steps on this service (a Sequence: the first answer is the
+    second step's prompt), driven with the openai client pointed at the graph: the answer is the chain computed
+    by hand against the service, the last step streams through, and the caller's key is what the service sees."""
+    step = {"serviceName": "llm", "protocol": "openai-chat", "dependency": "Hard"}
+    config = RouterConfig.model_validate({
+        "graphName": "chain",
+        "nodes": {"root": {"routerType": "Sequence", "steps": [{**step, "name": "one"}, {**step, "name": "two",
+                                                                                        "data": "$response"}]}},
+        "services": {"llm": {"url": url, "modelName": MODEL}},
+    })
+    options: dict[str, Any] = {"max_tokens": 6, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    direct = client(url, "k-graph").chat.completions
+    first = direct.create(model=MODEL, messages=CHAT, **options).choices[0].message.content
+    assert first
+    second = direct.create(model=MODEL, messages=[{"role": "user", "content": first}], **options)
+    with serving(build_router(config)) as graph:
+        chained = client(graph, "k-graph").chat.completions.create(model="chain", messages=CHAT, **options)
+        stream = client(graph, "k-graph").chat.completions.create(model="chain", messages=CHAT, stream=True,
+                                                                  **options)
+        pieces = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
+        with pytest.raises(openai.AuthenticationError) as caught:
+            client(graph, "wrong-key").chat.completions.create(model="chain", messages=CHAT, **options)
+    assert chained.choices[0].message.content == second.choices[0].message.content
+    assert len([p for p in pieces if p]) > 1 and "".join(pieces) == second.choices[0].message.content
+    error = caught.value.body
+    assert isinstance(error, dict) and error["code"] == "upstream_error" and error["upstream_status"] == 401

@@ -155,3 +155,15 @@ def test_a_spec_the_api_model_refuses_is_reported_at_its_path() -> None:
 def test_field_paths_put_map_keys_and_indexes_in_brackets() -> None:
     assert spec_path(("nodes", "root", "steps", 2, "weight")) == "spec.nodes[root].steps[2].weight"
     assert spec_path(("router", "timeoutMs")) == "spec.router.timeoutMs"
+
+
+def test_a_misused_openai_chat_protocol_is_refused_at_its_step() -> None:
+    chat = {"serviceName": "a", "protocol": "openai-chat"}
+    mixed = graph(root=[chat, step(serviceName="b", data="$response")])
+    assert [v.field for v in graph_violations(mixed)] == ["spec.nodes[root].steps[1].protocol"]
+    oip_condition = graph("Switch", root=[{**chat, "condition": "request.inputs[0].data[0] > 0.5"}, chat])
+    (violation,) = graph_violations(oip_condition)
+    assert violation.field == "spec.nodes[root].steps[0].condition"
+    assert violation.message.startswith("condition reads 'inputs', an OIP v2 field that an OpenAI chat body lacks")
+    (violation,) = graph_violations(graph("Ensemble", root=[chat, {**chat, "serviceName": "b"}]))
+    assert violation.field == "spec.nodes[root].steps" and "Ensemble" in violation.message

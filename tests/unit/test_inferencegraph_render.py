@@ -229,3 +229,20 @@ def test_examples_render_once_their_services_exist(path: Path) -> None:
     config, problem = router_config(owner, graph, refs(*referenced_services(graph)))
     assert problem is None and config is not None
     assert config.graph_name == doc["metadata"]["name"]
+
+
+def test_openai_chat_steps_render_into_a_chat_graph_and_a_mixed_graph_is_invalid() -> None:
+    chat = {"root": {"routerType": "Sequence", "steps": [
+        {"serviceName": "drafter", "protocol": "openai-chat"},
+        {"serviceName": "editor", "protocol": "openai-chat", "data": "$response"},
+    ]}}
+    config, problem = router_config(OWNER, spec(chat), refs("drafter", "editor"))
+    assert problem is None and config is not None
+    assert config.protocol == "openai-chat"
+    assert [s.protocol for s in config.nodes["root"].steps] == ["openai-chat", "openai-chat"]
+    mixed = {"root": {"routerType": "Sequence", "steps": [
+        {"serviceName": "drafter", "protocol": "openai-chat"}, {"serviceName": "editor", "data": "$response"},
+    ]}}
+    config, problem = router_config(OWNER, spec(mixed), refs("drafter", "editor"))
+    assert config is None and problem is not None and problem.reason == "InvalidGraph"
+    assert "node 'root' step 1 (editor): one graph speaks one protocol" in problem.message

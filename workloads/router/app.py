@@ -1,4 +1,6 @@
-"""The router's HTTP side: the graph served as one Open Inference Protocol v2 model, over Starlette.
+"""The router's HTTP side: the graph served as one Open Inference Protocol v2 model, over Starlette, or, when its
+steps are ``protocol: openai-chat``, as one OpenAI chat model (``GET /v1/models``, ``POST /v1/chat/completions``
+with ``model`` the graph's name, streaming or not; errors OpenAI-shaped, see :mod:`openai_chat`).
 
 Every answer carries ``loom-graph-steps`` (``node.step=outcome,...``): which steps ran, were skipped
 after a Soft failure, failed, or were not taken, so a graph can be debugged from one response.
@@ -28,6 +30,7 @@ from .config import RouterConfig
 from .engine import GraphEngine, Outcome
 from .errors import GraphError, StepRecord
 from .metrics import RouterMetrics
+from .openai_chat import DONE, check_request, completion_as_chunk, error_body, graph_error_body, sse
 from .payload import Endpoint, Payload, PayloadError
 from .upstream import Caller, Stream, Upstreams, forwarded_headers
 
@@ -72,11 +75,23 @@ def build_app(
         )
     ready = {"value": False}
 
-    def measured(endpoint: str, handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Any]:
+    chat_graph = config.protocol == "openai-chat"
+
+    def measured(
+        endpoint: str, handler: Callable[[Request], Awaitable[Response]], openai: bool = False
+    ) -> Callable[[Request], Any]:
+        def refuse(status: int, message: str, code: str) -> Response:
+            if openai:
+                return JSONResponse(error_body(status, message, code), status_code=status)
+            return _error(status, message, code)
+
         async def wrapped(request: Request) -> Response:
             started = time.perf_counter()
             if request.path_params.get("name", graph) != graph:
-                response: Response = _error(404, f"model {request.path_params['name']!r} not found", "not_found")
+                response: Response = refuse(404, f"model {request.path_params['name']!r} not found", "not_found")
+            elif openai != chat_graph and endpoint not in ("server_metadata", "metadata", "model_ready"):
+                speaks = "OpenAI chat: POST /v1/chat/completions" if chat_graph else "OIP v2: /v2/models/{name}/..."
+                response = refuse(404, f"graph {graph!r} speaks {speaks}", "wrong_protocol")
             else:
                 metrics.inflight.labels(graph).inc()
                 try:
@@ -84,12 +99,13 @@ def build_app(
                 except GraphError as exc:
                     if exc.status >= 500:
                         log.warning("graph %s failed: %s", graph, exc.describe())
+                    doc = graph_error_body(exc, graph) if openai else exc.to_json(graph)
                     response = JSONResponse(
-                        exc.to_json(graph), status_code=exc.status, headers={**exc.headers, **_steps_header(exc.steps)}
+                        doc, status_code=exc.status, headers={**exc.headers, **_steps_header(exc.steps)}
                     )
                 except Exception as exc:  # a router bug: still a JSON error, and still counted
                     log.exception("%s failed", endpoint)
-                    response = _error(500, f"internal error: {type(exc).__name__}", "internal")
+                    response = refuse(500, f"internal error: {type(exc).__name__}", "internal")
                 finally:
                     metrics.inflight.labels(graph).dec()
             metrics.answered(endpoint, response.status_code, time.perf_counter() - started)
@@ -142,6 +158,27 @@ def build_app(
         headers = {"cache-control": "no-cache", **_steps_header(outcome.steps)}
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 
+    async def list_models(request: Request) -> Response:
+        model = {"id": graph, "object": "model", "created": 0, "owned_by": "loom-graph"}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def chat_completions(request: Request) -> Response:
+        body = await request.body()
+        payload = Payload.from_http(body, {"content-type": "application/json"}, "request")
+        doc = check_request(payload)
+        if doc.get("model", graph) != graph:
+            message = f"model {doc['model']!r} is not served here (this graph: {graph!r})"
+            raise GraphError("model_not_found", 404, message)
+        stream = doc.get("stream") is True
+        outcome = await engine.run(payload, "chat", forwarded_headers(request.headers), stream=stream)
+        value = outcome.value
+        if not stream:
+            assert isinstance(value, Payload)
+            return Response(value.body, media_type="application/json", headers=_steps_header(outcome.steps))
+        events = _relay_chat(value) if isinstance(value, Stream) else _chat_one_event(value)
+        headers = {"cache-control": "no-cache", **_steps_header(outcome.steps)}
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+
     async def prometheus(request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -154,6 +191,8 @@ def build_app(
         Route("/v2/models/{name}/infer", measured("infer", infer), methods=["POST"]),
         Route("/v2/models/{name}/generate", measured("generate", generate), methods=["POST"]),
         Route("/v2/models/{name}/generate_stream", measured("generate_stream", generate_stream), methods=["POST"]),
+        Route("/v1/models", measured("models", list_models, openai=True), methods=["GET"]),
+        Route("/v1/chat/completions", measured("chat_completions", chat_completions, openai=True), methods=["POST"]),
         Route("/metrics", prometheus, methods=["GET"]),
     ]
 
@@ -195,6 +234,24 @@ async def _relay(stream: Stream) -> AsyncIterator[bytes]:
         log.warning("stream through the graph broke: %s", exc)
         event = {"error": f"stream broke: {type(exc).__name__}: {exc}", "code": "stream_error"}
         yield f"data: {json.dumps(event)}\n\n".encode()
+
+
+async def _relay_chat(stream: Stream) -> AsyncIterator[bytes]:
+    """The last chat step's SSE chunks as they arrive (its own ``data: [DONE]`` included); a failure mid-stream
+    becomes an OpenAI error event and ``[DONE]``, the 200 being already sent."""
+    try:
+        async for chunk in stream.chunks():
+            yield chunk
+    except Exception as exc:
+        log.warning("chat stream through the graph broke: %s", exc)
+        yield sse(error_body(502, f"stream broke: {type(exc).__name__}: {exc}", "stream_error"))
+        yield DONE
+
+
+async def _chat_one_event(payload: Payload) -> AsyncIterator[bytes]:
+    """A complete chat answer (the last step was skipped after a Soft failure) as one chunk and ``[DONE]``."""
+    yield completion_as_chunk(payload)
+    yield DONE
 
 
 async def _one_event(payload: Payload) -> AsyncIterator[bytes]:

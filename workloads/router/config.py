@@ -30,6 +30,10 @@ from loom.workloads.common.body_limit import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_
 from loom.workloads.common.model_name import MODEL_NAME_RULE, is_model_name
 
 RouterType = Literal["Sequence", "Switch", "Ensemble", "Splitter"]
+Protocol = Literal["oip-v2", "openai-chat"]
+# Fields of OIP v2 bodies that an OpenAI chat body never has: a condition of an openai-chat graph that reads one
+# would fail on every request (condition_error), so the graph is refused before it runs.
+_OIP_FIELDS = re.compile(r"\.(inputs|outputs|text_input|text_output)\b")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 ROOT = "root"
 class _Camel(BaseModel):
@@ -70,6 +74,9 @@ class StepConfig(_Camel):
     weight: int | None = Field(None, ge=0, le=100, description="Splitter: percent of traffic.")
     dependency: Literal["Soft", "Hard"] = "Soft"
     timeout_ms: int | None = Field(None, ge=1, le=3_600_000, description="Overrides stepTimeoutMs.")
+    protocol: Protocol | None = Field(
+        None, description="oip-v2 (the default) or openai-chat: POST /v1/chat/completions of the service."
+    )
 
     @field_validator("name")
     @classmethod
@@ -82,6 +89,8 @@ class StepConfig(_Camel):
     def _one_target(self) -> StepConfig:
         if (self.service_name is None) == (self.node_name is None):
             raise ValueError("set exactly one of serviceName or nodeName")
+        if self.protocol is not None and self.node_name is not None:
+            raise ValueError("protocol applies to serviceName steps (a nodeName step speaks its node's protocol)")
         return self
 
     @property
@@ -132,6 +141,13 @@ class RouterConfig(_Camel):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    @property
+    def protocol(self) -> Protocol:
+        """What the graph's own entry speaks: openai-chat when its steps call services that way, else oip-v2
+        (`graph_issues` refuses a graph that mixes the two)."""
+        steps = [step for node in self.nodes.values() for step in node.steps]
+        return "openai-chat" if any(step.protocol == "openai-chat" for step in steps) else "oip-v2"
 
     def step_timeout_s(self, step: StepConfig) -> float:
         return (step.timeout_ms or self.step_timeout_ms) / 1000.0
@@ -204,6 +220,7 @@ def graph_issues(config: RouterConfig) -> list[GraphIssue]:
                     + ", ".join(dupes) + "; set `name` on the steps",
                     node_name, where=where,
                 ))  # fmt: skip
+    problems.extend(_protocol_issues(config))
     cycle = find_cycle(config)
     if cycle is not None:
         path, index = cycle
@@ -214,6 +231,47 @@ def graph_issues(config: RouterConfig) -> list[GraphIssue]:
             )
         )
     return problems
+
+
+def _protocol_issues(config: RouterConfig) -> list[GraphIssue]:
+    """One graph speaks one protocol: its entry answers what its steps answer, and a step's output is the next
+    step's input, so OIP and OpenAI chat steps cannot be chained or combined. Among openai-chat graphs an Ensemble
+    has no defined combined chat answer, and a condition must read fields a chat body has."""
+    found: list[GraphIssue] = []
+    service_steps = [
+        (node_name, index, step)
+        for node_name, node in config.nodes.items()
+        for index, step in enumerate(node.steps)
+        if step.service_name is not None
+    ]
+    chat = [item for item in service_steps if item[2].protocol == "openai-chat"]
+    if not chat:
+        return found
+    for node_name, index, step in service_steps:
+        if step.protocol != "openai-chat":
+            found.append(GraphIssue(
+                "one graph speaks one protocol: this step is oip-v2 (the default) while "
+                f"{chat[0][2].label!r} of node {chat[0][0]!r} is openai-chat; set protocol: openai-chat on every "
+                "serviceName step, or split the graph",
+                node_name, index, "protocol", f"node {node_name!r} step {index} ({step.label})",
+            ))  # fmt: skip
+    for node_name, node in config.nodes.items():
+        if node.router_type == "Ensemble":
+            found.append(GraphIssue(
+                "an Ensemble has no combined OpenAI chat answer: use a Sequence, Switch or Splitter in an "
+                "openai-chat graph", node_name, where=f"node {node_name!r}",
+            ))  # fmt: skip
+        for index, step in enumerate(node.steps):
+            match = _OIP_FIELDS.search(step.condition or "")
+            if match:
+                found.append(GraphIssue(
+                    f"condition reads {match.group(1)!r}, an OIP v2 field that an OpenAI chat body lacks; in an "
+                    "openai-chat graph `request` is the chat request (e.g. size(request.messages) > 1, "
+                    "request.messages[0].content.contains('x')) and `response` a chat completion "
+                    "(response.choices[0].message.content)",
+                    node_name, index, "condition", f"node {node_name!r} step {index} ({step.label})",
+                ))  # fmt: skip
+    return found
 
 
 def find_cycle(config: RouterConfig) -> tuple[list[str], int] | None:

@@ -18,9 +18,12 @@ Semantics (the README has the user-facing version):
   instead: a Soft step never turns into a silent echo. ``deadline_exceeded`` and ``condition_error``
   always stop the graph.
 - Timeouts: each call gets ``min(step timeout, time left until the graph's deadline)``.
-- Streaming (generate_stream): only the step in the last position streams, i.e. the last step of
-  the root node, recursively through nested nodes; every earlier step runs the non-streaming
-  ``generate`` endpoint and its complete text feeds the next step. The streaming step's events are
+- OpenAI chat (steps with ``protocol: openai-chat``, endpoint ``chat``): the same, over
+  ``/v1/chat/completions``; how a chat answer feeds the next step is :mod:`openai_chat`'s.
+- Streaming (generate_stream, or a chat request with ``stream: true``): only the step in the last
+  position streams, i.e. the last step of the root node, recursively through nested nodes; every
+  earlier step runs the non-streaming ``generate`` endpoint (or chat with ``stream: false``) and its
+  complete text feeds the next step. The streaming step's events are
   passed on as they arrive. A graph whose last position is an Ensemble, or a skipped step, ends with a
   complete body, which the HTTP layer sends as one event.
 """
@@ -38,6 +41,7 @@ from .conditions import Condition, ConditionEvalError, compile_conditions
 from .config import ROOT, NodeConfig, RouterConfig, StepConfig
 from .errors import GraphError, StepOutcome, StepRecord, status_for_upstream
 from .metrics import RouterMetrics
+from .openai_chat import chat_request
 from .payload import (
     Endpoint,
     Payload,
@@ -270,11 +274,16 @@ class GraphEngine:
                 "deadline_exceeded", 504, f"the graph's deadline of {self.config.deadline_ms} ms passed"
             )
         step_timeout = self.config.step_timeout_s(step)
-        body = as_request(data, run.endpoint, run.request)
+        streams = last and run.stream
+        if run.endpoint == "chat":
+            body = chat_request(data, run.request, self.config.services[service].model_name, streams)
+        else:
+            body = as_request(data, run.endpoint, run.request)
         try:
             async with asyncio.timeout(min(step_timeout, left)):
-                if last and run.stream:
-                    return await self.caller.stream(service, "generate_stream", body, run.headers)
+                if streams:
+                    stream_endpoint = "chat" if run.endpoint == "chat" else "generate_stream"
+                    return await self.caller.stream(service, stream_endpoint, body, run.headers)
                 result = await self.caller.call(service, run.endpoint, body, run.headers)
         except TimeoutError as exc:
             if left < step_timeout:

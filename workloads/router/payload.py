@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 HEADER_LENGTH = "inference-header-content-length"
 Origin = Literal["request", "response"]
-Endpoint = Literal["infer", "generate"]
+Endpoint = Literal["infer", "generate", "chat"]  # chat: OpenAI /v1/chat/completions (openai_chat.py)
 _UNSET: Any = object()
 
 

@@ -138,3 +138,47 @@ def serving(app: ASGIApp, timeout_s: float = 30.0) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=timeout_s)
+
+
+@dataclass
+class FakeChat:
+    """A fake OpenAI chat service for router tests: a real Starlette app (serve it with :func:`serving`) that
+    answers ``POST /v1/chat/completions`` with ``prefix`` + the last message's content, streamed one character per
+    chunk when asked, and records each request's body and headers. ``fail`` set: every request answers that status
+    with an OpenAI-shaped error."""
+
+    prefix: str
+    fail: int | None = None
+    break_after: int | None = None  # a stream broken off (connection dropped) after this many chunks
+    requests: list[tuple[dict[str, Any], dict[str, str]]] = field(default_factory=list)
+
+    def app(self) -> ASGIApp:
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse, Response, StreamingResponse
+        from starlette.routing import Route
+
+        async def chat(request: Request) -> Response:
+            doc = await request.json()
+            self.requests.append((doc, dict(request.headers)))
+            if self.fail is not None:
+                error = {"message": f"{self.prefix} refused", "type": "rate_limit_error", "code": "rate_limited"}
+                return JSONResponse({"error": error}, status_code=self.fail, headers={"retry-after": "7"})
+            text = self.prefix + doc["messages"][-1]["content"]
+            base = {"id": "chatcmpl-1", "created": 1, "model": doc["model"]}
+            if not doc.get("stream"):
+                choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                return JSONResponse({**base, "object": "chat.completion", "choices": [choice]})
+
+            async def events() -> AsyncIterator[bytes]:
+                for index, char in enumerate(text):
+                    if index == self.break_after:
+                        raise RuntimeError("the fake chat service broke off its stream")
+                    choice = {"index": 0, "delta": {"content": char}, "finish_reason": None}
+                    chunk = {**base, "object": "chat.completion.chunk", "choices": [choice]}
+                    yield f"data: {json.dumps(chunk)}\n\n".encode()
+                yield b"data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])

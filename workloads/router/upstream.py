@@ -107,6 +107,8 @@ def _message(response_body: bytes) -> str:
         doc = json.loads(response_body)
         if isinstance(doc, dict) and "error" in doc:
             value = doc["error"]
+            if isinstance(value, dict) and isinstance(value.get("message"), str):  # OpenAI's shape
+                return str(value["message"])
             return value if isinstance(value, str) else json.dumps(value)
     return response_body[:500].decode("utf-8", "replace").strip() or "(empty body)"
 
@@ -124,7 +126,14 @@ class Upstreams:
     (an aiohttp session belongs to one running loop; the app is built before uvicorn starts it).
     """
 
-    ENDPOINTS = ("infer", "generate", "generate_stream")
+    # Endpoint -> path under the service's URL ({model}: its served model name). chat: the OpenAI chat API of a
+    # runtime vllm service (steps with protocol openai-chat), where the model is named in the body instead.
+    ENDPOINTS = {
+        "infer": "/v2/models/{model}/infer",
+        "generate": "/v2/models/{model}/generate",
+        "generate_stream": "/v2/models/{model}/generate_stream",
+        "chat": "/v1/chat/completions",
+    }
     # Below the servers' 6 s drain window (and far below their 75 s keep-alive): a connection the server is about
     # to close is not reused (a POST that meets a closing connection fails and is not retried).
     KEEPALIVE_S = 4.0
@@ -134,9 +143,9 @@ class Upstreams:
         self._max_connections = max_connections
         self._sessions: dict[str, aiohttp.ClientSession] = {}
         self._urls = {
-            (name, endpoint): URL(f"{cfg.url}/v2/models/{cfg.model_name}/{endpoint}")
+            (name, endpoint): URL(cfg.url + path.format(model=cfg.model_name))
             for name, cfg in services.items()
-            for endpoint in self.ENDPOINTS
+            for endpoint, path in self.ENDPOINTS.items()
         }
         # The engine bounds each call with its step timeout and the graph deadline; this one (the
         # longest step timeout) bounds connecting (waiting for a pooled connection included) and the

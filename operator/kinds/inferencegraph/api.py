@@ -11,6 +11,7 @@ from ...core.kind import AGE, PHASE, Kind, NameRule, PrinterColumn
 from ...core.model import ApiModel, DnsName, StatusBase, cel, validations
 
 RouterType = Literal["Sequence", "Switch", "Ensemble", "Splitter"]
+StepProtocol = Literal["oip-v2", "openai-chat"]
 GraphPhase = Literal["Pending", "Ready", "Degraded", "Failed"]
 
 
@@ -19,6 +20,11 @@ class GraphStep(ApiModel):
 
     model_config = validations(
         cel("has(self.serviceName) != has(self.nodeName)", "set exactly one of serviceName or nodeName"),
+        cel(
+            "!has(self.protocol) || has(self.serviceName)",
+            "protocol applies to serviceName steps (a nodeName step speaks its node's protocol)",
+            field_path=".protocol",
+        ),
     )
 
     name: str | None = Field(None, description="Step name (the key of its result in an Ensemble).", max_length=63)
@@ -33,6 +39,13 @@ class GraphStep(ApiModel):
     )
     weight: int | None = Field(None, ge=0, le=100, description="Splitter: percent of traffic.")
     dependency: Literal["Soft", "Hard"] = Field("Soft", description="Hard: a failure of this step fails the graph.")
+    protocol: StepProtocol | None = Field(
+        None,
+        description="How the step calls its service: oip-v2 (the default: infer / generate / generate_stream) or "
+        "openai-chat "
+        "(POST /v1/chat/completions of a runtime vllm service). A graph whose steps are openai-chat is itself an "
+        "OpenAI chat endpoint (POST /v1/chat/completions); one graph speaks one protocol (serviceName steps only).",
+    )
 
 
 class GraphNode(ApiModel):

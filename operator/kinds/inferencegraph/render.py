@@ -199,6 +199,7 @@ def _step(step: GraphStep) -> StepConfig:
         condition=step.condition,
         weight=step.weight,
         dependency=step.dependency,
+        protocol=step.protocol,
     )
 
 
