@@ -10,14 +10,12 @@ server) is not run: only its API types are installed.
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from loom.devstack.cluster.gomod import module_dir
 from loom.devstack.cluster.handle import Cluster
 from loom.devstack.cluster.paths import cache_root
 
@@ -44,31 +42,11 @@ def is_fetched() -> bool:
     return all((crd_dir() / name).is_file() for name in CRD_FILES)
 
 
-def _go() -> str:
-    go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
-    if go is None:
-        raise RuntimeError("the Go toolchain is needed to fetch KEDA's CRDs from its Go module; `go` is not on PATH")
-    return go
-
-
 def fetch(progress: Progress = print) -> Path:
     """Copy KEDA's CRDs out of its Go module (downloaded into Go's module cache if needed); return their folder."""
     if is_fetched():
         return crd_dir()
-    found = subprocess.run(
-        [_go(), "mod", "download", "-json", f"{KEDA_MODULE}@{KEDA_VERSION}"],
-        capture_output=True,
-        text=True,
-        cwd=tempfile.gettempdir(),  # outside any module: the download must not touch a go.mod
-        check=False,
-    )
-    try:
-        info: dict[str, Any] = json.loads(found.stdout)
-    except ValueError:
-        info = {}
-    if found.returncode != 0 or "Dir" not in info:
-        raise RuntimeError(f"go mod download {KEDA_MODULE}@{KEDA_VERSION} failed: {info.get('Error') or found.stderr}")
-    source = Path(info["Dir"]) / "config" / "crd" / "bases"
+    source = module_dir(KEDA_MODULE, KEDA_VERSION) / "config" / "crd" / "bases"
     final = crd_dir()
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".keda-crds-", dir=final.parent))

@@ -34,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from loom.devstack.cluster.gomod import module_dir
 from loom.devstack.cluster.handle import Cluster, wait_until
 from loom.devstack.cluster.paths import STACK_DIR, cache_root
 
@@ -62,35 +63,15 @@ def chart_dir() -> Path:
     return cache_root() / f"kueue-{KUEUE_VERSION}" / "chart"
 
 
-def _go() -> str:
-    go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
-    if go is None:
-        raise RuntimeError("the Go toolchain is needed to fetch Kueue's chart from its Go module; `go` is not on PATH")
-    return go
-
-
 def fetch_chart(progress: Progress = print) -> Path:
     """Copy Kueue's Helm chart out of its Go module (the module build.py compiles; in Go's module cache) once."""
     if (chart_dir() / "Chart.yaml").is_file():
         return chart_dir()
-    found = subprocess.run(
-        [_go(), "mod", "download", "-json", f"{KUEUE_MODULE}@{KUEUE_VERSION}"],
-        capture_output=True,
-        text=True,
-        cwd=tempfile.gettempdir(),  # outside any module: the download must not touch a go.mod
-        check=False,
-    )
-    try:
-        info: dict[str, Any] = json.loads(found.stdout)
-    except ValueError:
-        info = {}
-    if found.returncode != 0 or "Dir" not in info:
-        why = info.get("Error") or found.stderr
-        raise RuntimeError(f"go mod download {KUEUE_MODULE}@{KUEUE_VERSION} failed: {why}")
+    source = module_dir(KUEUE_MODULE, KUEUE_VERSION)
     final = chart_dir()
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".kueue-chart-", dir=final.parent))
-    shutil.copytree(Path(info["Dir"]) / "charts" / "kueue", staging / "chart")
+    shutil.copytree(source / "charts" / "kueue", staging / "chart")
     for path in [staging, *staging.rglob("*")]:  # the module cache is read-only; the copies need not be
         path.chmod(0o755 if path.is_dir() else 0o644)
     shutil.rmtree(final, ignore_errors=True)

@@ -9,17 +9,14 @@ kwok's server (--server-address) like to any kubelet. Fetched like KEDA's CRDs (
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from loom.devstack.cluster.gomod import module_dir
 from loom.devstack.cluster.handle import Cluster
-from loom.devstack.cluster.keda import _go
 from loom.devstack.cluster.paths import GO_MODULES_DIR, cache_root
 
 KWOK_MODULE = "sigs.k8s.io/kwok"
@@ -50,20 +47,7 @@ def fetch(progress: Progress = print) -> Path:
     if all((final / name).is_file() for name in CRD_FILES):
         return final
     version = kwok_version()
-    found = subprocess.run(
-        [_go(), "mod", "download", "-json", f"{KWOK_MODULE}@{version}"],
-        capture_output=True,
-        text=True,
-        cwd=tempfile.gettempdir(),  # outside any module: the download must not touch a go.mod
-        check=False,
-    )
-    try:
-        info: dict[str, Any] = json.loads(found.stdout)
-    except ValueError:
-        info = {}
-    if found.returncode != 0 or "Dir" not in info:
-        raise RuntimeError(f"go mod download {KWOK_MODULE}@{version} failed: {info.get('Error') or found.stderr}")
-    source = Path(info["Dir"]) / "kustomize" / "crd" / "bases"
+    source = module_dir(KWOK_MODULE, version) / "kustomize" / "crd" / "bases"
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".kwok-crds-", dir=final.parent))
     staging.chmod(0o755)

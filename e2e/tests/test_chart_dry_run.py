@@ -10,9 +10,6 @@ chart's CRDs, so the dry run validates every object against a real schema. Nothi
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +17,7 @@ import pytest
 import yaml
 
 from loom.devstack.cluster import Cluster
+from loom.devstack.cluster.gomod import module_dir
 from loom.e2e.helm_operator import CHART, helm
 from loom.operator.settings import OperatorSettings
 
@@ -33,16 +31,7 @@ CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
 
 def servicemonitor_crd() -> Path:
     """The ServiceMonitor CRD file in Go's module cache (downloaded and checksum-verified by `go mod download`)."""
-    go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
-    assert go, "the Go toolchain (it builds the local stack) is needed to fetch the ServiceMonitor CRD"
-    module = f"{PROMETHEUS_OPERATOR_MODULE}@{PROMETHEUS_OPERATOR_VERSION}"
-    found = subprocess.run(
-        [go, "mod", "download", "-json", module],
-        capture_output=True, text=True, cwd=tempfile.gettempdir(), check=False, timeout=120,
-    )  # fmt: skip
-    info: dict[str, Any] = json.loads(found.stdout or "{}")
-    assert found.returncode == 0 and "Dir" in info, f"go mod download {module}: {info.get('Error') or found.stderr}"
-    return Path(info["Dir"]) / SERVICEMONITOR_CRD
+    return module_dir(PROMETHEUS_OPERATOR_MODULE, PROMETHEUS_OPERATOR_VERSION) / SERVICEMONITOR_CRD
 
 
 def ensure_crd(cluster: Cluster, path: Path) -> None:

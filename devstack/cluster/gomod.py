@@ -1,0 +1,37 @@
+"""A Go module's source tree from Go's module cache, for the files the stack takes from the modules it builds
+(KEDA's and kwok's CRDs, Kueue's chart): `go mod download` fetches it once, checked against the checksum database
+like every other module of the stack, and the cache is read-only, so callers copy what they keep."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def go_binary() -> str:
+    go = shutil.which("go") or shutil.which("go", path="/usr/local/go/bin")
+    if go is None:
+        raise RuntimeError("the Go toolchain is needed to fetch files from Go modules; `go` is not on PATH")
+    return go
+
+
+def module_dir(module: str, version: str) -> Path:
+    """The folder of `module@version` in Go's module cache (downloaded if needed)."""
+    found = subprocess.run(
+        [go_binary(), "mod", "download", "-json", f"{module}@{version}"],
+        capture_output=True,
+        text=True,
+        cwd=tempfile.gettempdir(),  # outside any module: the download must not touch a go.mod
+        check=False,
+    )
+    try:
+        info: dict[str, Any] = json.loads(found.stdout)
+    except ValueError:
+        info = {}
+    if found.returncode != 0 or "Dir" not in info:
+        raise RuntimeError(f"go mod download {module}@{version} failed: {info.get('Error') or found.stderr}")
+    return Path(info["Dir"])
