@@ -261,6 +261,14 @@ def registry(bin_dir: Path, config_file: Path = REGISTRY_CONFIG) -> Component:
     return Component("registry", [str(bin_dir / "registry"), "serve", str(config_file)], env)
 
 
+def agent_cpu() -> int:
+    """The CPUs the node agent advertises: four per core, at least 8. Its pods are host processes sharing the
+    machine's cores, so their CPU requests are bookkeeping here; advertising the bare core count (2 on the dev
+    machine) left the examples' services Unschedulable for "Insufficient cpu" once the examples' model servers, the
+    vLLM service and the examples' backing services ran side by side, as `make test` runs them."""
+    return max(8, 4 * (os.cpu_count() or 1))
+
+
 def node_agent(pki: Pki, ports: Ports, gpus: int) -> Component | None:
     """Our node agent, which really runs pods as local processes; started only where it exists."""
     if not AGENT_MAIN.exists():
@@ -288,6 +296,8 @@ def node_agent(pki: Pki, ports: Ports, gpus: int) -> Component | None:
             str(pki.key("kubelet")),
             "--gpus",
             str(gpus),
+            "--cpu",
+            str(agent_cpu()),
             *(f"--image-env={name}={bin_dir}" for name, bin_dir in AGENT_IMAGE_ENVIRONMENTS.items()),
         ],
         env,

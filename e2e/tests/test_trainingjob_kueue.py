@@ -10,6 +10,7 @@ counted) and runs again once the high-priority job is done.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import uuid
 from collections.abc import Iterator
@@ -274,8 +275,12 @@ def test_the_example_queue_setup_admits_the_example_job_as_written(
             assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
             assert pod["spec"]["nodeName"].startswith("kwok-node-")
         wide = cluster.kubectl("get", "trainingjob", job, "-n", ns, "-o", "wide").stdout
-        assert wide.split("\n")[0].split()[-4:-1] == ["QUEUE", "ADMISSION", "FLAVOR"]
-        assert "gpus" in wide.split("\n")[1].split() and "Admitted" in wide.split("\n")[1].split()
+        header, row = wide.split("\n")[:2]
+        # kubectl aligns each column under its header: a cell is the row's text from its header's start to the next.
+        starts = [(m.start(), m.group()) for m in re.finditer(r"\S+", header)]
+        ends = [start for start, _ in starts[1:]] + [len(row)]
+        shown = {name: row[start:end].strip() for (start, name), end in zip(starts, ends, strict=True)}
+        assert (shown["QUEUE"], shown["ADMISSION"], shown["FLAVOR"]) == ("gpus", "Admitted", "gpu"), wide
     finally:
         cluster.kubectl("delete", "trainingjob", "chargpt-queued", "-n", ns, "--wait=false", check=False)
         cluster.kubectl("delete", "clusterqueue", "gpu-cluster-queue", "--wait=false", check=False)
