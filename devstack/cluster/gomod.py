@@ -35,3 +35,16 @@ def module_dir(module: str, version: str) -> Path:
     if found.returncode != 0 or "Dir" not in info:
         raise RuntimeError(f"go mod download {module}@{version} failed: {info.get('Error') or found.stderr}")
     return Path(info["Dir"])
+
+
+def copy_out(source: Path, names: tuple[str, ...], final: Path) -> Path:
+    """Copy the files `names` of a module folder into `final` (replaced whole, never left half-written: staged beside
+    it, then renamed). The module cache is read-only; the copies are not."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.parent.name}-", dir=final.parent))
+    staging.chmod(0o755)
+    for name in names:
+        shutil.copyfile(source / name, staging / name)
+    shutil.rmtree(final, ignore_errors=True)
+    staging.rename(final)
+    return final

@@ -10,12 +10,10 @@ server) is not run: only its API types are installed.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from loom.devstack.cluster.gomod import module_dir
+from loom.devstack.cluster.gomod import copy_out, module_dir
 from loom.devstack.cluster.handle import Cluster
 from loom.devstack.cluster.paths import cache_root
 
@@ -48,13 +46,7 @@ def fetch(progress: Progress = print) -> Path:
         return crd_dir()
     source = module_dir(KEDA_MODULE, KEDA_VERSION) / "config" / "crd" / "bases"
     final = crd_dir()
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".keda-crds-", dir=final.parent))
-    staging.chmod(0o755)
-    for name in CRD_FILES:
-        shutil.copyfile(source / name, staging / name)  # the module cache is read-only; copies are not
-    shutil.rmtree(final, ignore_errors=True)
-    staging.rename(final)
+    copy_out(source, CRD_FILES, final)
     progress(f"keda: CRDs of {KEDA_MODULE} {KEDA_VERSION} -> {final}")
     return final
 

@@ -10,12 +10,10 @@ kwok's server (--server-address) like to any kubelet. Fetched like KEDA's CRDs (
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from loom.devstack.cluster.gomod import module_dir
+from loom.devstack.cluster.gomod import copy_out, module_dir
 from loom.devstack.cluster.handle import Cluster
 from loom.devstack.cluster.paths import GO_MODULES_DIR, cache_root
 
@@ -48,13 +46,7 @@ def fetch(progress: Progress = print) -> Path:
         return final
     version = kwok_version()
     source = module_dir(KWOK_MODULE, version) / "kustomize" / "crd" / "bases"
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".kwok-crds-", dir=final.parent))
-    staging.chmod(0o755)
-    for name in CRD_FILES:
-        shutil.copyfile(source / name, staging / name)  # the module cache is read-only; copies are not
-    shutil.rmtree(final, ignore_errors=True)
-    staging.rename(final)
+    copy_out(source, CRD_FILES, final)
     progress(f"kwok: CRDs of {KWOK_MODULE} {version} -> {final}")
     return final
 
