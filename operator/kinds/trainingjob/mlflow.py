@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
-JOB_UID_TAG = "loom.dev/trainingjob-uid"
-TIMEOUT = httpx.Timeout(10.0)
+# The same tag and deadline as the model registry's (a run and the version registered from it name one job).
+from ...core.registry import JOB_UID_TAG, TIMEOUT
 
 
 class TrackingError(Exception):
