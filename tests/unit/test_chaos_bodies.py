@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -83,6 +84,34 @@ def test_a_body_that_does_not_arrive_in_time_gets_408() -> None:
     asyncio.run(BodyLimit(app, max_bytes=1024, timeout_s=0.05)(scope, receive, send))
     assert sent[0]["status"] == 408
     assert json.loads(sent[1]["body"]) == {"error": "request body not received within 0.05 s"}
+
+
+def test_a_body_already_arrived_when_a_held_up_loop_wakes_past_the_deadline_is_read() -> None:
+    """The server's own event loop was held past the deadline (here: a blocking call inside the first receive)
+    while the body arrived: the client was not slow, so the app gets the body, not a 408."""
+    sent: list[dict[str, Any]] = []
+    got: list[bytes] = []
+    calls = 0
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        got.append((await receive())["body"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def receive() -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            time.sleep(0.2)  # the loop is held well past the 0.05 s deadline...
+            await asyncio.sleep(0.01)  # ...and the deadline fires at its next wait
+        return {"type": "http.request", "body": b"ontime", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "headers": [(b"content-length", b"6")]}
+    asyncio.run(BodyLimit(app, max_bytes=1024, timeout_s=0.05)(scope, receive, send))
+    assert calls == 2 and got == [b"ontime"] and sent[0]["status"] == 200
 
 
 def test_the_answer_rule() -> None:
