@@ -13,6 +13,7 @@ import importlib
 from .api import KINDS
 from .autoscale import loop as autoscaler
 from .autoscale.adapters import KindAdapter
+from .core.runner import watch_objects
 from .kinds.featureview.adapter import ADAPTER as FEATURE_VIEW
 from .kinds.inferencegraph.adapter import ADAPTER as INFERENCE_GRAPH
 from .kinds.inferenceservice.adapter import ADAPTER as INFERENCE_SERVICE
@@ -31,6 +32,8 @@ ADAPTERS: tuple[KindAdapter, ...] = (INFERENCE_SERVICE, INFERENCE_GRAPH, FEATURE
 
 
 def register(settings: OperatorSettings) -> None:
+    # The watch cache, before any controller reads an object or applies a child (core/watch_cache.py).
+    watch_objects()
     for kind in KINDS:
         importlib.import_module(f"{__package__}.kinds.{_CONTROLLERS[kind.kind]}.controller").register(settings)
     # The builtin autoscaler of InferenceServices, InferenceGraph routers and FeatureView servers (one loop per kind).

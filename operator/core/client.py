@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import hashlib
 import json
 import logging
 import re
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,7 +24,9 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from ..settings import FIELD_MANAGER
+from .kit import MANAGED_BY
 from .model import Manifest as Manifest  # re-exported: the kube layer's callers use kube.Manifest
+from .watch_cache import WatchCache, key_of, version_of
 
 log = logging.getLogger("loom.kube")
 
@@ -104,6 +108,18 @@ RESOURCES: dict[tuple[str, str], Resource] = {
     # Kopf peering (high availability): read by core/leadership.py.
     ("kopf.dev/v1", "ClusterKopfPeering"): Resource("kopf.dev/v1", "clusterkopfpeerings", namespaced=False),
 }
+
+
+# What Kopf streams into the watch cache (core/runner.py: watch_objects; core/watch_cache.py): Loom's own kinds, and
+# the children labelled as Loom's. Reads of these are served from it; an apply of a child that would change nothing
+# is skipped. Other kinds always go to the API server.
+CACHED_CHILDREN: tuple[tuple[str, str], ...] = (
+    ("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"), ("batch/v1", "Job"),
+)
+CACHED_OBJECTS: tuple[tuple[str, str], ...] = tuple(
+    (api_version, kind) for api_version, kind in RESOURCES if api_version == "loom.dev/v1alpha1"
+)
+WATCHED = WatchCache()
 
 
 def resource(api_version: str, kind: str) -> Resource:
@@ -238,6 +254,13 @@ async def apply(manifest: Manifest, *, subresource: str | None = None, force: bo
     path = res.path(meta.get("namespace"), meta["name"], subresource)
     query = [("fieldManager", FIELD_MANAGER), ("force", "true" if force else "false")]
     body = apply_body(manifest)
+    cached = subresource is None and (manifest["apiVersion"], manifest["kind"]) in CACHED_CHILDREN
+    digest = hashlib.sha256(body + query[1][1].encode()).hexdigest()
+    if cached:
+        # The same manifest, applied already, and nobody wrote the child since: nothing to send (child_cache.py).
+        unchanged = WATCHED.unchanged(key_of(manifest), digest, time.monotonic())
+        if unchanged is not None:
+            return unchanged
 
     def check_and_apply() -> Manifest | None:
         if owner is not None and not _owner_exists(meta.get("namespace"), owner):
@@ -246,15 +269,29 @@ async def apply(manifest: Manifest, *, subresource: str | None = None, force: bo
 
     result = await _in_thread(check_and_apply)
     assert result is not None
+    if subresource is not None:
+        WATCHED.wrote(key_of(manifest), version_of(result), time.monotonic())
+    elif cached and _managed(result):
+        WATCHED.applied(result, digest, time.monotonic())
     return result
 
 
 async def get(api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
-    """The object, or None when it does not exist."""
+    """The object, or None when it does not exist. Loom's objects and children are read from the watch cache when
+    they are there (watch_cache.py: as the watch last delivered them); otherwise, and for other kinds, a GET."""
+    if (api_version, kind) in CACHED_CHILDREN or (api_version, kind) in CACHED_OBJECTS:
+        body = WATCHED.body((api_version, kind, namespace or "", name), time.monotonic())
+        if body is not None:
+            return body
     try:
         return await _in_thread(_call, "GET", resource(api_version, kind).path(namespace, name))
     except NotFound:
         return None
+
+
+def _managed(body: Manifest) -> bool:
+    """Labelled as Loom's: the watch that keeps the child cache current delivers only these."""
+    return ((body.get("metadata") or {}).get("labels") or {}).get("app.kubernetes.io/managed-by") == MANAGED_BY
 
 
 async def list_objects(
@@ -280,6 +317,7 @@ async def delete(
         body["gracePeriodSeconds"] = grace_period_seconds
     if uid:
         body["preconditions"] = {"uid": uid}
+    WATCHED.forget((api_version, kind, namespace or "", name))
     try:
         await _in_thread(_call, "DELETE", resource(api_version, kind).path(namespace, name), body=body)
     except (NotFound, Conflict):
@@ -290,9 +328,11 @@ async def delete(
 async def patch_status(api_version: str, kind: str, namespace: str, name: str, status: Manifest) -> None:
     """Merge-patch the status subresource (used outside Kopf handlers, e.g. by background daemons)."""
     path = resource(api_version, kind).path(namespace, name, "status")
-    await _in_thread(
+    result = await _in_thread(
         _call, "PATCH", path, body={"status": status}, content_type="application/merge-patch+json"
     )
+    # Until the watch brings this write back, a pass reads the object from the API server (watch_cache.py).
+    WATCHED.wrote((api_version, kind, namespace, name), version_of(result), time.monotonic())
 
 
 async def merge_patch(
@@ -316,5 +356,7 @@ async def merge_patch(
         query=[("fieldManager", field_manager)],
         content_type="application/merge-patch+json",
     )
+    # A scale's resourceVersion is its object's: until the watch brings this write back, reads go to the API server.
+    WATCHED.wrote((api_version, kind, namespace, name), version_of(result), time.monotonic())
     assert result is not None
     return result

@@ -43,6 +43,7 @@ from typing import Any, Generic, TypeVar
 import kopf
 
 from . import client as kube
+from .kit import MANAGED_BY
 from .leadership import LEADERSHIP
 from .model import GROUP, VERSION
 from .observability import reconciling
@@ -219,6 +220,27 @@ def child_handlers(runner: Runner, kind_label: str, *resources: tuple[str, str, 
         kopf.on.event(group, version, plural, labels={"app.kubernetes.io/name": kind_label}, id=f"{kind_label}-child")(
             child_changed
         )
+
+
+def watch_objects() -> None:
+    """Keep the kube layer's watch cache current (core/watch_cache.py): Loom's own objects, and every Deployment,
+    Service, ConfigMap and Job labelled as Loom's, as the watch delivers them. Registered once, for every kind
+    (controllers.register); Kopf shares each resource's watch stream between its handlers."""
+
+    async def seen(event: Mapping[str, Any], **_: Any) -> None:
+        body = event.get("object")
+        if isinstance(body, Mapping) and (body.get("metadata") or {}).get("name"):
+            kube.WATCHED.seen(event.get("type"), dict(body))
+
+    def watch(api_version: str, kind: str, labels: dict[str, str] | None) -> None:
+        group, _, version = api_version.rpartition("/")
+        plural = kube.resource(api_version, kind).plural
+        kopf.on.event(group, version, plural, labels=labels, id=f"watch-cache-{plural}")(seen)
+
+    for api_version, kind in kube.CACHED_OBJECTS:
+        watch(api_version, kind, None)
+    for api_version, kind in kube.CACHED_CHILDREN:
+        watch(api_version, kind, {"app.kubernetes.io/managed-by": MANAGED_BY})
 
 
 class Indexes:

@@ -89,8 +89,10 @@ class GraphReconciler:
         if ctx.spec is not None:
             wanted = set(referenced_services(ctx.spec))
             if wanted:
-                for isvc in await kube.list_objects(API_VERSION, "InferenceService", ctx.namespace):
-                    if isvc["metadata"]["name"] in wanted and not isvc["metadata"].get("deletionTimestamp"):
+                # Each by name: served by the watch cache (core/watch_cache.py), no LIST per pass.
+                for wanted_name in sorted(wanted):
+                    isvc = await kube.get(API_VERSION, "InferenceService", ctx.namespace, wanted_name)
+                    if isvc is not None and not isvc["metadata"].get("deletionTimestamp"):
                         ref = observe_service(isvc)
                         observed.services[ref.name] = ref
         observed.deployment = await kube.get("apps/v1", "Deployment", ctx.namespace, deployment_name(ctx.name))

@@ -52,6 +52,7 @@ from .render import (
     rollout_strategy,
     selector_string,
     server_config,
+    server_selector,
 )
 from .rollout import RolloutPlan, desired_total_replicas, model_of, plan_rollout
 from .routing import apply_routing
@@ -204,7 +205,12 @@ class ServiceReconciler:
                     canary=observed.canary, runtime=spec.runtime, prometheus_url=self.settings.prometheus_url,
                     now=self.now(),
                 )  # fmt: skip
-        observed.pods = await kube.list_objects("v1", "Pod", namespace, selector_string(ctx.owner))
+        # The serving pods from the pod index (Kopf's watch cache; populated before any pass runs), a LIST only
+        # when a pass runs without it.
+        observed.pods = (
+            pods_of(self.pods, namespace, name, server_selector(ctx.owner)) if self.pods is not None
+            else await kube.list_objects("v1", "Pod", namespace, selector_string(ctx.owner))
+        )
         # The scale-to-zero activator's pods (when it runs): one that cannot start is named in Ready at zero.
         if ctx.spec is not None and activator_enabled(ctx.spec.spec):
             observed.activator_pods = pods_of(self.pods, namespace, name, activator_selector(ctx.owner))

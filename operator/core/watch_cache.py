@@ -1,0 +1,118 @@
+"""The watch cache: Loom's objects and their children as the watch last delivered them, and what Loom last applied.
+
+Before it, a pass read its object fresh (a GET), read its children back (GETs) and applied every child again (an
+owner GET, then a PATCH), every resync, for every object, though nothing had changed: nearly all of the
+operator's requests in a steady state (bench/bench_steady_requests.py). Kopf already streams these objects; here
+that stream is kept (core/runner.py: watch_objects feeds it), and it answers without a request:
+
+- `body`: the object as last seen, for reads. One that is not here (never seen, deleted) is read from the API
+  server. Kept current by the watch: every change of an object or a child triggers a pass again, so a body a
+  moment older than the API server's (an event on its way) is corrected by the next pass.
+- After Loom writes an object some other way than an apply (a status patch, a scale), its body is not served until
+  the watch has delivered that write (`awaiting`): a pass must never decide on a status older than the one the
+  last pass wrote (a TrainingJob records its attempt in status before it creates that attempt's pods). The
+  write's resourceVersion is what the watch must deliver; watch events of one resource arrive in order.
+- `unchanged`: would applying this exact manifest change anything? Only when Loom applied the same manifest (same
+  digest) and the child's resourceVersion is still the one that apply returned: nobody wrote it since, not even
+  its status. Then the apply and its owner check are skipped. A child deleted meanwhile (its DELETED event not yet
+  here) is not re-created by a skipped apply, which is the safe side: the deletion's event triggers a pass that
+  finds it gone.
+
+Limits, all on the side of asking the API server: a child is applied again at least every `max_age_s` even when
+unchanged (a child whose events stopped reaching the cache, say its managed-by label was removed, is corrected that
+often, as a controller's periodic resync would), and an awaited write that the watch skipped (a relist after the
+watch expired) stops being awaited after `await_s`. Pure: no I/O and no clock of its own (`now` is handed in).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from .model import Manifest
+
+Key = tuple[str, str, str, str]  # (apiVersion, kind, namespace, name)
+MAX_AGE_S = 600.0
+AWAIT_S = 60.0
+
+
+def key_of(body: Manifest) -> Key:
+    meta = body.get("metadata") or {}
+    return str(body.get("apiVersion")), str(body.get("kind")), str(meta.get("namespace") or ""), str(meta["name"])
+
+
+def version_of(body: Manifest | None) -> str | None:
+    value = None if body is None else (body.get("metadata") or {}).get("resourceVersion")
+    return None if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class _Applied:
+    digest: str
+    resource_version: str
+    at: float
+
+
+class WatchCache:
+    def __init__(self, max_age_s: float = MAX_AGE_S, await_s: float = AWAIT_S) -> None:
+        self.max_age_s = max_age_s
+        self.await_s = await_s
+        self._seen: dict[Key, Manifest] = {}
+        self._applied: dict[Key, _Applied] = {}
+        self._awaiting: dict[Key, tuple[str, float]] = {}  # key -> (resourceVersion of Loom's write, when)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def seen(self, event_type: str | None, body: Manifest) -> None:
+        """A watch event (ADDED, MODIFIED, DELETED; None for the initial listing)."""
+        key = key_of(body)
+        if event_type == "DELETED":
+            self.forget(key)
+            return
+        self._seen[key] = copy.deepcopy(body)
+        awaited = self._awaiting.get(key)
+        if awaited is not None and awaited[0] == version_of(body):
+            del self._awaiting[key]
+
+    def forget(self, key: Key) -> None:
+        self._seen.pop(key, None)
+        self._applied.pop(key, None)
+        self._awaiting.pop(key, None)
+
+    def wrote(self, key: Key, resource_version: str | None, now: float) -> None:
+        """Loom wrote the object other than by an apply; `resource_version` is what the API server answered."""
+        self._applied.pop(key, None)
+        if resource_version is None:
+            self._seen.pop(key, None)  # nothing to wait for: read it afresh until the watch brings it again
+            return
+        if version_of(self._seen.get(key)) != resource_version:
+            self._awaiting[key] = (resource_version, now)
+
+    def applied(self, body: Manifest, digest: str, now: float) -> None:
+        """What the API server answered to Loom's apply of a manifest with this digest (the object as it is now)."""
+        key, version = key_of(body), version_of(body)
+        if version is None:
+            return
+        self._seen[key] = copy.deepcopy(body)
+        self._applied[key] = _Applied(digest, version, now)
+        self._awaiting.pop(key, None)
+
+    def body(self, key: Key, now: float) -> Manifest | None:
+        """The object as last seen; None when it is not here or a write of Loom's is still on its way."""
+        awaited = self._awaiting.get(key)
+        if awaited is not None:
+            if now - awaited[1] <= self.await_s:
+                return None
+            del self._awaiting[key]
+        seen = self._seen.get(key)
+        return None if seen is None else copy.deepcopy(seen)
+
+    def unchanged(self, key: Key, digest: str, now: float) -> Manifest | None:
+        """The child as Loom last applied it, when applying this manifest again would change nothing; else None."""
+        applied, seen = self._applied.get(key), self._seen.get(key)
+        if applied is None or seen is None or applied.digest != digest or now - applied.at > self.max_age_s:
+            return None
+        if version_of(seen) != applied.resource_version or key in self._awaiting:
+            return None
+        return copy.deepcopy(seen)
