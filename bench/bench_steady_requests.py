@@ -16,40 +16,19 @@ Needs the stack (`loom dev up`, or it is started here). Prints numbers; asserts 
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from loom.devstack.cluster import StackConfig, current, up
-from loom.devstack.cluster.components import AUDITED_USER, kubeconfig_path
+from loom.devstack.cluster.components import kubeconfig_path
 from loom.devstack.cluster.paths import AUDIT_LOG
+from loom.e2e.audit import audit_offset, operator_requests, what
 from loom.e2e.chaos.churn import _namespace, create, loom_objects, mixed_objects, settled
 from loom.e2e.chaos.kwok_only import kwok_only
 from loom.e2e.pytest_operator import apply_crds, operator_process
 from loom.operator.settings import OperatorSettings
-
-
-def audit_offset() -> int:
-    return AUDIT_LOG.stat().st_size if AUDIT_LOG.exists() else 0
-
-
-def operator_requests(since: int) -> list[dict[str, Any]]:
-    """The audited operator's requests logged after byte `since` of the audit log (its completed requests)."""
-    if not AUDIT_LOG.exists():
-        return []
-    with AUDIT_LOG.open("rb") as log:
-        log.seek(since)
-        events = [json.loads(line) for line in log.read().splitlines() if line.strip()]
-    return [e for e in events if (e.get("user") or {}).get("username") == AUDITED_USER]
-
-
-def what(event: dict[str, Any]) -> tuple[str, str]:
-    ref = event.get("objectRef") or {}
-    resource = ref.get("resource", "?") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-    return event.get("verb", "?"), resource
 
 
 def main() -> None:

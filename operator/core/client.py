@@ -119,6 +119,12 @@ CACHED_CHILDREN: tuple[tuple[str, str], ...] = (
 CACHED_OBJECTS: tuple[tuple[str, str], ...] = tuple(
     (api_version, kind) for api_version, kind in RESOURCES if api_version == "loom.dev/v1alpha1"
 )
+# Where a GET's "not found" is kept until the watch brings the object (watch_cache.py: is_absent): kinds the watch
+# delivers whole (Loom's own) or whose names only Loom gives. Not Services or ConfigMaps: one of someone else's, not
+# labelled as Loom's and so never in the watch, may take the name, and passes look for exactly that.
+KNOWN_ABSENT: frozenset[tuple[str, str]] = frozenset(
+    {*CACHED_OBJECTS, ("apps/v1", "Deployment"), ("batch/v1", "Job")}
+)
 WATCHED = WatchCache()
 
 
@@ -279,13 +285,18 @@ async def apply(manifest: Manifest, *, subresource: str | None = None, force: bo
 async def get(api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
     """The object, or None when it does not exist. Loom's objects and children are read from the watch cache when
     they are there (watch_cache.py: as the watch last delivered them); otherwise, and for other kinds, a GET."""
+    key = (api_version, kind, namespace or "", name)
     if (api_version, kind) in CACHED_CHILDREN or (api_version, kind) in CACHED_OBJECTS:
-        body = WATCHED.body((api_version, kind, namespace or "", name), time.monotonic())
+        body = WATCHED.body(key, time.monotonic())
         if body is not None:
             return body
+        if WATCHED.is_absent(key, time.monotonic()):
+            return None
     try:
         return await _in_thread(_call, "GET", resource(api_version, kind).path(namespace, name))
     except NotFound:
+        if (api_version, kind) in KNOWN_ABSENT:
+            WATCHED.absent(key, time.monotonic())
         return None
 
 

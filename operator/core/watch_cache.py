@@ -12,6 +12,9 @@ that stream is kept (core/runner.py: watch_objects feeds it), and it answers wit
   the watch has delivered that write (`awaiting`): a pass must never decide on a status older than the one the
   last pass wrote (a TrainingJob records its attempt in status before it creates that attempt's pods). The
   write's resourceVersion is what the watch must deliver; watch events of one resource arrive in order.
+- `is_absent`: a GET found no such object, and the watch has not brought one since. Kept only for kinds whose every
+  object the watch delivers (Loom's own kinds) or whose name only Loom gives (its Deployments and Jobs): a pass
+  that looks for a canary or an activator that does not exist asks once, not every time.
 - `unchanged`: would applying this exact manifest change anything? Only when Loom applied the same manifest (same
   digest) and the child's resourceVersion is still the one that apply returned: nobody wrote it since, not even
   its status. Then the apply and its owner check are skipped. A child deleted meanwhile (its DELETED event not yet
@@ -60,6 +63,7 @@ class WatchCache:
         self._seen: dict[Key, Manifest] = {}
         self._applied: dict[Key, _Applied] = {}
         self._awaiting: dict[Key, tuple[str, float]] = {}  # key -> (resourceVersion of Loom's write, when)
+        self._absent: dict[Key, float] = {}  # key -> when a GET found nothing
 
     def __len__(self) -> int:
         return len(self._seen)
@@ -71,6 +75,7 @@ class WatchCache:
             self.forget(key)
             return
         self._seen[key] = copy.deepcopy(body)
+        self._absent.pop(key, None)
         awaited = self._awaiting.get(key)
         if awaited is not None and awaited[0] == version_of(body):
             del self._awaiting[key]
@@ -79,6 +84,21 @@ class WatchCache:
         self._seen.pop(key, None)
         self._applied.pop(key, None)
         self._awaiting.pop(key, None)
+        self._absent.pop(key, None)
+
+    def absent(self, key: Key, now: float) -> None:
+        """A GET found no such object: until the watch brings one (or max_age_s passes), there is none."""
+        if key not in self._seen:
+            self._absent[key] = now
+
+    def is_absent(self, key: Key, now: float) -> bool:
+        found = self._absent.get(key)
+        if found is None or key in self._seen:
+            return False
+        if now - found > self.max_age_s:
+            del self._absent[key]
+            return False
+        return True
 
     def wrote(self, key: Key, resource_version: str | None, now: float) -> None:
         """Loom wrote the object other than by an apply; `resource_version` is what the API server answered."""
@@ -97,6 +117,7 @@ class WatchCache:
         self._seen[key] = copy.deepcopy(body)
         self._applied[key] = _Applied(digest, version, now)
         self._awaiting.pop(key, None)
+        self._absent.pop(key, None)
 
     def body(self, key: Key, now: float) -> Manifest | None:
         """The object as last seen; None when it is not here or a write of Loom's is still on its way."""

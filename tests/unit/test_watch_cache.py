@@ -136,3 +136,28 @@ async def test_kinds_outside_the_cache_always_go_to_the_api_server(api: list[tup
     await kube.apply(account)
     await kube.apply(account)
     assert [m for m, _ in api] == ["PATCH", "PATCH"]
+
+
+def test_a_get_that_found_nothing_holds_until_the_watch_brings_the_object() -> None:
+    cache = WatchCache()
+    key = key_of(deployment())
+    cache.absent(key, now=0.0)
+    assert cache.is_absent(key, now=1.0)
+    cache.seen("ADDED", deployment("4"))
+    assert not cache.is_absent(key, now=2.0) and cache.body(key, now=2.0) == deployment("4")
+    cache.seen("DELETED", deployment("4"))
+    assert not cache.is_absent(key, now=3.0)  # gone, but not known gone: the next GET says
+    cache.absent(key, now=3.0)
+    assert not cache.is_absent(key, now=4.0 + MAX_AGE_S)  # and it is asked again now and then
+
+
+async def test_a_missing_canary_is_asked_for_once(api: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    def not_found(method: str, path: str, **_: Any) -> None:
+        api.append((method, path))
+        raise kube.NotFound(path)
+
+    monkeypatch.setattr(kube, "_call", not_found)
+    for _ in range(3):
+        assert await kube.get("apps/v1", "Deployment", "ml", "bot-canary") is None
+        assert await kube.get("v1", "Service", "ml", "bot") is None
+    assert [path.rsplit("/", 2)[-2] for _, path in api] == ["deployments", "services", "services", "services"]
