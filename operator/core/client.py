@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import kubernetes
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from ..settings import FIELD_MANAGER
@@ -100,6 +101,8 @@ RESOURCES: dict[tuple[str, str], Resource] = {
     ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): Resource(
         "kueue.x-k8s.io/v1beta2", "workloadpriorityclasses", namespaced=False
     ),
+    # Kueue's visibility API: a LocalQueue's pending workloads, for a queued object's position.
+    ("visibility.kueue.x-k8s.io/v1beta2", "LocalQueue"): Resource("visibility.kueue.x-k8s.io/v1beta2", "localqueues"),
     ("scheduling.k8s.io/v1", "PriorityClass"): Resource("scheduling.k8s.io/v1", "priorityclasses", namespaced=False),
     # Kopf peering (high availability): read by core/leadership.py.
     ("kopf.dev/v1", "ClusterKopfPeering"): Resource("kopf.dev/v1", "clusterkopfpeerings", namespaced=False),
@@ -131,6 +134,11 @@ def refusal(exc: BaseException) -> str | None:
 
 class Conflict(Exception):
     pass
+
+
+# What a request may fail with besides NotFound and Conflict: the API server's other answers (503 from an
+# aggregated API that is down, 403) and the transport's errors (a deadline passed, a connection refused).
+REQUEST_ERRORS: tuple[type[BaseException], ...] = (ApiException, urllib3.exceptions.HTTPError)
 
 
 class OwnerGone(Exception):
@@ -249,10 +257,12 @@ async def apply(manifest: Manifest, *, subresource: str | None = None, force: bo
     return result
 
 
-async def get(api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
-    """The object, or None when it does not exist."""
+async def get(
+    api_version: str, kind: str, namespace: str | None, name: str, *, subresource: str | None = None
+) -> Manifest | None:
+    """The object (or one of its subresources), or None when it does not exist."""
     try:
-        return await _in_thread(_call, "GET", resource(api_version, kind).path(namespace, name))
+        return await _in_thread(_call, "GET", resource(api_version, kind).path(namespace, name, subresource))
     except NotFound:
         return None
 

@@ -51,6 +51,7 @@ class QueueObservation:
     name: str
     workload: kueue.WorkloadView | None
     flavors: dict[str, kueue.FlavorView] = field(default_factory=dict)
+    position: kueue.Position | None = None  # while pending, when Kueue's visibility API reports it
 
     def admitted_flavors(self) -> list[kueue.FlavorView]:
         """The flavors of the workers' admission (those the controller could read)."""

@@ -233,7 +233,8 @@ class _Machine:
         wl = queue.workload
         old = st.queue or QueueStatus()
         named = {"name": queue.name, "workload": wl.name if wl else None}
-        qs = old.model_copy(update={**named, "state": g.state, "message": g.message or None})
+        position = queue.position.cluster_queue if queue.position is not None and g.state == "Queued" else None
+        qs = old.model_copy(update={**named, "state": g.state, "message": g.message or None, "position": position})
         self.decision.create_workload = g.create_workload
         if g.state == "Admitted" and wl is not None:
             qs.cluster_queue = wl.cluster_queue
