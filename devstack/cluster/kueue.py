@@ -17,8 +17,9 @@ How it runs here, and why:
   certificate directory (the rotator waits for that file, as for a mounted Secret).
 - The API server reaches the webhook Service through the stack's egress proxy (egress.py): the Service has no
   selector, and `host-services.json` maps its ClusterIP:443 to the host process's webhook port.
-- Configured with Loom's TrainingJob as an external framework (`integrations.externalFrameworks`): Kueue then
-  knows Workloads owned by TrainingJobs as jobs' Workloads; Loom creates them and starts the workers on admission.
+- Configured with Loom's TrainingJob and InferenceService as external frameworks
+  (`integrations.externalFrameworks`): Kueue then knows Workloads owned by them as jobs' Workloads; Loom creates
+  them and starts the pods on admission.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ NAMESPACE = "kueue-system"
 WEBHOOK_SERVICE = "kueue-webhook-service"
 CERT_SECRET = "kueue-webhook-server-cert"
 # Loom's kinds that Kueue queues as external frameworks (Kind.version.group).
-EXTERNAL_FRAMEWORKS = ("TrainingJob.v1alpha1.loom.dev",)
+EXTERNAL_FRAMEWORKS = ("TrainingJob.v1alpha1.loom.dev", "InferenceService.v1alpha1.loom.dev")
 KUEUE_DIR = STACK_DIR / "kueue"
 CONFIG_FILE = KUEUE_DIR / "config.yaml"
 CERT_DIR = KUEUE_DIR / "certs"

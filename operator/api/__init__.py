@@ -67,6 +67,7 @@ from ..kinds.inferenceservice.api import (
     RateLimit,
     Rollout,
 )
+from ..kinds.inferenceservice.queue_api import ServiceQueueStatus
 from ..kinds.inferenceservice.vllm import VllmSpec
 from ..kinds.trainingjob.api import (
     CheckpointSpec,
@@ -163,6 +164,7 @@ __all__ = [
     "ScalingRules",
     "Scheduling",
     "SecretKeySelector",
+    "ServiceQueueStatus",
     "Source",
     "StatusBase",
     "StepStatus",

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import kubernetes
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from ..settings import FIELD_MANAGER
@@ -104,6 +105,8 @@ RESOURCES: dict[tuple[str, str], Resource] = {
     ("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass"): Resource(
         "kueue.x-k8s.io/v1beta2", "workloadpriorityclasses", namespaced=False
     ),
+    # Kueue's visibility API: a LocalQueue's pending workloads, for a queued object's position.
+    ("visibility.kueue.x-k8s.io/v1beta2", "LocalQueue"): Resource("visibility.kueue.x-k8s.io/v1beta2", "localqueues"),
     ("scheduling.k8s.io/v1", "PriorityClass"): Resource("scheduling.k8s.io/v1", "priorityclasses", namespaced=False),
     # Kopf peering (high availability): read by core/leadership.py.
     ("kopf.dev/v1", "ClusterKopfPeering"): Resource("kopf.dev/v1", "clusterkopfpeerings", namespaced=False),
@@ -153,6 +156,11 @@ def refusal(exc: BaseException) -> str | None:
 
 class Conflict(Exception):
     pass
+
+
+# What a request may fail with besides NotFound and Conflict: the API server's other answers (503 from an
+# aggregated API that is down, 403) and the transport's errors (a deadline passed, a connection refused).
+REQUEST_ERRORS: tuple[type[BaseException], ...] = (ApiException, urllib3.exceptions.HTTPError)
 
 
 class OwnerGone(Exception):
@@ -282,20 +290,24 @@ async def apply(manifest: Manifest, *, subresource: str | None = None, force: bo
     return result
 
 
-async def get(api_version: str, kind: str, namespace: str | None, name: str) -> Manifest | None:
-    """The object, or None when it does not exist. Loom's objects and children are read from the watch cache when
-    they are there (watch_cache.py: as the watch last delivered them); otherwise, and for other kinds, a GET."""
+async def get(
+    api_version: str, kind: str, namespace: str | None, name: str, *, subresource: str | None = None
+) -> Manifest | None:
+    """The object (or one of its subresources), or None when it does not exist. Loom's objects and children are
+    read from the watch cache when they are there (watch_cache.py: as the watch last delivered them); otherwise,
+    subresources and other kinds, a GET."""
     key = (api_version, kind, namespace or "", name)
-    if (api_version, kind) in CACHED_CHILDREN or (api_version, kind) in CACHED_OBJECTS:
+    cached = subresource is None and ((api_version, kind) in CACHED_CHILDREN or (api_version, kind) in CACHED_OBJECTS)
+    if cached:
         body = WATCHED.body(key, time.monotonic())
         if body is not None:
             return body
         if WATCHED.is_absent(key, time.monotonic()):
             return None
     try:
-        return await _in_thread(_call, "GET", resource(api_version, kind).path(namespace, name))
+        return await _in_thread(_call, "GET", resource(api_version, kind).path(namespace, name, subresource))
     except NotFound:
-        if (api_version, kind) in KNOWN_ABSENT:
+        if cached and (api_version, kind) in KNOWN_ABSENT:
             WATCHED.absent(key, time.monotonic())
         return None
 

@@ -44,10 +44,11 @@ def queue_name(metadata: Manifest) -> str | None:
     return str(value) if value else None
 
 
-def workload_name(kind: str, name: str, uid: str) -> str:
+def workload_name(kind: str, name: str, uid: str, part: str = "") -> str:
     """Deterministic (a re-run finds the same Workload) and unique per job incarnation (a job deleted and created
-    again under the same name gets a new Workload): `<kind>-<name>-<5 hex of the uid>`, within a DNS label."""
-    suffix = hashlib.sha256(uid.encode()).hexdigest()[:5]
+    again under the same name gets a new Workload): `<kind>-<name>-<5 hex of the uid>`, within a DNS label. `part`
+    names one of several Workloads of one object (an InferenceService's scale steps): `...-<hex>-<part>`."""
+    suffix = hashlib.sha256(uid.encode()).hexdigest()[:5] + (f"-{part}" if part else "")
     prefix = f"{kind.lower()}-{name}"[: 63 - len(suffix) - 1].rstrip("-")
     return f"{prefix}-{suffix}"
 
@@ -105,15 +106,24 @@ class Priority:
         return {"priorityClassRef": {"group": group, "kind": self.kind, "name": self.name}, "priority": self.value}
 
 
-def workload(owner: Manifest, queue: str, pod_sets: list[PodSet], priority: Priority | None = None) -> Manifest:
+def workload(
+    owner: Manifest,
+    queue: str,
+    pod_sets: list[PodSet],
+    priority: Priority | None = None,
+    *,
+    part: str = "",
+    extra_labels: dict[str, str] | None = None,
+) -> Manifest:
     """The Workload of a job: owned by it (controller reference: Kueue finds the job by it, and deleting the job
-    deletes the Workload), in the job's LocalQueue, with the job's pod sets."""
+    deletes the Workload), in the job's LocalQueue, with the job's pod sets. `part` and `extra_labels` tell one of
+    several Workloads of one object apart (workload_name)."""
     meta = owner["metadata"]
     metadata = child_metadata(
         owner,
-        workload_name(owner["kind"], meta["name"], meta["uid"]),
+        workload_name(owner["kind"], meta["name"], meta["uid"], part),
         "workload",
-        extra_labels={JOB_UID_LABEL: meta["uid"]},
+        extra_labels={JOB_UID_LABEL: meta["uid"], **(extra_labels or {})},
     )
     spec: Manifest = {"queueName": queue, "podSets": [p.to_wire() for p in pod_sets]}
     if priority is not None:
@@ -307,3 +317,28 @@ def describe_flavors(assignments: tuple[Assignment, ...]) -> str | None:
     """The admitted flavors for a status line: `gpu-a100` or `cpu-pool,gpu-a100`."""
     names = sorted({f for a in assignments for f in a.flavors.values()})
     return ",".join(names) or None
+
+
+# Kueue's visibility API (VisibilityOnDemand, an aggregated API served by Kueue's manager): the pending workloads of
+# a LocalQueue, in the order Kueue will consider them. Not served when the feature or its APIService is off.
+VISIBILITY_API_VERSION = "visibility.kueue.x-k8s.io/v1beta2"
+PENDING_WORKLOADS = "pendingworkloads"
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a pending Workload stands, 1 = the next one Kueue considers (Kueue itself counts from 0)."""
+
+    cluster_queue: int
+    local_queue: int
+
+
+def pending_positions(summary: Manifest | None) -> dict[str, Position]:
+    """A LocalQueue's PendingWorkloadsSummary read into {workload name: position}; {} when none was served."""
+    out: dict[str, Position] = {}
+    for item in (summary or {}).get("items") or []:
+        name = (item.get("metadata") or {}).get("name")
+        in_cq, in_lq = item.get("positionInClusterQueue"), item.get("positionInLocalQueue")
+        if isinstance(name, str) and isinstance(in_cq, int) and isinstance(in_lq, int):
+            out[name] = Position(cluster_queue=in_cq + 1, local_queue=in_lq + 1)
+    return out

@@ -59,7 +59,10 @@ def test_the_host_process_binds_loopback_and_queues_trainingjobs(tmp_path: Path)
     assert config["health"]["healthProbeBindAddress"] == "127.0.0.1:40002"
     assert config["metrics"]["bindAddress"] == "0"
     assert config["internalCertManagement"]["enable"] is True
-    assert config["integrations"]["externalFrameworks"] == ["TrainingJob.v1alpha1.loom.dev"]
+    assert config["integrations"]["externalFrameworks"] == [
+        "TrainingJob.v1alpha1.loom.dev",
+        "InferenceService.v1alpha1.loom.dev",
+    ]
     assert config["featureGates"]["VisibilityOnDemand"] is False
     assert config["leaderElection"] == {"leaderElect": False}
 

@@ -205,6 +205,17 @@ def test_a_queued_job_has_no_workers_until_admitted() -> None:
     assert waiting.events == []  # the Queued event is said once
 
 
+def test_a_waiting_job_shows_its_queue_position_while_kueue_reports_one() -> None:
+    waiting = wl_body(waiting="insufficient unused quota")
+    here = kueue.Position(cluster_queue=3, local_queue=1)
+    d = step(QueueObservation("team-a", kueue.observe_workload(waiting), {}, here))
+    assert d.status.queue is not None and d.status.queue.position == 3
+    unknown = step(queue(waiting), d.status)  # the visibility API stopped answering: no stale position
+    assert unknown.status.queue is not None and unknown.status.queue.position is None
+    admitted = step(QueueObservation("team-a", kueue.observe_workload(wl_body(admitted=True)), {}, here), d.status)
+    assert admitted.status.queue is not None and admitted.status.queue.position is None
+
+
 def test_admission_starts_the_workers_and_reports_the_flavor() -> None:
     queued = step(queue(None))
     d = step(queue(wl_body(admitted=True)), queued.status)

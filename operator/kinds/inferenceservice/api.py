@@ -31,6 +31,7 @@ from ...core.model import (
     validations,
 )
 from .analysis_api import Analysis, RolloutStatus
+from .queue_api import ServiceQueueStatus
 from .vllm import VllmSpec
 
 ServingPhase = Literal["Pending", "Loading", "Ready", "RollingOut", "Degraded", "Failed"]
@@ -235,6 +236,7 @@ class InferenceServiceStatus(StatusBase):
     model_changed: str | None = Field(None, description="Why the model asked for last changed.")
     alias: AliasStatus | None = Field(None, description="The followed MLflow alias (model.mlflow: models:/name@alias).")
     autoscaling: AutoscalingStatus | None = None
+    queue: ServiceQueueStatus | None = Field(None, description="Admission by Kueue (label kueue.x-k8s.io/queue-name).")
 
 
 class InferenceService(ApiModel):
@@ -271,6 +273,10 @@ INFERENCE_SERVICE = Kind(
         PrinterColumn("Metric", ".status.autoscaling.metricValue", "number", priority=1),
         PrinterColumn("Scaled", ".status.autoscaling.lastScaleReason", priority=1),
         PrinterColumn("OpenAI", ".status.openaiBaseUrl", priority=1),
+        PrinterColumn("Admission", ".status.queue.state", priority=1, description="Kueue: Queued, Admitted, Evicting"),
+        PrinterColumn("Admitted", ".status.queue.admittedReplicas", "integer", priority=1, description="By Kueue"),
+        PrinterColumn("Flavor", ".status.queue.flavor", priority=1, description="Kueue ResourceFlavor admitted"),
+        PrinterColumn("Position", ".status.queue.position", "integer", priority=1, description="Place in the queue"),
         AGE,
     ),
     name_rule=NameRule(

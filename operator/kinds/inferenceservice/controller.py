@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from loom.workloads.server.config import EnrichmentConfig
 
 from ...core import client as kube
+from ...core import kueue
 from ...core.kit import Event, Manifest
 from ...core.model import API_VERSION, GROUP, VERSION, first_error
 from ...core.pod_problems import find_problem
@@ -41,6 +42,8 @@ from .canary import read_analysis as read_canary_analysis
 from .canary_report import analysis_condition
 from .features import resolve_features
 from .model import ModelRef, ResolveError, resolve_model
+from .queueing import Admission, ServiceQueue, admit, report_status
+from .queueing_io import act_on_queue, observe_queue
 from .render import (
     CONFIG_HASH_ANNOTATION,
     KIND_LABEL,
@@ -102,8 +105,11 @@ async def _apply_track(
     vllm_image: str,
     features: EnrichmentConfig | None = None,
     weight: int | None = None,
+    placement: list[kueue.FlavorView] | None = None,
 ) -> Manifest:
     config_map, deployment = render_deployment(owner, spec, track, ref, replicas, image, features, vllm_image)
+    if placement:  # queued by Kueue: on the admitted flavor's nodes
+        deployment["spec"]["template"] = kueue.place(deployment["spec"]["template"], placement)
     if weight is not None:  # the analysis' step this canary runs: its pause counts once this rolled out
         deployment["metadata"].setdefault("annotations", {})[WEIGHT_ANNOTATION] = str(weight)
     await kube.apply(config_map)  # before the Deployment: new pods must find their config
@@ -137,6 +143,7 @@ class Observed:
     features_error: ResolveError | None = None
     analysis: AnalysisInput | None = None  # what the canary analysis read, while a canary is judged
     alias: AliasStatus | None = None  # the followed MLflow alias, as last asked
+    queue: ServiceQueue | None = None  # labelled kueue.x-k8s.io/queue-name: its Workloads (queueing.py)
     plan: RolloutPlan = field(default_factory=lambda: RolloutPlan(stable_ref=None, stable_replicas=0, mode="waiting"))
 
 
@@ -145,6 +152,7 @@ class Plan:
     rollout: RolloutPlan
     invalid: str | None  # the pass's own, or the server contract's refusal of what the CRD allows
     judgement: Judgement | None = None  # the canary analysis' decision this pass
+    admission: Admission | None = None  # queued by Kueue: the replicas admitted (caps the rollout's total)
 
 
 class ServiceReconciler:
@@ -211,6 +219,7 @@ class ServiceReconciler:
             pods_of(self.pods, namespace, name, server_selector(ctx.owner)) if self.pods is not None
             else await kube.list_objects("v1", "Pod", namespace, selector_string(ctx.owner))
         )
+        observed.queue = await observe_queue(ctx.body) if ctx.spec is not None else None
         # The scale-to-zero activator's pods (when it runs): one that cannot start is named in Ready at zero.
         if ctx.spec is not None and activator_enabled(ctx.spec.spec):
             observed.activator_pods = pods_of(self.pods, namespace, name, activator_selector(ctx.owner))
@@ -222,6 +231,12 @@ class ServiceReconciler:
         spec, stable, canary = ctx.spec.spec, observed.stable, observed.canary
         running = sum(int((d or {}).get("spec", {}).get("replicas", 0)) for d in (stable, canary))
         total = desired_total_replicas(spec, recommend_replicas(spec, running) if spec.autoscaling else None)
+        admission = None
+        if observed.queue is not None:  # what Kueue admitted caps it; the rest waits, reported (queueing.py)
+            live = sum(max(int((d or {}).get("spec", {}).get("replicas", 0)), int((d or {}).get("status", {})
+                           .get("replicas", 0))) for d in (stable, canary))  # fmt: skip
+            admission = admit(observed.queue, spec, total, live)
+            total = admission.replicas
         invalid = ctx.invalid
         if invalid is None and observed.desired is not None:
             try:
@@ -232,11 +247,12 @@ class ServiceReconciler:
         if invalid is not None or observed.features_error is not None:
             # Touch nothing; report what still runs. Without its FeatureView (not found, not Ready) a running
             # server keeps the features it was rendered with; none is rendered without them.
-            return Plan(plan_rollout(spec, None, stable, canary, total, held), invalid)
+            return Plan(plan_rollout(spec, None, stable, canary, total, held), invalid, None, admission)
         if spec.rollout.analysis is not None and observed.analysis is not None:
             judged = judge_canary(spec.rollout.analysis, observed.analysis)
-            return Plan(plan_rollout(spec, judged.run, stable, canary, total, judged.percent), None, judged)
-        return Plan(plan_rollout(spec, observed.desired, stable, canary, total, held), None)
+            rollout = plan_rollout(spec, judged.run, stable, canary, total, judged.percent)
+            return Plan(rollout, None, judged, admission)
+        return Plan(plan_rollout(spec, observed.desired, stable, canary, total, held), None, None, admission)
 
     async def apply(self, ctx: Pass[Defaulted[InferenceServiceSpec]], observed: Observed, plan: Plan) -> Observed:
         assert ctx.spec is not None
@@ -248,11 +264,14 @@ class ServiceReconciler:
             assert observed.analysis is not None
             await persist_rollout(ctx, judged, observed.analysis.desired, ctx.spec.spec.rollout.analysis)
         weight = judged.outcome.state.weight if judged is not None and judged.outcome is not None else None
+        placement = observed.queue.admitted_flavors() if observed.queue is not None else None
         if plan.invalid is None and observed.features_error is None and plan.rollout.stable_ref is not None:
             observed.stable, observed.canary, observed.plan = await _apply(
                 ctx.owner, ctx.spec.spec, plan.rollout, observed.stable, observed.canary, self.settings,
-                observed.features, weight,
+                observed.features, weight, placement,
             )  # fmt: skip
+        if plan.admission is not None and observed.queue is not None:
+            await act_on_queue(ctx, plan.admission, observed.queue, self._pod_template(ctx, observed, plan))
         analysis = ctx.spec.spec.rollout.analysis
         state = judged.status.analysis if judged is not None else None
         if analysis is not None and self.later is not None and (wait := seconds_until_due(analysis, state, self.now())):
@@ -260,6 +279,20 @@ class ServiceReconciler:
         if followed(ctx.spec.spec.model) is not None and self.later is not None:
             self.later(ctx.namespace, ctx.name, ctx.spec.spec.model.alias_poll_seconds)
         return observed
+
+    def _pod_template(
+        self, ctx: Pass[Defaulted[InferenceServiceSpec]], observed: Observed, plan: Plan
+    ) -> Manifest | None:
+        """A replica's pod template, for what a Workload accounts (None: no model resolved, nothing to render)."""
+        ref = plan.rollout.stable_ref or observed.desired
+        if ctx.spec is None or ref is None or plan.invalid is not None:
+            return None
+        spec, settings = ctx.spec.spec, self.settings
+        _, deployment = render_deployment(
+            ctx.owner, spec, "stable", ref, 1, settings.server_image, observed.features, settings.vllm_image
+        )
+        template: Manifest = deployment["spec"]["template"]
+        return template
 
     def status(
         self,
@@ -279,9 +312,13 @@ class ServiceReconciler:
             resolve_error=observed.resolve_error,
             invalid=plan.invalid,
             activator_problem=find_problem(observed.activator_pods),
+            queued=(plan.admission.state, plan.admission.message) if plan.admission and not plan.admission.replicas
+            else None,
             runtime=ctx.spec.spec.runtime if ctx.spec is not None else "default",
         )
         status, events = compute_status(ctx.owner, seen, previous)
+        if plan.admission is not None and observed.queue is not None:
+            events = [*events, *report_status(status, plan.admission, observed.queue, previous, ctx.generation)]
         status.endpoint_defaults = ctx.spec.status_field() if ctx.spec is not None else None
         if ctx.spec is not None and followed(ctx.spec.spec.model) is not None:
             status.alias = observed.alias or (previous.alias if previous else None)
@@ -315,6 +352,7 @@ async def _apply(
     settings: OperatorSettings,
     features: EnrichmentConfig | None = None,
     canary_weight: int | None = None,
+    placement: list[kueue.FlavorView] | None = None,
 ) -> tuple[Manifest | None, Manifest | None, RolloutPlan]:
     namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
     image = settings.server_image
@@ -322,13 +360,14 @@ async def _apply(
     # The Service, selecting the scale-to-zero activator while no replica is Ready (and the activator itself).
     await apply_routing(owner, spec, plan, stable, canary, settings)
     stable = await _apply_track(
-        owner, spec, "stable", plan.stable_ref, plan.stable_replicas, image, settings.vllm_image, features
-    )
+        owner, spec, "stable", plan.stable_ref, plan.stable_replicas, image, settings.vllm_image, features,
+        placement=placement,
+    )  # fmt: skip
     if plan.canary_action == "apply":
         assert plan.canary_ref is not None
         canary = await _apply_track(
             owner, spec, "canary", plan.canary_ref, plan.canary_replicas, image, settings.vllm_image, features,
-            canary_weight,
+            canary_weight, placement,
         )
     elif plan.canary_action == "keep":
         # Judge the stable track as it is after this apply: a no-op apply may show it already rolled out.
@@ -362,6 +401,13 @@ def register(settings: OperatorSettings) -> None:
 
     # Rollouts progress with the Deployments' status: react to it instead of polling.
     child_handlers(runner, KIND_LABEL, ("apps", "v1", "deployments"))
+
+    # A queued service's Workloads: Kueue admitting or evicting one is a reason for a pass at once.
+    @kopf.on.event(kueue.GROUP, "v1beta2", "workloads", labels={kueue.JOB_UID_LABEL: kopf.PRESENT})
+    async def inferenceservice_workload_event(body: kopf.Body, **_: Any) -> None:
+        for owner in body.metadata.get("ownerReferences") or []:
+            if owner.get("kind") == KIND and owner.get("controller"):
+                await runner.trigger(str(body.metadata.namespace), owner["name"])
 
     # Enrichment: a FeatureView becoming Ready (or its server moving) re-runs the services that use it.
     views: LastSeen[tuple[Any, Any]] = LastSeen()

@@ -44,6 +44,7 @@ class Observed:
     invalid: str | None = None  # an InvalidSpec message
     activator_problem: PodProblem | None = None  # why the scale-to-zero activator's pod cannot start
     runtime: str = "default"  # spec.runtime (the owner view carries no spec): vllm has an OpenAI base URL
+    queued: tuple[str, str] | None = None  # Kueue admits no replica yet: (Queued | Evicting, Kueue's message)
 
 
 def _replicas(deployment: Manifest | None, field: str) -> int:
@@ -150,6 +151,8 @@ def compute_status(
         model_loaded = _condition(
             "ModelLoaded", True, "Loaded", f"model {version} loaded on {loaded} replica(s)", generation
         )
+    elif wanted == 0 and observed.queued is not None:
+        model_loaded = _condition("ModelLoaded", None, *observed.queued, generation)
     elif wanted == 0:
         model_loaded = _condition("ModelLoaded", None, "ScaledToZero", "no replica runs", generation)
     else:
@@ -199,6 +202,8 @@ def compute_status(
         )  # fmt: skip
     elif ready > 0:
         ready_cond = _condition("Ready", True, "Serving", f"{ready} replica(s) ready", generation)
+    elif observed.queued is not None:  # nothing admitted by Kueue: nothing may run (queueing.py)
+        ready_cond = _condition("Ready", False, *observed.queued, generation)
     elif plan.stable_ref is not None and wanted == 0 and (held := observed.activator_problem) is not None:
         # At zero the activator answers for the service: it cannot, so a request would find nothing.
         ready_cond = _condition("Ready", False, held.reason, f"at zero, the activator: {held.message}", generation)

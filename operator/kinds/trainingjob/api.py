@@ -350,6 +350,9 @@ class QueueStatus(ApiModel):
     flavor: str | None = Field(None, description="The ResourceFlavor(s) admitted (comma-separated).")
     admitted_workers: int | None = Field(None, description="Workers admitted (fewer than replicas: partial admission).")
     message: str | None = Field(None, description="Why the job waits, as Kueue says it.")
+    position: int | None = Field(
+        None, description="While queued: its place in the ClusterQueue, 1 = next (Kueue's visibility API, if served)."
+    )
     evictions: int = Field(0, description="Evictions by Kueue so far (not counted as restarts or failures).")
     last_eviction: QueueEviction | None = None
 
@@ -408,6 +411,7 @@ TRAINING_JOB = Kind(
         PrinterColumn("Queue", ".status.queue.name", priority=1, description="Kueue LocalQueue"),
         PrinterColumn("Admission", ".status.queue.state", priority=1, description="Queued, Admitted or Evicting"),
         PrinterColumn("Flavor", ".status.queue.flavor", priority=1, description="Kueue ResourceFlavor admitted"),
+        PrinterColumn("Position", ".status.queue.position", "integer", priority=1, description="Place in the queue"),
         PrinterColumn("Registered", ".status.registeredModel.version", priority=1),
         AGE,
     ),

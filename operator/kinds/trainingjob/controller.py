@@ -24,7 +24,7 @@ import kopf
 
 from ... import defaults as endpoint_defaults
 from ...core import client as kube
-from ...core import kueue
+from ...core import kueue, kueue_io
 from ...core.events import post_events
 from ...core.kit import Event, set_condition
 from ...core.model import Condition
@@ -402,7 +402,8 @@ def register(settings: OperatorSettings) -> None:
 
 
 async def observe_queue(job: kube.Manifest) -> QueueObservation | None:
-    """For a job labelled kueue.x-k8s.io/queue-name: its Workload and the flavors it was admitted on."""
+    """For a job labelled kueue.x-k8s.io/queue-name: its Workload, the flavors it was admitted on, and while it
+    waits its position in the queue (when Kueue's visibility API answers)."""
     meta = job["metadata"]
     name = kueue.queue_name(meta)
     if name is None:
@@ -410,29 +411,17 @@ async def observe_queue(job: kube.Manifest) -> QueueObservation | None:
     wl_name = kueue.workload_name("TrainingJob", meta["name"], meta["uid"])
     body = await kube.get(kueue.API_VERSION, "Workload", meta["namespace"], wl_name)  # None: none, or no Kueue
     view = kueue.observe_workload(body) if body is not None else None
-    flavors: dict[str, kueue.FlavorView] = {}
-    names = {f for a in (view.assignments if view else ()) for f in a.flavors.values()}
-    for flavor in sorted(names):
-        found = await kube.get(kueue.API_VERSION, "ResourceFlavor", None, flavor)
-        if found is not None:
-            flavors[flavor] = kueue.observe_flavor(found)
-    return QueueObservation(name, view, flavors)
+    flavors = await kueue_io.flavors({f for a in (view.assignments if view else ()) for f in a.flavors.values()})
+    position = None
+    if view is not None and not view.quota_reserved:  # only a waiting job has one: no read once admitted
+        position = (await kueue_io.positions(meta["namespace"], name)).get(view.name)
+    return QueueObservation(name, view, flavors, position)
 
 
 async def workload_priority(job: kube.Manifest, spec: TrainingJobSpec) -> kueue.Priority | None:
     """The Workload's priority: a WorkloadPriorityClass named by the job's kueue.x-k8s.io/priority-class label, else
     the workers' PriorityClass (spec.scheduling.priorityClassName), as Kueue's own integrations take it."""
-    wanted = (job["metadata"].get("labels") or {}).get(kueue.PRIORITY_CLASS_LABEL)
-    if wanted:
-        found = await kube.get(kueue.API_VERSION, "WorkloadPriorityClass", None, wanted)
-        if found is not None:
-            return kueue.Priority("WorkloadPriorityClass", wanted, int(found.get("value", 0)))
-    pod_class = spec.scheduling.priority_class_name
-    if pod_class:
-        found = await kube.get("scheduling.k8s.io/v1", "PriorityClass", None, pod_class)
-        if found is not None:
-            return kueue.Priority("PriorityClass", pod_class, int(found.get("value", 0)))
-    return None
+    return await kueue_io.priority(job["metadata"].get("labels") or {}, spec.scheduling.priority_class_name)
 
 
 def resync_due(body: kopf.Body) -> bool:

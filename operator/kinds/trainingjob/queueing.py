@@ -51,6 +51,7 @@ class QueueObservation:
     name: str
     workload: kueue.WorkloadView | None
     flavors: dict[str, kueue.FlavorView] = field(default_factory=dict)
+    position: kueue.Position | None = None  # while pending, when Kueue's visibility API reports it
 
     def admitted_flavors(self) -> list[kueue.FlavorView]:
         """The flavors of the workers' admission (those the controller could read)."""
@@ -80,20 +81,20 @@ def gate(
     wl = obs.workload
     if wl is None:
         return Gate("Queued", create_workload=True, stop=True, message=f"waiting for Kueue in LocalQueue {obs.name}")
-    live = [p for p in pods if _live(p)]
-    if wl.eviction is not None and (wl.quota_reserved or live):
+    running = [p for p in pods if live(p)]
+    if wl.eviction is not None and (wl.quota_reserved or running):
         eviction = wl.eviction
-        if live:
+        if running:
             since = eviction.since or now
             force = (now - since).total_seconds() >= bound_s
             what = "forcing the rest" if force else "waiting for their final checkpoint"
-            message = f"{eviction.reason}: {len(live)} worker(s) stopping, {what}"
+            message = f"{eviction.reason}: {len(running)} worker(s) stopping, {what}"
             return Gate("Evicting", stop=True, force=force, reason="Evicted", message=message)
         return Gate("Queued", release=True, reason="Requeued", message=f"{eviction.reason}: {eviction.message}".strip())
     if not wl.admitted:
         why = wl.waiting or f"waiting for Kueue in LocalQueue {obs.name}"
         # Admission gone without an eviction notice (deleted and recreated, say): no worker may keep running.
-        return Gate("Queued", stop=bool(live), message=why)
+        return Gate("Queued", stop=bool(running), message=why)
     assignment = wl.assignment(POD_SET)
     count = assignment.count if assignment is not None and assignment.count is not None else spec.workers.replicas
     return Gate("Admitted", workers=max(1, min(count, spec.workers.replicas)), reason="Admitted")
@@ -105,5 +106,6 @@ def checkpointed(pods: tuple[WorkerView, ...]) -> bool:
     return bool(stopped) and all(p.exit_code == EXIT_INTERRUPTED or p.phase == "Succeeded" for p in stopped)
 
 
-def _live(pod: WorkerView) -> bool:
+def live(pod: WorkerView) -> bool:
+    """Not terminated yet (possibly already being deleted)."""
     return pod.phase in ("Pending", "Running", "Unknown")

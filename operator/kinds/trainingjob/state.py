@@ -22,11 +22,9 @@ Rules, in order of precedence:
   reason and Feast's message. Once built (status.trainingData.phase Succeeded) it is never rebuilt: restarts and
   resumes reuse it.
 - Pods that stay unschedulable past scheduling.scheduleTimeoutSeconds -> Ready=False/Unschedulable.
-- Queued by Kueue (label kueue.x-k8s.io/queue-name, queueing.py): no worker before the Workload is admitted
-  (phase Queued); admitted, as many workers as Kueue admitted; evicted, every worker is stopped after its final
-  checkpoint (bounded by Policy.eviction_timeout_seconds), the quota released and the job Queued again, without
-  counting a restart or a failure; readmitted, a new gang attempt resumes from that checkpoint. A finished job
-  marks its Workload Finished, which frees the quota.
+- Queued by Kueue (label kueue.x-k8s.io/queue-name): no worker before the Workload is admitted, an eviction
+  stopped after the final checkpoint and requeued without counting a restart (state_queue.py, queueing.py). A
+  finished job marks its Workload Finished, which frees the quota.
 - Checkpoint uploads the trainer reports failing (it retries them and trains on) -> CheckpointStorage=False
   UploadRetrying, True Uploaded once one lands (trainingjob_storage.py); the phase is not affected.
 - Restarting lasts until the trainer runs steps again, not only until its pods run: a trainer that served
@@ -41,17 +39,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from loom.workloads.trainer.config import EXIT_INTERRUPTED, EXIT_PERMANENT
+from loom.workloads.trainer.config import EXIT_PERMANENT
 
-from ...core import kueue
 from ...core.kit import Condition, Event, format_time, parse_time, set_condition
 from ...core.model import ConditionStatus
 from ...core.pod_problems import REASONS as POD_REASONS
 from .api import (
     CheckpointStatus,
     Progress,
-    QueueEviction,
-    QueueStatus,
     TrainingDataStatus,
     TrainingJobSpec,
     TrainingJobStatus,
@@ -61,7 +56,8 @@ from .config import worker_range
 from .data import CONDITION as DATA_CONDITION
 from .data import DataObservation
 from .observe import NodeView, ProgressReport, WorkerView
-from .queueing import QueueObservation, gate
+from .queueing import QueueObservation
+from .state_queue import finish_workload, queued
 from .storage import CONDITION as STORAGE_CONDITION
 from .storage import RETRYING, storage_condition
 
@@ -168,7 +164,7 @@ class _Machine:
             self.st.progress = progress.model_copy(update={"step": progress.total_steps, "eta": "0s"})
         if phase == "Succeeded":
             self.record_final_checkpoint()
-        self.finish_workload()
+        finish_workload(self)
         self.stop_all(self.obs.pods)
         self.event("Normal" if phase == "Succeeded" else "Warning", reason, message)
         self.reason_detail = (reason, message)
@@ -200,7 +196,7 @@ class _Machine:
             st.attempt += 1
             st.start_time = None
             self.event("Normal", "Resumed", f"resuming as gang attempt {st.attempt} from the latest checkpoint")
-        if obs.queue is not None and (held := self.queued(obs.queue)) is not None:
+        if obs.queue is not None and (held := queued(self, obs.queue)) is not None:
             return held
         deadline = self.spec.run_policy.active_deadline_seconds
         started = parse_time(st.start_time)
@@ -225,83 +221,6 @@ class _Machine:
                 return waiting
         return self.active()
 
-    def queued(self, queue: QueueObservation) -> Decision | None:
-        """Kueue's admission: None when the workers may run (self.desired set to the admitted count), else the
-        decision that holds them (Queued) or stops them for an eviction (see queueing.py)."""
-        st, obs = self.st, self.obs
-        g = gate(queue, self.spec, obs.pods, obs.now, self.policy.eviction_timeout_seconds)
-        wl = queue.workload
-        old = st.queue or QueueStatus()
-        named = {"name": queue.name, "workload": wl.name if wl else None}
-        qs = old.model_copy(update={**named, "state": g.state, "message": g.message or None})
-        self.decision.create_workload = g.create_workload
-        if g.state == "Admitted" and wl is not None:
-            qs.cluster_queue = wl.cluster_queue
-            qs.flavor = kueue.describe_flavors(wl.assignments)
-            qs.admitted_workers = g.workers
-            if old.state != "Admitted":
-                partial = f" of {self.desired}" if g.workers < self.desired else ""
-                self.event(
-                    "Normal",
-                    "Admitted",
-                    f"admitted by ClusterQueue {wl.cluster_queue} on flavor {qs.flavor or '-'}: "
-                    f"{g.workers}{partial} worker(s)",
-                )
-            self.desired = g.workers
-            st.queue = qs
-            return None
-        if g.state == "Evicting" and wl is not None and wl.eviction is not None:
-            if old.state != "Evicting":
-                qs.evictions += 1
-                since = format_time(wl.eviction.since or obs.now)
-                qs.last_eviction = QueueEviction(reason=wl.eviction.reason, message=wl.eviction.message, time=since)
-                self.event(
-                    "Warning",
-                    "Evicted",
-                    f"Kueue evicted the job ({wl.eviction.reason}: {wl.eviction.message}); "
-                    "stopping the workers after their final checkpoint",
-                )
-            self.note_checkpoint(qs, forced=g.force)
-        if g.stop:
-            for pod in obs.pods:
-                if _live(pod):
-                    self.delete(pod, force=g.force or self.node_lost(pod))
-        if g.release:
-            self.decision.release_workload = True
-            if old.state == "Evicting":  # once: a release that failed to write is only repeated
-                self.note_checkpoint(qs, forced=False)
-                st.attempt += 1
-                st.replaced_pods = []
-                st.start_time = None
-                step = st.checkpoint.step if st.checkpoint is not None else None
-                if qs.last_eviction is not None:
-                    qs.last_eviction = qs.last_eviction.model_copy(
-                        update={"stopped_time": format_time(obs.now), "checkpoint_step": step}
-                    )
-                done = qs.last_eviction is not None and qs.last_eviction.checkpointed
-                self.event(
-                    "Normal",
-                    "Requeued",
-                    f"workers stopped{' after their final checkpoint' if done else ''}; quota released, queued again "
-                    f"in LocalQueue {queue.name}; resumes from step {step if step is not None else 0}",
-                )
-        if old.state is None and g.state == "Queued":
-            self.event("Normal", "Queued", f"waiting for admission by Kueue in LocalQueue {queue.name}")
-        st.queue = qs
-        st.phase = "Queued"
-        self.reason_detail = (g.reason if g.state != "Evicting" else "Evicting", g.message)
-        return self.conclude()
-
-    def note_checkpoint(self, qs: QueueStatus, *, forced: bool) -> None:
-        """Whether the evicted workers stopped after their final checkpoint (exit 143), as far as seen."""
-        if qs.last_eviction is None:
-            return
-        stopped = [p for p in self.obs.pods if p.phase in ("Succeeded", "Failed")]
-        if any(p.exit_code == EXIT_INTERRUPTED for p in stopped) and qs.last_eviction.checkpointed is None:
-            qs.last_eviction = qs.last_eviction.model_copy(update={"checkpointed": True})
-        elif forced and qs.last_eviction.checkpointed is None:
-            qs.last_eviction = qs.last_eviction.model_copy(update={"checkpointed": False})
-
     def data_ready(self) -> bool:
         return self.st.training_data is not None and self.st.training_data.phase == "Succeeded"
 
@@ -323,16 +242,9 @@ class _Machine:
         self.reason_detail = (data.reason, data.message)
         return self.conclude()
 
-    def finish_workload(self) -> None:
-        queue = self.obs.queue
-        if queue is not None and queue.workload is not None and not queue.workload.finished:
-            self.decision.finish_workload = True
-        if self.st.queue is not None:
-            self.st.queue = self.st.queue.model_copy(update={"state": "Finished", "message": None})
-
     def finished(self) -> Decision:
         st, obs = self.st, self.obs
-        self.finish_workload()
+        finish_workload(self)
         self.stop_all(obs.pods)
         ttl = self.spec.run_policy.ttl_seconds_after_finished
         done = parse_time(st.completion_time)
