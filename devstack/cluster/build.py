@@ -131,6 +131,8 @@ NODE_MODULES: tuple[GoModule, ...] = (
     ),
     GoModule("cni", ("bridge", "host-local", "loopback", "portmap")),
     GoModule("pause", ("pause",), packages=(".",)),
+    # Cluster DNS for the real node's pods: CoreDNS v1.15.0 with four plugins (go/coredns/main.go).
+    GoModule("coredns", ("coredns",), packages=(".",)),
 )
 
 

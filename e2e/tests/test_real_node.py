@@ -40,7 +40,8 @@ SERVE_OWN_NAME = (
 # What a pod does to reach the API server the way in-cluster clients do: the `kubernetes` Service's address from its
 # environment, its service account's token and CA.
 CALL_API_SERVER = (
-    "import json, os, ssl, urllib.request\n"
+    "import json, os, socket, ssl, urllib.request\n"
+    "print('dns', socket.gethostbyname('kubernetes.default'))\n"
     "sa = '/var/run/secrets/kubernetes.io/serviceaccount'\n"
     "host, port = os.environ['KUBERNETES_SERVICE_HOST'], os.environ['KUBERNETES_SERVICE_PORT']\n"
     "req = urllib.request.Request(f'https://{host}:{port}/version',\n"
@@ -119,8 +120,9 @@ def test_a_pod_has_its_own_address_and_reaches_the_api_server_through_the_kubern
     pod = run_pod(kube_api, namespace, manifest)
     assert ipaddress.ip_address(pod.status.pod_ip) in ipaddress.ip_network(config.POD_CIDR)
     assert pod.status.host_ip == config.NODE_IP
-    log = cluster.kubectl("logs", "-n", namespace, "api-caller").stdout
-    assert log.strip() == f"service {config.KUBERNETES_SERVICE_IP} version v1.37.2"
+    log = cluster.kubectl("logs", "-n", namespace, "api-caller").stdout.splitlines()
+    # Cluster DNS (CoreDNS on the node) resolves the Service's name to its ClusterIP.
+    assert log == [f"dns {config.KUBERNETES_SERVICE_IP}", f"service {config.KUBERNETES_SERVICE_IP} version v1.37.2"]
 
 
 def test_logs_exec_and_port_forward(
@@ -194,12 +196,12 @@ def test_two_pods_listen_on_the_same_port_and_a_service_balances_over_them(
     )
     cluster_ip = service.spec.cluster_ip
     assert ipaddress.ip_address(cluster_ip) in ipaddress.ip_network(config.SERVICE_CIDR)
-    # From a pod, through kube-proxy's rules: both backends answer in time.
+    # From a pod, by the Service's name (cluster DNS), through kube-proxy's rules: both backends answer in time.
     fetch = (
         "import urllib.request, sys\n"
         "seen = set()\n"
         "for _ in range(60):\n"
-        f"    try: seen.add(urllib.request.urlopen('http://{cluster_ip}:80/', timeout=3).read().decode())\n"
+        f"    try: seen.add(urllib.request.urlopen('http://same-port.{namespace}.svc:80/', timeout=3).read().decode())\n"
         "    except OSError: pass\n"
         "print(' '.join(sorted(seen)))\n"
     )

@@ -193,3 +193,13 @@ def test_relay_forwards_both_ways() -> None:
 
     assert asyncio.run(scenario()) == b"echo:hello"
     assert relay.parse_address("192.0.2.1:6443") == ("192.0.2.1", 6443)
+
+
+def test_cluster_dns_serves_the_cluster_domain_on_the_node_address_and_forwards_nothing(tmp_path: Path) -> None:
+    corefile = config.corefile(tmp_path / "admin.kubeconfig")
+    assert f"bind {config.NODE_IP}" in corefile
+    assert f"kubeconfig {tmp_path / 'admin.kubeconfig'}" in corefile
+    assert "forward" not in corefile  # no query leaves the machine
+    kubelet = config.kubelet_config(Path("/ca"), Path("/c"), Path("/k"), Path("/s"), Path("/l"))
+    assert kubelet["clusterDNS"] == [config.NODE_IP]
+    assert kubelet["clusterDomain"] == config.CLUSTER_DOMAIN

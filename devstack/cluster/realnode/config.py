@@ -25,6 +25,9 @@ KUBELET_PORT = 10250
 KUBELET_HEALTHZ_PORT = 10248
 KUBE_PROXY_HEALTHZ_PORT = 10256
 KUBE_PROXY_METRICS_PORT = 10249
+DNS_PORT = 53
+DNS_READY_PORT = 8181
+CLUSTER_DOMAIN = "cluster.local"
 # Pods land on the real node only when they ask for it (a toleration): the node agent stays the default for
 # everything else the stack runs.
 TAINT_KEY = "loom.dev/real-node"
@@ -85,7 +88,6 @@ def containerd_config(root: Path, state: Path, socket: Path, cni_bin: Path, cni_
         "  restrict_oom_score_adj = true",
         # Pod network namespaces under the node's state, where `down` finds every one of them.
         "  netns_mounts_under_state_dir = true",
-        "  enable_cdi = false",
         "  [plugins.'io.containerd.cri.v1.runtime'.containerd]",
         "    default_runtime_name = 'runc'",
         "    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]",
@@ -172,7 +174,9 @@ def kubelet_config(
         "failCgroupV1": False,
         "failSwapOn": False,
         "makeIPTablesUtilChains": False,
-        "clusterDomain": "cluster.local",
+        "clusterDomain": CLUSTER_DOMAIN,
+        # CoreDNS on the node's own address (realnode/node.py): Service names resolve in pods.
+        "clusterDNS": [NODE_IP],
         "podLogsDir": str(pod_logs),
         "registerWithTaints": [TAINT],
         # A shared build machine's disk is often fuller than the defaults allow: never evict or collect images
@@ -210,6 +214,26 @@ def kube_proxy_config(kubeconfig: Path) -> dict[str, Any]:
             "udpStreamTimeout": "0s",
         },
     }
+
+
+def corefile(kubeconfig: Path) -> str:
+    """CoreDNS on the node's address: the cluster's Service and pod names, nothing forwarded (names outside the cluster
+    get REFUSED, so no query leaves the machine)."""
+    return "\n".join(
+        [
+            f"{CLUSTER_DOMAIN}:{DNS_PORT} in-addr.arpa:{DNS_PORT} {{",
+            f"  bind {NODE_IP}",
+            f"  ready {NODE_IP}:{DNS_READY_PORT}",
+            "  errors",
+            "  cache 5",
+            f"  kubernetes {CLUSTER_DOMAIN} in-addr.arpa {{",
+            f"    kubeconfig {kubeconfig}",
+            "    pods insecure",
+            "  }",
+            "}",
+            "",
+        ]
+    )
 
 
 def guard_ruleset() -> str:

@@ -20,7 +20,7 @@ from kubernetes import client
 
 from loom.devstack.cluster import procs
 from loom.devstack.cluster.components import Component
-from loom.devstack.cluster.paths import STACK_DIR, STATE_DIR
+from loom.devstack.cluster.paths import KUBECONFIG, STACK_DIR, STATE_DIR
 from loom.devstack.cluster.pki import Pki
 from loom.devstack.cluster.realnode import config, host, images
 
@@ -35,13 +35,14 @@ IMAGES_DIR = NODE_DIR / "images"
 CONTAINERD_CONFIG = NODE_DIR / "containerd.toml"
 KUBELET_CONFIG = NODE_DIR / "kubelet.yaml"
 KUBE_PROXY_CONFIG = NODE_DIR / "kube-proxy.yaml"
+COREFILE = NODE_DIR / "Corefile"
 # Sockets and containerd's state (its pods' network namespaces among it) on tmpfs, with short paths.
 CONTAINERD_SOCKET = host.RUN_DIR / "containerd.sock"
 CONTAINERD_STATE = host.RUN_DIR / "containerd"
 KUBELET_KUBECONFIG = STACK_DIR / "realnode-kubelet.kubeconfig"
 KUBE_PROXY_KUBECONFIG = STACK_DIR / "kube-proxy.kubeconfig"
 # Start order; `down` stops them in reverse.
-COMPONENTS = ("apiserver-relay", "containerd", "kubelet", "kube-proxy")
+COMPONENTS = ("apiserver-relay", "containerd", "kubelet", "kube-proxy", "coredns")
 START_TIMEOUT = 90.0
 
 
@@ -82,7 +83,8 @@ def components(node_bin: Path, apiserver_port: int) -> list[Component]:
         env,
     )
     proxy = Component("kube-proxy", [str(node_bin / "kube-proxy"), f"--config={KUBE_PROXY_CONFIG}", "--v=1"], env)
-    return [relay, containerd, kubelet, proxy]
+    dns = Component("coredns", [str(node_bin / "coredns"), "-conf", str(COREFILE)], env)
+    return [relay, containerd, kubelet, proxy, dns]
 
 
 def write_configs(pki: Pki, node_bin: Path) -> None:
@@ -104,6 +106,8 @@ def write_configs(pki: Pki, node_bin: Path) -> None:
         )
     )
     KUBE_PROXY_CONFIG.write_text(yaml.safe_dump(config.kube_proxy_config(KUBE_PROXY_KUBECONFIG)))
+    # CoreDNS reads Services and pods as the stack's admin (a dev stack; a real cluster gives it a read-only role).
+    COREFILE.write_text(config.corefile(KUBECONFIG))
 
 
 def _wait(what: str, component: str, check: Callable[[], bool], timeout: float = START_TIMEOUT) -> None:
@@ -143,7 +147,7 @@ def up(api: client.ApiClient, pki: Pki, node_bin: Path, apiserver_port: int, pro
     host.setup_network(progress)
     host.prepare_cgroups()
     write_configs(pki, node_bin)
-    relay, containerd, kubelet, proxy = components(node_bin, apiserver_port)
+    relay, containerd, kubelet, proxy, dns = components(node_bin, apiserver_port)
     for component in (relay, containerd):
         _ensure_running(component, progress)
     _wait("containerd", "containerd", lambda: _containerd_answers(node_bin / "ctr"))
@@ -152,9 +156,11 @@ def up(api: client.ApiClient, pki: Pki, node_bin: Path, apiserver_port: int, pro
         images.import_archive(ctr, CONTAINERD_SOCKET, images.sandbox_archive(node_bin / "pause", IMAGES_DIR))
     if not images.image_present(ctr, CONTAINERD_SOCKET, images.DEV_IMAGE):
         images.import_archive(ctr, CONTAINERD_SOCKET, images.dev_archive(progress))
-    for component in (kubelet, proxy):
+    for component in (kubelet, proxy, dns):
         _ensure_running(component, progress)
     _wait(f"node {config.NODE_NAME} Ready", "kubelet", lambda: node_ready(api))
+    ready = f"http://{config.NODE_IP}:{config.DNS_READY_PORT}/ready"
+    _wait("cluster DNS", "coredns", lambda: httpx.get(ready, timeout=5).status_code == 200)
     progress(f"real node {config.NODE_NAME} Ready ({time.monotonic() - started:.1f}s)")
 
 
@@ -174,7 +180,7 @@ def down(progress: Progress) -> None:
     ours = host.owner() == str(STATE_DIR)
     if not ours and not any(procs.running(name) for name in COMPONENTS):
         return
-    for name in ("kube-proxy", "kubelet"):
+    for name in ("coredns", "kube-proxy", "kubelet"):
         if procs.stop(name):
             progress(f"{name}: stopped")
     shims = host.shim_pids(CONTAINERD_SOCKET)
