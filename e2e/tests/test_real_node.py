@@ -201,7 +201,7 @@ def test_two_pods_listen_on_the_same_port_and_a_service_balances_over_them(
         "import urllib.request, sys\n"
         "seen = set()\n"
         "for _ in range(60):\n"
-        f"    try: seen.add(urllib.request.urlopen('http://same-port.{namespace}.svc:80/', timeout=3).read().decode())\n"
+        f"    try: seen.add(urllib.request.urlopen('http://same-port.{namespace}.svc/', timeout=3).read().decode())\n"
         "    except OSError: pass\n"
         "print(' '.join(sorted(seen)))\n"
     )
