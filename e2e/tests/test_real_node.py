@@ -22,7 +22,7 @@ from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.paths import REPO_ROOT
 from loom.devstack.cluster.realnode import config
-from loom.devstack.cluster.realnode.images import DEV_IMAGE
+from loom.devstack.cluster.realnode.images import DEV_IMAGE, checkout_environment
 
 pytestmark = [pytest.mark.real_node, pytest.mark.slow]
 PORT = 8080
@@ -216,30 +216,29 @@ def test_two_pods_listen_on_the_same_port_and_a_service_balances_over_them(
 def test_a_pod_runs_loom_from_the_checkout_mounted_read_only(
     real_node: client.V1Node, kube_api: client.ApiClient, cluster: Cluster, namespace: str
 ) -> None:
-    python = REPO_ROOT / ".venv" / "bin" / "python"
-    check = (
-        "import loom.operator, pathlib, sys; print(sys.version_info[:2], pathlib.Path(loom.operator.__file__).parent)"
-    )
+    folders = checkout_environment(REPO_ROOT)
+    volumes = [
+        {"name": f"env-{i}", "hostPath": {"path": str(folder), "type": "Directory"}} for i, folder in enumerate(folders)
+    ]
+    mounts = [{"name": f"env-{i}", "mountPath": str(folder), "readOnly": True} for i, folder in enumerate(folders)]
+    check = "import loom.operator, pathlib; print(pathlib.Path(loom.operator.__file__).parent)"
     manifest = pod_manifest(
         "loom-env",
-        [str(python), "-c", check],
+        [str(REPO_ROOT / ".venv" / "bin" / "python"), "-c", check],
         restartPolicy="Never",
-        container={
-            "volumeMounts": [{"name": "checkout", "mountPath": str(REPO_ROOT), "readOnly": True}],
-            "env": [{"name": "PYTHONSAFEPATH", "value": "1"}],
-        },
-        volumes=[{"name": "checkout", "hostPath": {"path": str(REPO_ROOT), "type": "Directory"}}],
+        container={"volumeMounts": mounts, "env": [{"name": "PYTHONSAFEPATH", "value": "1"}]},
+        volumes=volumes,
     )
     run_pod(kube_api, namespace, manifest)
-    out = cluster.kubectl("logs", "-n", namespace, "loom-env").stdout.strip()
-    assert out.endswith(str(REPO_ROOT / "operator")), out
+    assert cluster.kubectl("logs", "-n", namespace, "loom-env").stdout.strip() == str(REPO_ROOT / "operator")
     # Read-only: the pod cannot change the checkout (which is writable on the host: the mount refuses the write).
+    target = REPO_ROOT / f".realnode-write-test-{uuid.uuid4().hex[:6]}"
     writer = pod_manifest(
         "loom-env-write",
-        ["python3", "-c", f"open('{REPO_ROOT}/.realnode-write-test', 'w')"],
+        ["python3", "-c", f"open('{target}', 'w')"],
         restartPolicy="Never",
-        container={"volumeMounts": [{"name": "checkout", "mountPath": str(REPO_ROOT), "readOnly": True}]},
-        volumes=[{"name": "checkout", "hostPath": {"path": str(REPO_ROOT), "type": "Directory"}}],
+        container={"volumeMounts": mounts},
+        volumes=volumes,
     )
     client.CoreV1Api(kube_api).create_namespaced_pod(namespace, writer)
 
@@ -249,4 +248,4 @@ def test_a_pod_runs_loom_from_the_checkout_mounted_read_only(
 
     wait_until(failed, timeout=60, what="the pod writing into the read-only checkout to fail")
     assert "Read-only file system" in cluster.kubectl("logs", "-n", namespace, "loom-env-write").stdout
-    assert not (REPO_ROOT / ".realnode-write-test").exists()
+    assert not target.exists()

@@ -17,7 +17,7 @@ from loom.devstack.cluster.components import Ports, control_plane
 from loom.devstack.cluster.pki import ensure_pki
 from loom.devstack.cluster.realnode import config, host, images, relay
 
-NEVER_ROUTED = (ipaddress.ip_network("192.0.2.0/24"), ipaddress.ip_network("198.18.0.0/15"))
+NEVER_ROUTED = (ipaddress.ip_network("198.51.100.0/24"), ipaddress.ip_network("198.18.0.0/15"))
 
 
 def test_every_address_of_the_node_is_in_a_range_that_is_never_routed_and_apart_from_the_agents() -> None:
@@ -192,7 +192,7 @@ def test_relay_forwards_both_ways() -> None:
         return answer
 
     assert asyncio.run(scenario()) == b"echo:hello"
-    assert relay.parse_address("192.0.2.1:6443") == ("192.0.2.1", 6443)
+    assert relay.parse_address("198.51.100.1:6443") == ("198.51.100.1", 6443)
 
 
 def test_cluster_dns_serves_the_cluster_domain_on_the_node_address_and_forwards_nothing(tmp_path: Path) -> None:
@@ -203,3 +203,32 @@ def test_cluster_dns_serves_the_cluster_domain_on_the_node_address_and_forwards_
     kubelet = config.kubelet_config(Path("/ca"), Path("/c"), Path("/k"), Path("/s"), Path("/l"))
     assert kubelet["clusterDNS"] == [config.NODE_IP]
     assert kubelet["clusterDomain"] == config.CLUSTER_DOMAIN
+
+
+# What `ip -o -4 route show table all` and `ip -o -4 addr` print on the dev VM (its own network is TEST-NET-1), plus
+# the node's bridge once up.
+HOST_ROUTES = """default via 192.0.2.1 dev eth0
+192.0.2.0/24 dev eth0 proto kernel scope link src 192.0.2.2
+local 127.0.0.0/8 dev lo table local proto kernel scope host src 127.0.0.1
+local 192.0.2.2 dev eth0 table local proto kernel scope host src 192.0.2.2
+198.18.0.0/16 dev loomnode0 proto kernel scope link src 198.18.0.1
+local 198.51.100.1 dev loomnode0 table local proto kernel scope host src 198.51.100.1
+4: eth0    inet 192.0.2.2/24 brd 192.0.2.255 scope global eth0\\       valid_lft forever preferred_lft forever
+9: loomnode0    inet 198.51.100.1/24 scope global loomnode0\\       valid_lft forever preferred_lft forever
+"""
+
+
+def test_the_node_refuses_address_ranges_the_host_already_uses() -> None:
+    ours = (f"{config.NODE_IP}/{config.NODE_PREFIX}", config.POD_CIDR, config.SERVICE_CIDR)
+    assert host.overlapping_routes(HOST_ROUTES, ours) == []  # the bridge's own routes are not a clash
+    clashes = host.overlapping_routes(HOST_ROUTES, ("192.0.2.0/24",))  # the documentation range the VM lives in
+    assert len(clashes) == 4 and all("eth0" in line for line in clashes)
+
+
+def test_checkout_environment_adds_the_venvs_python_installation_unless_it_is_debians(tmp_path: Path) -> None:
+    (tmp_path / ".venv").mkdir()
+    cfg = tmp_path / ".venv" / "pyvenv.cfg"
+    cfg.write_text("home = /root/.pyenv/versions/3.11.7/bin\nversion = 3.11.7\n")
+    assert images.checkout_environment(tmp_path) == [tmp_path, Path("/root/.pyenv/versions/3.11.7")]
+    cfg.write_text("home = /usr/bin\n")  # the image's own python3
+    assert images.checkout_environment(tmp_path) == [tmp_path]

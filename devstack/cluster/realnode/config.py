@@ -2,8 +2,8 @@
 kube-proxy. Pure: the edges (host.py, node.py) write and apply it.
 
 Every address lives only on the bridge and in the pod network namespaces the stack creates on this machine, in ranges
-that are never routed (RFC 5737's documentation range for the node, RFC 2544's benchmarking range for pods and
-Services), so nothing the node does can reach, or be reached from, anywhere else; other stacks on the machine (on
+that are never routed on the Internet (RFC 5737's TEST-NET-2 for the node, RFC 2544's benchmarking range for pods
+and Services), so nothing the node does can reach, or be reached from, anywhere else; other stacks on the machine (on
 loopback, with the node agent's 10.96.0.0/16 Service addresses) are left alone: kube-proxy only programs this range.
 """
 
@@ -14,7 +14,9 @@ from typing import Any
 
 NODE_NAME = "loom-real-0"
 BRIDGE = "loomnode0"
-NODE_IP = "192.0.2.1"
+# TEST-NET-2, not TEST-NET-1 (192.0.2.0/24): this VM's own eth0 and default gateway live there. Whatever the range,
+# host.setup_network refuses to start when a route or address of the host's already overlaps it.
+NODE_IP = "198.51.100.1"
 NODE_PREFIX = 24
 POD_CIDR = "198.18.0.0/16"
 POD_GATEWAY = "198.18.0.1"

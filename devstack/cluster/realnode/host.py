@@ -11,6 +11,7 @@ stack did not create is touched: other stacks on this machine (and their loopbac
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import shutil
@@ -101,8 +102,37 @@ def claim(state_dir: Path) -> None:
         SAVED_FILE.write_text(json.dumps(saved, indent=2))
 
 
+def overlapping_routes(routes: str, ranges: Iterable[str]) -> list[str]:
+    """The lines of `ip -o -4 route show table all` (or `ip -o -4 addr`) on another device than the node's bridge
+    whose network overlaps one of `ranges`: the node must never take over an address or route of the host's (this
+    VM's own network is 192.0.2.0/24, say)."""
+    networks = [ipaddress.ip_network(r, strict=False) for r in ranges]
+    clashes = []
+    for line in routes.splitlines():
+        words = line.split()
+        device = words[words.index("dev") + 1] if "dev" in words else (words[1] if len(words) > 1 else "")
+        if device == config.BRIDGE:
+            continue
+        for word in words:
+            try:
+                network = ipaddress.ip_network(word, strict=False)
+            except ValueError:
+                continue
+            if network.version == 4 and network.prefixlen > 0 and any(network.overlaps(n) for n in networks):
+                clashes.append(line.strip())
+                break
+    return clashes
+
+
 def setup_network(progress: Progress) -> None:
     """The bridge with the node's address, forwarding, bridged traffic through conntrack, and the guard table."""
+    ranges = (f"{config.NODE_IP}/{config.NODE_PREFIX}", config.POD_CIDR, config.SERVICE_CIDR)
+    found = _run("ip", "-o", "-4", "route", "show", "table", "all").stdout + _run("ip", "-o", "-4", "addr").stdout
+    clashes = overlapping_routes(found, ranges)
+    if clashes:
+        raise RealNodeError(
+            f"the real node's address ranges {', '.join(ranges)} are in use on this host: " + "; ".join(clashes)
+        )
     if _run("ip", "link", "show", config.BRIDGE, check=False).returncode != 0:
         _run("ip", "link", "add", config.BRIDGE, "type", "bridge")
         progress(f"real node: bridge {config.BRIDGE} created")

@@ -159,6 +159,24 @@ def import_archive(ctr: Path, socket: Path, archive: Path) -> None:
         raise RuntimeError(f"ctr images import {archive} failed: {result.stderr.strip()}")
 
 
+def checkout_environment(repo_root: Path) -> list[Path]:
+    """The host folders a pod on the real node mounts read-only (at the same paths) to run Loom from the checkout in
+    the development image: the checkout (its .venv included) and, when the .venv's interpreter is not the image's own
+    Debian python3 (/usr/bin), the Python installation it was made from (pyvenv.cfg `home`, e.g. a pyenv build: it
+    links against the same Debian libc as the image)."""
+    folders = [repo_root]
+    try:
+        lines = (repo_root / ".venv" / "pyvenv.cfg").read_text().splitlines()
+    except OSError:
+        return folders
+    home = next((line.split("=", 1)[1].strip() for line in lines if line.split("=", 1)[0].strip() == "home"), "")
+    if home and not home.startswith("/usr/"):
+        prefix = Path(home).parent  # <prefix>/bin -> <prefix>
+        if repo_root not in prefix.parents and prefix != repo_root:
+            folders.append(prefix)
+    return folders
+
+
 def image_present(ctr: Path, socket: Path, name: str) -> bool:
     result = subprocess.run(
         [str(ctr), "--address", str(socket), "-n", NAMESPACE, "images", "list", "--quiet", f"name=={name}"],

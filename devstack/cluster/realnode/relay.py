@@ -5,7 +5,7 @@ pods on the real node reach it through the `kubernetes` Service, whose endpoint 
 address, the node's (config.NODE_IP, on the stack's own bridge). TLS passes through untouched: the API server's
 certificate names the Service's ClusterIP.
 
-    python -m loom.devstack.cluster.realnode.relay --listen 192.0.2.1:6443 --target 127.0.0.1:6443
+    python -m loom.devstack.cluster.realnode.relay --listen 198.51.100.1:6443 --target 127.0.0.1:6443
 """
 
 from __future__ import annotations
