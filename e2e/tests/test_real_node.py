@@ -93,10 +93,11 @@ def run_pod(api: client.ApiClient, namespace: str, manifest: dict[str, Any]) -> 
 
     def running() -> client.V1Pod | None:
         pod: client.V1Pod = core.read_namespaced_pod(name, namespace)
-        if pod.status.phase in ("Failed", "Succeeded") and manifest["spec"].get("restartPolicy") != "Never":
+        once = manifest["spec"].get("restartPolicy") == "Never"
+        if pod.status.phase == "Failed" or (pod.status.phase == "Succeeded" and not once):
             raise AssertionError(f"pod {name} ended: {pod.status}")
         ready = any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
-        done = manifest["spec"].get("restartPolicy") == "Never" and pod.status.phase == "Succeeded"
+        done = once and pod.status.phase == "Succeeded"
         return pod if ready or done else None
 
     return wait_until(running, timeout=90, what=f"pod {name} on the real node")
