@@ -21,6 +21,7 @@ from typing import Any
 from kubernetes import client, watch
 
 from loom.devstack.cluster import StackConfig, current, up
+from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.pki import AGENT_NODE_NAME
 from loom.devstack.cluster.realnode import config
 from loom.devstack.cluster.realnode.images import DEV_IMAGE
@@ -78,7 +79,11 @@ def main() -> None:
         namespace = f"bench-pod-start-{uuid.uuid4().hex[:6]}"
         core.create_namespace({"metadata": {"name": namespace}})
         try:
-            time.sleep(2)  # the namespace's default ServiceAccount
+            wait_until(  # pods are refused until the service-account controller made the namespace's default one
+                lambda: core.list_namespaced_service_account(namespace, field_selector="metadata.name=default").items,
+                timeout=30,
+                what="the default ServiceAccount",
+            )
             real: list[float] = []
             agent: list[float] = []
             for _ in range(args.pods):
