@@ -212,9 +212,9 @@ HOST_ROUTES = """default via 192.0.2.1 dev eth0
 local 127.0.0.0/8 dev lo table local proto kernel scope host src 127.0.0.1
 local 192.0.2.2 dev eth0 table local proto kernel scope host src 192.0.2.2
 198.18.0.0/16 dev loomnode0 proto kernel scope link src 198.18.0.1
-local 198.51.100.1 dev loomnode0 table local proto kernel scope host src 198.51.100.1
+local 198.51.100.1 dev loomnode0h table local proto kernel scope host src 198.51.100.1
 4: eth0    inet 192.0.2.2/24 brd 192.0.2.255 scope global eth0\\       valid_lft forever preferred_lft forever
-9: loomnode0    inet 198.51.100.1/24 scope global loomnode0\\       valid_lft forever preferred_lft forever
+9: loomnode0h    inet 198.51.100.1/24 scope global loomnode0h\\       valid_lft forever preferred_lft forever
 """
 
 

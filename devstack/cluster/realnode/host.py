@@ -111,7 +111,7 @@ def overlapping_routes(routes: str, ranges: Iterable[str]) -> list[str]:
     for line in routes.splitlines():
         words = line.split()
         device = words[words.index("dev") + 1] if "dev" in words else (words[1] if len(words) > 1 else "")
-        if device == config.BRIDGE:
+        if device in (config.BRIDGE, config.HOST_LINK):
             continue
         for word in words:
             try:
@@ -133,13 +133,14 @@ def setup_network(progress: Progress) -> None:
         raise RealNodeError(
             f"the real node's address ranges {', '.join(ranges)} are in use on this host: " + "; ".join(clashes)
         )
-    if _run("ip", "link", "show", config.BRIDGE, check=False).returncode != 0:
-        _run("ip", "link", "add", config.BRIDGE, "type", "bridge")
-        progress(f"real node: bridge {config.BRIDGE} created")
+    for link, kind in ((config.BRIDGE, "bridge"), (config.HOST_LINK, "dummy")):
+        if _run("ip", "link", "show", link, check=False).returncode != 0:
+            _run("ip", "link", "add", link, "type", kind)
+            progress(f"real node: {kind} {link} created")
+        _run("ip", "link", "set", link, "up")
     address = f"{config.NODE_IP}/{config.NODE_PREFIX}"
-    if address not in _run("ip", "-o", "-4", "addr", "show", "dev", config.BRIDGE).stdout:
-        _run("ip", "addr", "add", address, "dev", config.BRIDGE)
-    _run("ip", "link", "set", config.BRIDGE, "up")
+    if address not in _run("ip", "-o", "-4", "addr", "show", "dev", config.HOST_LINK).stdout:
+        _run("ip", "addr", "add", address, "dev", config.HOST_LINK)
     for name, value in config.NETWORK_SYSCTLS.items():
         write_sysctl(name, value)
     _run("nft", "delete", "table", "inet", config.GUARD_TABLE, check=False)
@@ -245,8 +246,9 @@ def release(folders: Iterable[Path], pod_logs: Path, progress: Progress) -> None
     for line in _run("ip", "-o", "link", "show", "master", config.BRIDGE, check=False).stdout.splitlines():
         name = line.split(":")[1].strip().split("@")[0]
         _run("ip", "link", "delete", name, check=False)
-    if _run("ip", "link", "delete", config.BRIDGE, check=False).returncode == 0:
-        progress(f"real node: bridge {config.BRIDGE} deleted")
+    for link in (config.BRIDGE, config.HOST_LINK):
+        if _run("ip", "link", "delete", link, check=False).returncode == 0:
+            progress(f"real node: {link} deleted")
     for family, table in NFT_TABLES:
         _run("nft", "delete", "table", family, table, check=False)
     try:
