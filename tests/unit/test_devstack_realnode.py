@@ -134,7 +134,8 @@ def test_apiserver_certificate_names_the_real_nodes_service_ip_and_a_changed_lea
 def test_image_archive_names_its_layers_by_digest(tmp_path: Path) -> None:
     binary = tmp_path / "pause-bin"
     binary.write_bytes(b"\x7fELF fake")
-    archive = images.sandbox_archive(binary, tmp_path / "out")
+    (tmp_path / "link").symlink_to(binary)  # as in the stack's bin directory: the layer holds the file, not a link
+    archive = images.sandbox_archive(tmp_path / "link", tmp_path / "out")
     with tarfile.open(archive) as tar:
         manifest = json.loads(tar.extractfile("manifest.json").read())  # type: ignore[union-attr]
         (entry,) = manifest
@@ -145,7 +146,8 @@ def test_image_archive_names_its_layers_by_digest(tmp_path: Path) -> None:
     assert image["config"]["Entrypoint"] == ["/pause"]
     with tarfile.open(fileobj=__import__("io").BytesIO(layer)) as inner:
         (member,) = inner.getmembers()
-        assert (member.name, member.mode, member.uid) == ("pause", 0o755, 0)
+        assert (member.name, member.mode, member.uid, member.isfile()) == ("pause", 0o755, 0, True)
+        assert inner.extractfile(member).read() == b"\x7fELF fake"  # type: ignore[union-attr]
 
 
 def test_mounts_under_finds_only_the_nodes_deepest_first() -> None:

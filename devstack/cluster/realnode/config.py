@@ -14,7 +14,7 @@ from typing import Any
 
 NODE_NAME = "loom-real-0"
 BRIDGE = "loomnode0"
-# The node's own address lives on a dummy link of its own: the CNI bridge plugin refuses a bridge holding any address
+# The node's own address lives on a link of its own: the CNI bridge plugin refuses a bridge holding any address
 # but its pods' gateway.
 HOST_LINK = "loomnode0h"
 # TEST-NET-2, not TEST-NET-1 (192.0.2.0/24): this VM's own eth0 and default gateway live there. Whatever the range,

@@ -133,7 +133,8 @@ def setup_network(progress: Progress) -> None:
         raise RealNodeError(
             f"the real node's address ranges {', '.join(ranges)} are in use on this host: " + "; ".join(clashes)
         )
-    for link, kind in ((config.BRIDGE, "bridge"), (config.HOST_LINK, "dummy")):
+    # The host link is a bridge with no ports too: this kernel has no dummy links (no modules).
+    for link, kind in ((config.BRIDGE, "bridge"), (config.HOST_LINK, "bridge")):
         if _run("ip", "link", "show", link, check=False).returncode != 0:
             _run("ip", "link", "add", link, "type", kind)
             progress(f"real node: {kind} {link} created")

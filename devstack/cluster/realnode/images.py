@@ -78,6 +78,8 @@ def write_archive(
 
 def _single_file_layer(target: Path, source: Path, name: str) -> Path:
     with tarfile.open(target, "w") as layer:
+        # The stack's bin directory holds links: the layer must carry the file itself.
+        source = source.resolve()
         info = layer.gettarinfo(str(source), arcname=name)
         info.uid = info.gid = 0
         info.uname = info.gname = "root"
