@@ -16,12 +16,22 @@ def dev() -> None:
     """The local control plane: etcd, kube-apiserver, controller manager, scheduler, kwok GPU nodes."""
 
 
+REAL_NODE_HELP = (
+    "Also the real node: kubelet, containerd, runc, CNI plugins and kube-proxy on a bridge of the stack's own "
+    "(needs root; its programs are built on first use)."
+)
+
+
 @dev.command()
-def build() -> None:
+@click.option("--real-node", is_flag=True, help=REAL_NODE_HELP)
+def build(real_node: bool) -> None:
     """Build the control plane, kwok, kubectl and helm from their Go modules (cached; a rebuild is a no-op)."""
     from loom.devstack.cluster.build import build as build_stack
+    from loom.devstack.cluster.build import build_node
 
     build_stack(progress=click.echo)
+    if real_node:
+        build_node(progress=click.echo)
 
 
 @dev.command()
@@ -30,13 +40,15 @@ def build() -> None:
 @click.option(
     "--agent-gpus", default=0, show_default=True, type=click.IntRange(0), help="GPUs the local node agent advertises."
 )
-def up(nodes: int, gpus_per_node: int, agent_gpus: int) -> None:
+@click.option("--real-node", is_flag=True, help=REAL_NODE_HELP)
+def up(nodes: int, gpus_per_node: int, agent_gpus: int, real_node: bool) -> None:
     """Start the stack (building it first if needed); a no-op when it already runs like this."""
     from loom.devstack.backing import host_prometheus_url
     from loom.devstack.cluster import StackConfig
     from loom.devstack.cluster import up as stack_up
 
-    cluster = stack_up(StackConfig(nodes=nodes, gpus_per_node=gpus_per_node, agent_gpus=agent_gpus), click.echo)
+    shape = StackConfig(nodes=nodes, gpus_per_node=gpus_per_node, agent_gpus=agent_gpus, real_node=real_node)
+    cluster = stack_up(shape, click.echo)
     prometheus = host_prometheus_url()
     exports = f"\nexport LOOM_PROMETHEUS_URL={prometheus}" if prometheus else ""
     click.echo(f"ready: {cluster.server}\n{cluster.shell_exports()}{exports}")

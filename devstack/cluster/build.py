@@ -28,6 +28,8 @@ KUBERNETES_VERSION = "v1.37.2"
 HELM_VERSION = "v4.3.1"
 PROMETHEUS_VERSION = "3.16.0"  # Go module github.com/prometheus/prometheus v0.316.0
 REGISTRY_VERSION = "v3.1.2"  # Go module github.com/distribution/distribution/v3 (go/registry/go.mod)
+CONTAINERD_VERSION = "v2.4.2"  # go/containerd/go.mod
+CNI_PLUGINS_VERSION = "v1.10.0"  # go/cni/go.mod
 
 Progress = Callable[[str], None]
 
@@ -116,6 +118,24 @@ MODULES: tuple[GoModule, ...] = (
 )
 
 
+# The real node (realnode/): built only for `loom dev build --real-node` / `up --real-node`, so the default stack (and
+# `make test`) does not pay its cold build. Its own bin directory, so the default stack's digest stays as it is.
+NODE_MODULES: tuple[GoModule, ...] = (
+    # The kubelet and kube-proxy: go/node has go/k8s's requirements and pins, so what they share with the control
+    # plane is compiled once (tests/unit/test_stack_go_modules.py).
+    GoModule("node", ("kubelet", "kube-proxy"), _kubernetes_version_flags(KUBERNETES_VERSION)),
+    GoModule(
+        "containerd",
+        ("containerd", "containerd-shim-runc-v2", "ctr"),
+        (f"-X github.com/containerd/containerd/v2/version.Version={CONTAINERD_VERSION}",),
+    ),
+    GoModule("cni", ("bridge", "host-local", "loopback", "portmap")),
+    GoModule("pause", ("pause",), packages=(".",)),
+    # Cluster DNS for the real node's pods: CoreDNS v1.15.0 with four plugins (go/coredns/main.go).
+    GoModule("coredns", ("coredns",), packages=(".",)),
+)
+
+
 def stack_bin_dir() -> Path:
     """The one directory with every binary of the stack (links into the per-module caches)."""
     combined = hashlib.sha256("".join(m.digest() for m in MODULES).encode()).hexdigest()[:16]
@@ -198,11 +218,21 @@ def _build_module(module: GoModule, progress: Progress) -> None:
     progress(f"{module.name}: built in {time.monotonic() - started:.0f}s -> {final}")
 
 
-def _link_stack_bin_dir() -> Path:
-    target = stack_bin_dir()
+def node_bin_dir() -> Path:
+    """The real node's binaries (links into their modules' caches), apart from the default stack's."""
+    combined = hashlib.sha256("".join(m.digest() for m in NODE_MODULES).encode()).hexdigest()[:16]
+    return cache_root() / f"node-bin-{combined}"
+
+
+def node_is_built() -> bool:
+    return all((node_bin_dir() / name).exists() for m in NODE_MODULES for name in m.binaries)
+
+
+def _link_bin_dir(target: Path, modules: tuple[GoModule, ...]) -> Path:
+    target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".bin-", dir=target.parent))
     staging.chmod(0o755)
-    for module in MODULES:
+    for module in modules:
         for name in module.binaries:
             (staging / name).symlink_to(module.bin_dir() / name)
     shutil.rmtree(target, ignore_errors=True)
@@ -221,8 +251,22 @@ def build(progress: Progress = print) -> Path:
                 _build_module(module, progress)
         keda.fetch(progress)  # not a binary: KEDA's CRDs, cached next to the binaries
         kueue.fetch_chart(progress)  # likewise Kueue's chart (its CRDs and webhook configurations)
-        bin_dir = stack_bin_dir() if is_built() else _link_stack_bin_dir()
+        bin_dir = stack_bin_dir() if is_built() else _link_bin_dir(stack_bin_dir(), MODULES)
         progress(f"stack binaries ready in {bin_dir} ({time.monotonic() - started:.1f}s)")
+        return bin_dir
+
+
+def build_node(progress: Progress = print) -> Path:
+    """Build the real node's programs (kubelet, kube-proxy, containerd, CNI plugins, pause) not cached yet."""
+    with _build_lock():
+        started = time.monotonic()
+        for module in NODE_MODULES:
+            if module.is_built():
+                progress(f"{module.name}: cached at {module.bin_dir()}")
+            else:
+                _build_module(module, progress)
+        bin_dir = node_bin_dir() if node_is_built() else _link_bin_dir(node_bin_dir(), NODE_MODULES)
+        progress(f"real node binaries ready in {bin_dir} ({time.monotonic() - started:.1f}s)")
         return bin_dir
 
 

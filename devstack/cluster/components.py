@@ -21,10 +21,13 @@ from loom.devstack.cluster.paths import (
     REGISTRY_DATA_DIR,
     STACK_DIR,
 )
-from loom.devstack.cluster.pki import AGENT_NODE_NAME, SERVICE_CIDR, Pki
+from loom.devstack.cluster.pki import AGENT_NODE_NAME, REAL_NODE_IP, SERVICE_CIDR, Pki
+from loom.devstack.cluster.realnode import config as realnode_config
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 KWOK_POD_CIDR = "10.244.0.0/16"
+# A stack with a real node: its Services' range (never routed anywhere; realnode/config.py).
+REAL_NODE_SERVICE_CIDR = realnode_config.SERVICE_CIDR
 # kwok manages only the nodes carrying this label (its own convention), never our node agent's.
 KWOK_NODE_SELECTOR = "type=kwok"
 
@@ -105,7 +108,20 @@ def _delegated_auth(kubeconfig: Path) -> list[str]:
     ]
 
 
-def control_plane(bin_dir: Path, pki: Pki, ports: Ports) -> list[Component]:
+def _real_node_apiserver_flags(args: list[str]) -> list[str]:
+    """The API server of a stack with a real node (realnode/): Services in the real node's own range (kube-proxy
+    programs only it, never the node agent's 10.96.0.0/16 of other stacks on this machine), the `kubernetes`
+    Service's endpoint at the node's address (the relay there forwards to loopback), kubelets dialled at their
+    InternalIP (the real kubelet's Hostname does not resolve)."""
+    replaced = {
+        f"--service-cluster-ip-range={SERVICE_CIDR}": f"--service-cluster-ip-range={REAL_NODE_SERVICE_CIDR}",
+        "--advertise-address=127.0.0.1": f"--advertise-address={REAL_NODE_IP}",
+        "--endpoint-reconciler-type=none": "--endpoint-reconciler-type=lease",
+    }
+    return [replaced.get(arg, arg) for arg in args] + ["--kubelet-preferred-address-types=InternalIP,Hostname"]
+
+
+def control_plane(bin_dir: Path, pki: Pki, ports: Ports, real_node: bool = False) -> list[Component]:
     etcd_url = f"http://127.0.0.1:{ports.etcd_client}"
     peer_url = f"http://127.0.0.1:{ports.etcd_peer}"
     etcd = Component(
@@ -171,6 +187,8 @@ def control_plane(bin_dir: Path, pki: Pki, ports: Ports) -> list[Component]:
             "--audit-log-maxbackup=1",
         ],
     )
+    if real_node:
+        apiserver = Component(apiserver.name, _real_node_apiserver_flags(apiserver.argv))
     controller_manager = Component(
         "kube-controller-manager",
         [
@@ -185,7 +203,7 @@ def control_plane(bin_dir: Path, pki: Pki, ports: Ports) -> list[Component]:
             f"--root-ca-file={pki.ca_cert}",
             f"--cluster-signing-cert-file={pki.ca_cert}",
             f"--cluster-signing-key-file={pki.ca_key}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={REAL_NODE_SERVICE_CIDR if real_node else SERVICE_CIDR}",
             # A single instance: waiting for a leader lease only slows the start down.
             "--leader-elect=false",
             "--kube-api-qps=100",

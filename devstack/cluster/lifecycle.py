@@ -25,7 +25,7 @@ import httpx
 import yaml
 
 from loom.devstack.cluster import keda, kueue, kwok_crds, procs
-from loom.devstack.cluster.build import build, is_built, stack_bin_dir
+from loom.devstack.cluster.build import build, build_node, is_built, node_bin_dir, node_is_built, stack_bin_dir
 from loom.devstack.cluster.components import (
     EGRESS_CONFIG,
     EGRESS_SOCKET,
@@ -45,6 +45,7 @@ from loom.devstack.cluster.handle import Cluster
 from loom.devstack.cluster.nodes import NodeShape, ensure_nodes, wait_nodes_ready
 from loom.devstack.cluster.paths import (
     AUDIT_POLICY,
+    ETCD_DATA_DIR,
     KUBECONFIG,
     LOCK_FILE,
     PKI_DIR,
@@ -54,7 +55,8 @@ from loom.devstack.cluster.paths import (
     STACK_FILE,
     USERS_DIR,
 )
-from loom.devstack.cluster.pki import AGENT_NODE_NAME, Pki, ensure_pki
+from loom.devstack.cluster.pki import AGENT_NODE_NAME, REAL_NODE_NAME, Pki, ensure_pki
+from loom.devstack.cluster.realnode import node as realnode
 
 Progress = Callable[[str], None]
 COMPONENT_ORDER = (
@@ -71,15 +73,19 @@ class StackConfig:
     agent_gpus: int = 0
     node_cpu: str = "32"
     node_memory: str = "256Gi"
+    # A real node (kubelet, containerd, kube-proxy: realnode/) beside the node agent; the stack's Services then take
+    # the real node's range, so it is decided when the stack's data is made (a change needs `down --wipe`).
+    real_node: bool = False
 
     @classmethod
     def from_env(cls) -> StackConfig:
-        """Test sessions take the stack's shape from LOOM_STACK_NODES/_GPUS_PER_NODE/_AGENT_GPUS."""
+        """Test sessions take the stack's shape from LOOM_STACK_NODES/_GPUS_PER_NODE/_AGENT_GPUS/_REAL_NODE."""
         defaults = cls()
         return cls(
             nodes=int(os.environ.get("LOOM_STACK_NODES", defaults.nodes)),
             gpus_per_node=int(os.environ.get("LOOM_STACK_GPUS_PER_NODE", defaults.gpus_per_node)),
             agent_gpus=int(os.environ.get("LOOM_STACK_AGENT_GPUS", defaults.agent_gpus)),
+            real_node=os.environ.get("LOOM_STACK_REAL_NODE", "") not in ("", "0"),
         )
 
     def shape(self) -> NodeShape:
@@ -264,9 +270,15 @@ def _ensure_running(component: Component, progress: Progress) -> bool:
 def up(config: StackConfig | None = None, progress: Progress = print, started_by: str = "cli") -> Cluster:
     config = config or StackConfig()
     bin_dir = stack_bin_dir() if is_built() else build(progress)
+    node_bin = (node_bin_dir() if node_is_built() else build_node(progress)) if config.real_node else None
     started = time.monotonic()
     with _state_lock():
         previous = StackState.load()
+        if previous is not None and previous.config.real_node != config.real_node and ETCD_DATA_DIR.exists():
+            raise RuntimeError(
+                f"this stack's data was made {'with' if previous.config.real_node else 'without'} the real node (its"
+                " Services' address range differs): `loom dev down --wipe` first"
+            )
         anything_running = any(procs.running(name) for name in COMPONENT_ORDER)
         if previous is not None and anything_running:
             ports = _with_registry_port(previous.ports)
@@ -284,6 +296,11 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
         _write_kubeconfig(
             kubeconfig_path("audited-operator"), "loom-audited-operator", server, pki, "audited-operator"
         )
+        if config.real_node:
+            _write_kubeconfig(
+                realnode.KUBELET_KUBECONFIG, f"system:node:{REAL_NODE_NAME}", server, pki, "realnode-kubelet"
+            )
+            _write_kubeconfig(realnode.KUBE_PROXY_KUBECONFIG, "system:kube-proxy", server, pki, "kube-proxy")
         AUDIT_POLICY.write_text(yaml.safe_dump(audit_policy()))
         EGRESS_CONFIG.write_text(yaml.safe_dump(egress_selector_config(EGRESS_SOCKET)))
         REGISTRY_DATA_DIR.mkdir(parents=True, exist_ok=True)
@@ -298,7 +315,7 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
             ca_cert=pki.ca_cert,
             registry=f"127.0.0.1:{ports.registry}",
         )
-        etcd, apiserver, *controllers = control_plane(bin_dir, pki, ports)
+        etcd, apiserver, *controllers = control_plane(bin_dir, pki, ports, real_node=config.real_node)
         agent = node_agent(pki, ports, config.agent_gpus)
         # etcd, then the API server, then everything that only talks to the API server (and the image registry,
         # which talks to nothing), together.
@@ -317,10 +334,12 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
         with cluster.api_client() as api:
             names = ensure_nodes(api, config.shape())
             wait_nodes_ready(api, names, timeout=START_TIMEOUT)
-        progress(
-            f"{len(names)} kwok nodes Ready with {config.gpus_per_node} x nvidia.com/gpu each"
-            f" ({time.monotonic() - started:.1f}s)"
-        )
+            progress(
+                f"{len(names)} kwok nodes Ready with {config.gpus_per_node} x nvidia.com/gpu each"
+                f" ({time.monotonic() - started:.1f}s)"
+            )
+            if node_bin is not None:
+                realnode.up(api, pki, node_bin, ports.apiserver, progress)
         keda.install_crds(cluster, progress)  # engine keda's ScaledObjects are checked against KEDA's own schema
         _start_kueue(cluster, ports, progress)
         if agent is not None and procs.running(agent.name) is None:
@@ -397,6 +416,8 @@ def _strays() -> list[int]:
 
 def down(progress: Progress = print, wipe: bool = False) -> None:
     with _state_lock():
+        # First, while the API server still runs: the real node's programs, then everything it did to the host.
+        realnode.down(progress)
         for name in reversed(COMPONENT_ORDER):
             if procs.stop(name):
                 progress(f"{name}: stopped")
@@ -409,13 +430,14 @@ def down(progress: Progress = print, wipe: bool = False) -> None:
             for child in STACK_DIR.iterdir():
                 if child != LOCK_FILE:
                     shutil.rmtree(child) if child.is_dir() else child.unlink()
+            shutil.rmtree(realnode.NODE_DIR, ignore_errors=True)  # the real node's containerd and kubelet data
             progress(f"wiped {STACK_DIR}")
 
 
 def status() -> dict[str, Any]:
     state = StackState.load()
     components = {}
-    for name in COMPONENT_ORDER:
+    for name in (*COMPONENT_ORDER, *realnode.COMPONENTS):
         record = procs.running(name)
         components[name] = {
             "running": record is not None,

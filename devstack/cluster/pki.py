@@ -18,10 +18,17 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from loom.devstack.cluster.realnode import config as realnode_config
+
 SERVICE_CIDR = "10.96.0.0/16"
 # The first address of the service range is the `kubernetes` Service's ClusterIP.
 KUBERNETES_SERVICE_IP = "10.96.0.1"
 AGENT_NODE_NAME = "loom-local"
+# The real node (realnode/config.py): its name, its address (the API server's advertised one, through the relay) and
+# the `kubernetes` Service's ClusterIP of a stack started with it (its own service range).
+REAL_NODE_NAME = realnode_config.NODE_NAME
+REAL_NODE_IP = realnode_config.NODE_IP
+REAL_NODE_KUBERNETES_SERVICE_IP = realnode_config.KUBERNETES_SERVICE_IP
 VALIDITY = datetime.timedelta(days=3650)
 
 # name -> (common name, organizations, client?, server?, DNS names, IPs)
@@ -38,7 +45,7 @@ _LEAVES: dict[str, tuple[str, tuple[str, ...], bool, bool, tuple[str, ...], tupl
             "kubernetes.default.svc",
             "kubernetes.default.svc.cluster.local",
         ),
-        ("127.0.0.1", KUBERNETES_SERVICE_IP),
+        ("127.0.0.1", KUBERNETES_SERVICE_IP, REAL_NODE_KUBERNETES_SERVICE_IP, REAL_NODE_IP),
     ),
     "admin": ("loom-admin", ("system:masters",), True, False, (), ()),
     # An operator run as this identity has its requests written to the API server's audit log (and only it):
@@ -58,6 +65,17 @@ _LEAVES: dict[str, tuple[str, tuple[str, ...], bool, bool, tuple[str, ...], tupl
         ("127.0.0.1",),
     ),
     "kwok": ("kwok-controller", (), True, True, ("localhost",), ("127.0.0.1",)),
+    # The real node's kubelet: its client identity (the Node authorizer's) and its serving certificate.
+    "realnode-kubelet": (
+        f"system:node:{REAL_NODE_NAME}",
+        ("system:nodes",),
+        True,
+        True,
+        (REAL_NODE_NAME,),
+        (REAL_NODE_IP,),
+    ),
+    # kube-proxy: the user Kubernetes' default `system:node-proxier` binding names.
+    "kube-proxy": ("system:kube-proxy", (), True, False, (), ()),
 }
 
 
@@ -119,6 +137,16 @@ def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurve
     )
 
 
+def _names_of(cert_file: Path) -> tuple[set[str], set[str]]:
+    """A certificate's DNS and IP subject alternative names (a leaf whose names changed is issued again)."""
+    cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set(), set()
+    return set(names.get_values_for_type(x509.DNSName)), {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}
+
+
 def ensure_pki(directory: Path) -> Pki:
     """Create whatever is missing; existing material is kept so tokens and kubeconfigs stay valid."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -154,7 +182,8 @@ def ensure_pki(directory: Path) -> Pki:
         pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
 
     for name, (common_name, orgs, client, server, dns_names, ips) in _LEAVES.items():
-        if pki.cert(name).exists() and pki.key(name).exists():
+        issued = pki.cert(name).exists() and pki.key(name).exists()
+        if issued and _names_of(pki.cert(name)) == (set(dns_names), set(ips)):
             continue
         key = _new_key()
         usages = [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []

@@ -90,3 +90,15 @@ def test_the_registry_module_requires_shared_dependencies_at_the_shared_versions
     )
     # Something is shared, so the check holds something: the telemetry and RPC stacks.
     assert {"google.golang.org/grpc", "go.opentelemetry.io/otel"} <= set(registry) & set(shared)
+
+
+def test_the_real_node_module_requires_what_the_control_plane_requires_at_its_versions() -> None:
+    """go/node (kubelet, kube-proxy) is go/k8s's module graph plus the node's own packages: every module both
+    require is at go/k8s's version (staging pins included), so the kubelet's cold build compiles only what the
+    control plane does not link. Newer modules of its own (netlink, nftables) may differ from Prometheus's."""
+    k8s = requirements((GO_MODULES_DIR / "k8s" / "go.mod").read_text())
+    node = requirements((GO_MODULES_DIR / "node" / "go.mod").read_text())
+    drifted = {path: (version, k8s[path]) for path, version in node.items() if path in k8s and k8s[path] != version}
+    assert drifted == {}, f"set these in go/node to go/k8s's versions (`go get path@version`): {drifted}"
+    assert node["k8s.io/kubernetes"] == k8s["k8s.io/kubernetes"] == "v1.37.2"
+    assert {"k8s.io/client-go", "google.golang.org/grpc"} <= set(node) & set(k8s)
