@@ -67,6 +67,7 @@ from ..kinds.inferenceservice.api import (
     RateLimit,
     Rollout,
 )
+from ..kinds.inferenceservice.routing_api import Routing, SessionAffinity
 from ..kinds.inferenceservice.vllm import VllmSpec
 from ..kinds.trainingjob.api import (
     CheckpointSpec,
@@ -157,12 +158,14 @@ __all__ = [
     "ResourceRequirements",
     "Rollout",
     "RolloutStatus",
+    "Routing",
     "RunPolicy",
     "S3Credentials",
     "ScalingPolicy",
     "ScalingRules",
     "Scheduling",
     "SecretKeySelector",
+    "SessionAffinity",
     "Source",
     "StatusBase",
     "StepStatus",

@@ -31,6 +31,7 @@ from ...core.model import (
     validations,
 )
 from .analysis_api import Analysis, RolloutStatus
+from .routing_api import Routing
 from .vllm import VllmSpec
 
 ServingPhase = Literal["Pending", "Loading", "Ready", "RollingOut", "Degraded", "Failed"]
@@ -174,6 +175,7 @@ class InferenceServiceSpec(ApiModel):
             field_path=".features"),
         cel("self.runtime == 'vllm' || !has(self.autoscaling) || !self.autoscaling.metric.startsWith('llm-')",
             "llm-* autoscaling metrics need runtime: vllm", field_path=".autoscaling.metric"),
+        cel("self.runtime == 'vllm' || !has(self.routing)", "routing needs runtime: vllm", field_path=".routing"),
     )
 
     model: ModelSource
@@ -183,6 +185,8 @@ class InferenceServiceSpec(ApiModel):
         "OpenAI-compatible front (the model is a Hugging Face-format folder).",
     )
     vllm: VllmSpec | None = Field(None, description="vLLM engine options and LLM limits (runtime vllm).")
+    routing: Routing | None = Field(None, description="How requests spread over the replicas (runtime vllm; "
+                                    "default prefix-cache when it may run more than one replica).")
     handler: str = Field(
         "auto",
         description=f"How to load and call the model: {' | '.join(server.BUILTIN_HANDLERS)} | "
