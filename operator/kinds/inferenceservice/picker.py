@@ -19,7 +19,7 @@ from loom.workloads.picker.config import PickerConfig, Policy
 
 from ...core.kit import Manifest, child_metadata, labels, restricted_security_context
 from .api import InferenceServiceSpec
-from .render import KIND_LABEL, REQUEST_GRACE_SECONDS, SERVER_PORT, TRACK_LABEL, server_selector
+from .render import DRAIN_SECONDS, KIND_LABEL, REQUEST_GRACE_SECONDS, SERVER_PORT, TRACK_LABEL, server_selector
 
 COMPONENT = "picker"
 ADMIN_PORT = 9090
@@ -101,6 +101,8 @@ def render_picker(owner: Manifest, image: str, config: PickerConfig) -> list[Man
         ],
         "readinessProbe": {**probe, "failureThreshold": 2},
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
+        # A picker being replaced keeps routing while the Service's endpoint change reaches every proxy.
+        "lifecycle": {"preStop": {"sleep": {"seconds": DRAIN_SECONDS}}},
         # Small: it relays bytes and keeps block hashes (8 bytes and a dict slot each, per replica's capacity).
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
         "securityContext": restricted_security_context(),
@@ -126,7 +128,7 @@ def render_picker(owner: Manifest, image: str, config: PickerConfig) -> list[Man
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
                                         "seccompProfile": {"type": "RuntimeDefault"}},
                     # Requests in flight finish when the picker is replaced, as on a replica being removed.
-                    "terminationGracePeriodSeconds": REQUEST_GRACE_SECONDS + 5,
+                    "terminationGracePeriodSeconds": DRAIN_SECONDS + REQUEST_GRACE_SECONDS + 5,
                 },
             },
         },
