@@ -10,7 +10,8 @@ where routing matters: the service's caches together hold the working set, one r
 
 Reported per policy (all rounds together): the engines' prefix-cache hit rate over the run (hit tokens / queried
 tokens, from vllm:prefix_cache_hits_total and _queries_total of the three engines), p50/p99 time to first token
-(request sent to the first streamed text, as a client sees it, through the picker), generated tokens per second,
+(request sent to the first streamed chunk with a choice, the engine's first output, as a client sees it,
+through the picker), generated tokens per second,
 and the picker's own time per request (its loom_picker_decision_seconds: parse, hash, score).
 
     PYTHONSAFEPATH=1 nice -n 5 .venv/bin/python bench/bench_prefix_routing.py [--quick]
@@ -69,7 +70,9 @@ async def one_stream(client: httpx.AsyncClient, url: str, system: str, user: str
                 continue
             doc = json.loads(line[6:])
             usage = int((doc.get("usage") or {}).get("completion_tokens") or usage)
-            if not first and any((c.get("delta") or {}).get("content") for c in doc.get("choices") or []):
+            # The first chunk with a choice is the engine's first output (its role chunk comes with the first
+            # token); its text may be empty (a random model's token can decode to nothing), so text is not waited for.
+            if not first and doc.get("choices"):
                 first = time.perf_counter() - started
     return first, usage
 
