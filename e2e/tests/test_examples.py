@@ -201,6 +201,10 @@ def check_inference_service(cluster: Cluster, ns: str, doc: dict[str, Any], oper
         return bool(conds.get("Ready", {}).get("status") == "True" and obj["status"].get("phase") == "Ready")
 
     wait_for(cluster, ns, "inferenceservice", name, ready, operator)
+    if spec.get("routing"):
+        # Its endpoint picker takes the Service once the picker is Ready: the requests below go through it.
+        wait_for(cluster, ns, "service", name, lambda svc: svc["spec"]["selector"].get(
+            "app.kubernetes.io/component") == "picker", operator)
     headers = {}
     if (spec.get("auth") or {}).get("apiKeysSecretRef"):
         headers["Authorization"] = f"Bearer {API_KEY}"

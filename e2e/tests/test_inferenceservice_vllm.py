@@ -112,7 +112,8 @@ def test_openai_client_through_the_service_and_scaling_on_waiting_requests(
     columns = cluster.kubectl("get", "inferenceservice", NAME, "-n", ns).stdout
     assert "vllm" in columns.splitlines()[1].split(), columns
     # The pod's containers ran from the vllm image (mapped to .venv-vllm here), not the server image.
-    (pod,) = json.loads(cluster.kubectl("get", "pods", "-n", ns, "-l", f"app.kubernetes.io/instance={NAME}",
+    (pod,) = json.loads(cluster.kubectl("get", "pods", "-n", ns, "-l",
+                                        f"app.kubernetes.io/instance={NAME},app.kubernetes.io/component=server",
                                         "-o", "json").stdout)["items"]
     assert {c["image"].rsplit("/", 1)[-1].split(":")[0] for c in pod["spec"]["containers"]} == {"vllm"}
 

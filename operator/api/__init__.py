@@ -68,6 +68,7 @@ from ..kinds.inferenceservice.api import (
     Rollout,
 )
 from ..kinds.inferenceservice.queue_api import ServiceQueueStatus
+from ..kinds.inferenceservice.routing_api import Routing, SessionAffinity
 from ..kinds.inferenceservice.vllm import VllmSpec
 from ..kinds.trainingjob.api import (
     CheckpointSpec,
@@ -158,6 +159,7 @@ __all__ = [
     "ResourceRequirements",
     "Rollout",
     "RolloutStatus",
+    "Routing",
     "RunPolicy",
     "S3Credentials",
     "ScalingPolicy",
@@ -165,6 +167,7 @@ __all__ = [
     "Scheduling",
     "SecretKeySelector",
     "ServiceQueueStatus",
+    "SessionAffinity",
     "Source",
     "StatusBase",
     "StepStatus",

@@ -367,9 +367,11 @@ async def test_runtime_vllm_pods_run_the_vllm_image_the_operator_was_given(api: 
     settings = OperatorSettings(**DISTINCT_IMAGE_SETTINGS)
     put_isvc(api, {**spec("v1"), "handler": "auto", "runtime": "vllm"})
     await controller.reconcile("ml", "gpt", settings)
-    deployments = [o for (_, kind, _, _), o in api.objects.items() if kind == "Deployment"]
-    assert len(deployments) == 1
-    assert pod_images(deployments[0]) == {DISTINCT_IMAGE_SETTINGS["vllm_image"]}
+    deployments = {name: o for (_, kind, _, name), o in api.objects.items() if kind == "Deployment"}
+    assert set(deployments) == {"gpt", "gpt-picker"}  # 5 replicas: the endpoint picker in front of them
+    assert pod_images(deployments["gpt"]) == {DISTINCT_IMAGE_SETTINGS["vllm_image"]}
+    # The picker needs no engine: it runs the server image, as the activator does.
+    assert pod_images(deployments["gpt-picker"]) == {DISTINCT_IMAGE_SETTINGS["server_image"]}
     # Status names the OpenAI base URL (the Service's /v1) for vllm only.
     assert api.isvc()["status"]["openaiBaseUrl"] == "http://gpt.ml.svc/v1"
     put_isvc(api, spec("v1"))

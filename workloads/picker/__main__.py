@@ -1,0 +1,90 @@
+"""Entry point: ``python -m loom.workloads.picker`` with its config as JSON in ``LOOM_PICKER_CONFIG`` (as the
+operator renders it) or in a file (``--config``). A config that does not validate stops it with exit code 2.
+``--endpoints ip:port,...`` replaces the pod watch with a fixed list of stable replicas (tests, benchmarks)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+import uvicorn
+from pydantic import ValidationError
+
+from loom.workloads.activator.kube import api_client
+from loom.workloads.activator.proxy import Upstream
+
+from .app import build_admin_app, build_app
+from .config import ENV_VAR, PickerConfig
+from .kube import ReplicaWatch
+from .metrics import PickerMetrics
+from .poll import poll_forever
+from .state import PickerState, Pod
+
+log = logging.getLogger("loom.workloads.picker")
+
+
+def load_config(path: str | None) -> PickerConfig:
+    if path:
+        return PickerConfig.from_file(path)
+    text = os.environ.get(ENV_VAR)
+    if not text:
+        raise ValueError(f"no config: set {ENV_VAR} or pass --config")
+    return PickerConfig.from_json(text)
+
+
+async def serve(config: PickerConfig, endpoints: list[str] | None = None) -> None:
+    loop = asyncio.get_running_loop()
+    state = PickerState(config, PickerMetrics(f"{config.namespace}/{config.service}"))
+    watch: ReplicaWatch | None = None
+    if endpoints is None:
+        watch = ReplicaWatch(config, api_client(),
+                             lambda pods: loop.call_soon_threadsafe(state.set_replicas, pods))
+        watch.track_label = config.track_label
+        ready = watch.synced.is_set
+    else:
+        state.set_replicas({e: Pod(f"replica-{i}", "stable") for i, e in enumerate(endpoints)})
+
+        def ready() -> bool:
+            return True
+
+    servers = [
+        uvicorn.Server(uvicorn.Config(build_app(config, state, Upstream()), host=config.host, port=config.port,
+                                      log_level=config.log_level, access_log=False)),
+        uvicorn.Server(uvicorn.Config(build_admin_app(state, ready), host=config.host, port=config.admin_port,
+                                      log_level="warning", access_log=False)),
+    ]
+    if watch is not None:
+        watch.start()
+    poller = asyncio.ensure_future(poll_forever(state, config.poll_interval_s))
+    log.info("endpoint picker for %s/%s on :%d, policy %s", config.namespace, config.service, config.port,
+             config.policy)
+    try:
+        await asyncio.gather(*(s.serve() for s in servers))
+    finally:
+        poller.cancel()
+        if watch is not None:
+            watch.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Loom endpoint picker: prefix-cache-aware routing over replicas.")
+    parser.add_argument("--config", help=f"PickerConfig JSON file (default: ${ENV_VAR})")
+    parser.add_argument("--endpoints", help="ip:port,... of fixed replicas instead of watching pods")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        config = load_config(args.config)
+    except (OSError, ValueError, ValidationError) as exc:
+        log.error("invalid picker config: %s", exc)
+        return 2
+    logging.getLogger().setLevel(config.log_level.upper())
+    endpoints = [e for e in args.endpoints.split(",") if e] if args.endpoints else None
+    asyncio.run(serve(config, endpoints))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The picker's HTTP side: every request, any path and method, sent to the replica the state picks, and its
+answer streamed back unbuffered (the activator's proxy: loom.workloads.activator.proxy).
+
+Nothing about keys or limits happens here: headers pass through as they came, and each replica's front checks
+API keys, request and token budgets as it does without a picker. Answers of its own (JSON, never a model's):
+503 + Retry-After `{"code": "picker_no_replica"}` when no replica can take the request within the wait bound,
+413 for a body over the cap, 502 when the replica broke off before answering. A replica that refuses the
+connection (going away) got nothing: the request goes to another one. The admin app (its own port) serves
+/healthz and /metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from loom.workloads.activator.app import METHODS, _path, _read_capped
+from loom.workloads.activator.proxy import Unreachable, Upstream, end_to_end, relay, request_headers
+
+from .config import PickerConfig
+from .state import PickerState
+
+log = logging.getLogger("loom.workloads.picker")
+
+# A request that finds no replica waits this long for one (a rollout's or a scale-down's gap) before its 503.
+NO_REPLICA_WAIT_S = 10.0
+
+
+def _error(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, "code": code}, status_code=status, headers=headers)
+
+
+def build_app(config: PickerConfig, state: PickerState, upstream: Upstream,
+              no_replica_wait_s: float = NO_REPLICA_WAIT_S) -> Starlette:
+    retry_after = {"Retry-After": str(config.retry_after_seconds)}
+    metrics = state.metrics
+
+    async def forward(request: Request) -> Response:
+        try:
+            body = await _read_capped(request, config.max_body_bytes)
+        except ClientDisconnect:
+            metrics.outcome("client_gone")
+            return Response(status_code=499)
+        if body is None:
+            metrics.outcome("too_large")
+            return _error(413, f"request body over {config.max_body_bytes} bytes", "picker_too_large")
+        headers = request_headers(request.headers.items(), request.client.host if request.client else None)
+        path = _path(request)
+        tried: frozenset[str] = frozenset()
+        while True:
+            pick = state.pick(request.url.path, body, request.headers, exclude=tried)
+            if pick is None:
+                if not tried and await state.wait(no_replica_wait_s):
+                    continue
+                metrics.outcome("no_replica")
+                return _error(503, "no replica can take the request", "picker_no_replica", retry_after)
+            endpoint = pick.decision.endpoint
+            state.sent(pick)
+            try:
+                response = await upstream.send(endpoint, request.method, path, headers, body)
+            except Unreachable as exc:
+                state.done(endpoint)
+                log.info("replica unreachable (%s); trying another", exc)
+                metrics.outcome("retried")
+                state.forget(endpoint)
+                tried = tried | {endpoint}
+                continue
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                state.done(endpoint)
+                metrics.outcome("upstream_error")
+                return _error(502, f"the replica broke off: {type(exc).__name__}", "picker_upstream")
+            break
+        metrics.outcome("forwarded")
+
+        async def body_then_done() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in relay(response):
+                    yield chunk
+            finally:
+                state.done(endpoint)
+
+        answer = StreamingResponse(body_then_done(), status_code=response.status)
+        answer.raw_headers = [
+            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in end_to_end(response.headers.items())
+        ]
+        return answer
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await upstream.aclose()
+
+    routes = [Route("/", forward, methods=METHODS), Route("/{path:path}", forward, methods=METHODS)]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def build_admin_app(state: PickerState, ready: Callable[[], bool]) -> Starlette:
+    """/healthz (200 once the first pod list arrived) and /metrics."""
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok") if ready() else PlainTextResponse("pods not listed yet", status_code=503)
+
+    async def prometheus(request: Request) -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return Starlette(routes=[Route("/healthz", healthz), Route("/metrics", prometheus)])

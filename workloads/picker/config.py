@@ -1,0 +1,69 @@
+"""The endpoint picker's configuration: the contract between the operator and the picker pod.
+
+The operator renders a ``PickerConfig`` as JSON into the pod's ``LOOM_PICKER_CONFIG`` variable (a change of it is a
+new pod template, so the Deployment rolls it out). Pydantic only: the operator imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+ENV_VAR = "LOOM_PICKER_CONFIG"
+Policy = Literal["prefix-cache", "least-loaded", "round-robin"]
+POLICIES: tuple[Policy, ...] = ("prefix-cache", "least-loaded", "round-robin")
+DEFAULT_MAX_WAITING = 8
+DEFAULT_MAX_KV_USAGE = 0.95
+# Until an engine's vllm:cache_config_info is read: vLLM's GPU block size and a small cache.
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_CAPACITY_BLOCKS = 4096
+# English text under a BPE tokenizer: about four characters a token (the picker has no tokenizer; see README).
+DEFAULT_CHARS_PER_TOKEN = 4.0
+
+MaxWaiting = Annotated[int, Field(ge=1, le=100_000)]
+MaxKvUsage = Annotated[float, Field(gt=0, le=1)]
+HeaderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*$", max_length=128)]
+
+
+class PickerConfig(BaseModel):
+    """Everything the picker needs to route one InferenceService's requests over its replicas."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+    namespace: str = Field(min_length=1)
+    service: str = Field(min_length=1, description="Name of the InferenceService.")
+    pod_selector: dict[str, str] = Field(min_length=1, description="Labels of the model-server pods (both tracks).")
+    track_label: str = Field("loom.dev/track", description="Pod label naming the pod's track (stable, canary).")
+    target_port: int = Field(8080, ge=1, le=65535, description="The front's port on each replica.")
+    host: str = "0.0.0.0"
+    port: int = Field(8080, ge=1, le=65535, description="Where the picker takes requests (the Service's).")
+    admin_port: int = Field(9090, ge=1, le=65535, description="/healthz and /metrics (never proxied).")
+    policy: Policy = "prefix-cache"
+    session_header: HeaderName | None = Field(None, description="Requests with the same value go to one replica.")
+    max_waiting_requests: MaxWaiting = Field(DEFAULT_MAX_WAITING, description="A replica with this many waiting "
+                                             "requests (vllm:num_requests_waiting) is overloaded: nothing new.")
+    max_kv_cache_usage: MaxKvUsage = Field(DEFAULT_MAX_KV_USAGE, description="A replica whose KV cache is this "
+                                           "full (vllm:kv_cache_usage_perc) is overloaded: nothing new.")
+    chars_per_token: float = Field(DEFAULT_CHARS_PER_TOKEN, gt=0, le=64)
+    poll_interval_s: float = Field(0.5, gt=0, le=60, description="How often each replica's /metrics is read.")
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="Larger request bodies get 413.")
+    retry_after_seconds: int = Field(1, ge=1, le=3600)
+    log_level: str = "info"
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> PickerConfig:
+        return cls.model_validate(json.loads(Path(path).read_text()))
+
+    @classmethod
+    def from_json(cls, text: str) -> PickerConfig:
+        return cls.model_validate(json.loads(text))
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True)
+
+    def selector_string(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in sorted(self.pod_selector.items()))

@@ -1,0 +1,162 @@
+"""The picker's state: the replicas, their polled load, the prefix indexes, sessions and requests in flight.
+
+Fed by the pod watch (`set_replicas`), the metrics poll (`observe`) and the HTTP side (`pick`, `sent`,
+`done`). Lost on restart by design: with empty indexes every share is 0 and the choice is by load until the
+indexes fill again from the requests routed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .blocks import Indexes, block_hashes, prompt_text
+from .config import DEFAULT_BLOCK_SIZE, DEFAULT_CAPACITY_BLOCKS, PickerConfig
+from .engine_metrics import EngineLoad
+from .metrics import PickerMetrics
+from .scoring import Decision, Limits, Replica, choose, overloaded
+
+MAX_SESSIONS = 100_000
+
+
+@dataclass(frozen=True)
+class Pod:
+    name: str
+    track: str
+
+
+@dataclass(frozen=True)
+class Pick:
+    decision: Decision
+    hashes: list[int]
+    session: str | None
+
+
+class PickerState:
+    def __init__(self, config: PickerConfig, metrics: PickerMetrics,
+                 draw: Callable[[], float] = random.random) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.limits = Limits(config.max_waiting_requests, config.max_kv_cache_usage)
+        self.pods: dict[str, Pod] = {}
+        self.loads: dict[str, EngineLoad] = {}
+        self.inflight: Counter[str] = Counter()
+        self.indexes = Indexes(DEFAULT_CAPACITY_BLOCKS)
+        self.block_size = DEFAULT_BLOCK_SIZE
+        self.sessions: OrderedDict[str, str] = OrderedDict()
+        self._turn = itertools.count()
+        self._draw = draw
+        self._available = asyncio.Event()
+
+    # ------------------------------------------------------------------------------------------- inputs
+
+    def set_replicas(self, pods: Mapping[str, Pod]) -> None:
+        """The replicas that can take requests now (Ready, not terminating), by endpoint."""
+        self.pods = dict(pods)
+        self.indexes.keep(list(self.pods))
+        for gone in set(self.loads) - set(self.pods):
+            del self.loads[gone]
+        if self.pods:
+            self._available.set()
+        else:
+            self._available.clear()
+        self._export_replicas()
+
+    def forget(self, endpoint: str) -> None:
+        """A replica that refused a connection (going away): nothing new until the pod watch lists it again."""
+        self.set_replicas({e: p for e, p in self.pods.items() if e != endpoint})
+
+    def observe(self, endpoint: str, load: EngineLoad) -> None:
+        if endpoint not in self.pods:
+            return
+        self.loads[endpoint] = load
+        if load.block_size:
+            self.block_size = load.block_size
+        if load.num_blocks:
+            self.indexes.of(endpoint).resize(load.num_blocks)
+        if load.prefix_queries > 0:
+            self.metrics.hit_ratio.labels(self.metrics.service, self.pods[endpoint].name).set(
+                load.prefix_hits / load.prefix_queries)
+        self._export_replicas()
+
+    def _export_replicas(self) -> None:
+        busy = sum(1 for r in self._replicas() if overloaded(r, self.limits))
+        self.metrics.replicas.labels(self.metrics.service, "ready").set(len(self.pods))
+        self.metrics.replicas.labels(self.metrics.service, "overloaded").set(busy)
+
+    def _replicas(self, exclude: frozenset[str] = frozenset()) -> list[Replica]:
+        out = []
+        for endpoint in sorted(self.pods):
+            if endpoint in exclude:
+                continue
+            load = self.loads.get(endpoint, EngineLoad())
+            out.append(Replica(endpoint, self.pods[endpoint].track, load.waiting, load.kv_usage,
+                               self.inflight[endpoint]))
+        return out
+
+    # ------------------------------------------------------------------------------------------- choice
+
+    def pick(self, path: str, body: bytes, headers: Mapping[str, str],
+             exclude: frozenset[str] = frozenset()) -> Pick | None:
+        started = time.perf_counter()
+        hashes: list[int] = []
+        if self.config.policy == "prefix-cache" and body:
+            hashes = self._hashes(path, body)
+        replicas = self._replicas(exclude)
+        session = headers.get(self.config.session_header.lower()) if self.config.session_header else None
+        shares = self.indexes.shares(hashes, [r.endpoint for r in replicas])
+        decision = choose(self.config.policy, replicas, shares, self.limits, turn=next(self._turn),
+                          draw=self._draw(), session=self.sessions.get(session) if session else None)
+        self.metrics.latency.labels(self.metrics.service).observe(time.perf_counter() - started)
+        if decision is None:
+            return None
+        self.metrics.decisions.labels(self.metrics.service, decision.reason).inc()
+        if hashes:
+            self.metrics.predicted.labels(self.metrics.service).observe(decision.share)
+        return Pick(decision, hashes, session)
+
+    def _hashes(self, path: str, body: bytes) -> list[int]:
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            return []  # not JSON: the front answers it; routed by load
+        if not isinstance(parsed, dict):
+            return []
+        text = prompt_text(path, parsed)
+        if not text:
+            return []
+        block_chars = max(1, round(self.block_size * self.config.chars_per_token))
+        return block_hashes(text, block_chars, seed=str(parsed.get("model", "")))
+
+    def sent(self, pick: Pick) -> None:
+        endpoint = pick.decision.endpoint
+        self.inflight[endpoint] += 1
+        if pick.hashes:
+            self.indexes.of(endpoint).add(pick.hashes)
+        if pick.session:
+            self.sessions[pick.session] = endpoint
+            self.sessions.move_to_end(pick.session)
+            while len(self.sessions) > MAX_SESSIONS:
+                self.sessions.popitem(last=False)
+        if endpoint in self.pods:
+            self.metrics.routed.labels(self.metrics.service, self.pods[endpoint].name).inc()
+
+    def done(self, endpoint: str) -> None:
+        self.inflight[endpoint] -= 1
+        if self.inflight[endpoint] <= 0:
+            del self.inflight[endpoint]
+
+    async def wait(self, timeout: float) -> bool:
+        if self.pods:
+            return True
+        try:
+            await asyncio.wait_for(self._available.wait(), timeout=max(0.0, timeout))
+        except TimeoutError:
+            return bool(self.pods)
+        return True

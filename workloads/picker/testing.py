@@ -1,0 +1,38 @@
+"""Run the endpoint picker for real (its pod's command, over fixed replicas) in tests and benchmarks."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from loom.workloads.server.testing import running
+
+from .config import PickerConfig
+
+
+@contextlib.contextmanager
+def picker_process(config: PickerConfig, endpoints: Sequence[str], folder: Path) -> Iterator[str]:
+    """``python -m loom.workloads.picker --endpoints ...`` on ``config`` (its log: ``folder/picker-<port>.log``);
+    yields its URL once a replica answers its readiness through it."""
+    path = folder / f"picker-{config.port}.json"
+    path.write_text(config.to_json())
+    argv = [sys.executable, "-m", "loom.workloads.picker", "--config", str(path), "--endpoints", ",".join(endpoints)]
+    with running(argv, f"http://{config.host}:{config.port}", folder / f"picker-{config.port}.log") as url:
+        yield url
+
+
+def samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a /metrics page, by (name, sorted labels)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def total(found: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    """The sum of `name`'s samples whose labels include `labels`."""
+    return sum(v for (n, ls), v in found.items() if n == name and set(labels.items()) <= set(ls))
