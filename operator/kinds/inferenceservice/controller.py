@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import kopf
 from pydantic import ValidationError
 
+from loom.workloads.llm.adapters import AdapterList
 from loom.workloads.server.config import EnrichmentConfig
 
 from ...core import client as kube
@@ -32,6 +33,7 @@ from ...core.runner import Indexes, LastSeen, Runner, child_handlers, own_kind_h
 from ...defaults import Defaulted, EndpointDefaults, model_problem, training_job_manifest
 from ...defaults import inference_service as inference_service_defaults
 from ...settings import OperatorSettings
+from . import lora
 from .activator import activator_enabled, activator_selector
 from .alias import change_reason, followed, previous_alias, resolve_alias
 from .analysis import seconds_until_due
@@ -40,6 +42,8 @@ from .canary import WEIGHT_ANNOTATION, AnalysisInput, Judgement, held_percent, j
 from .canary import read_analysis as read_canary_analysis
 from .canary_report import analysis_condition
 from .features import resolve_features
+from .lora import ResolvedAdapters
+from .lora_observe import observe_adapters, read_reports
 from .model import ModelRef, ResolveError, resolve_model
 from .render import (
     CONFIG_HASH_ANNOTATION,
@@ -60,6 +64,8 @@ from .status import Observed as StatusObserved
 from .status import compute_status
 
 log = logging.getLogger("loom.operator.inferenceservice")
+# While an adapter loads somewhere, the next look at the replicas' adapter states (status follows them).
+ADAPTER_POLL_SECONDS = 2.0
 
 PLURAL = "inferenceservices"
 KIND = "InferenceService"
@@ -101,8 +107,11 @@ async def _apply_track(
     vllm_image: str,
     features: EnrichmentConfig | None = None,
     weight: int | None = None,
+    adapters: AdapterList | None = None,
 ) -> Manifest:
-    config_map, deployment = render_deployment(owner, spec, track, ref, replicas, image, features, vllm_image)
+    config_map, deployment = render_deployment(
+        owner, spec, track, ref, replicas, image, features, vllm_image, adapters
+    )
     if weight is not None:  # the analysis' step this canary runs: its pause counts once this rolled out
         deployment["metadata"].setdefault("annotations", {})[WEIGHT_ANNOTATION] = str(weight)
     await kube.apply(config_map)  # before the Deployment: new pods must find their config
@@ -136,6 +145,8 @@ class Observed:
     features_error: ResolveError | None = None
     analysis: AnalysisInput | None = None  # what the canary analysis read, while a canary is judged
     alias: AliasStatus | None = None  # the followed MLflow alias, as last asked
+    adapters: ResolvedAdapters | None = None  # spec.adapters resolved (None: the service has none)
+    adapter_reports: dict[str, dict[str, Any] | str] = field(default_factory=dict)  # ready pod -> its report
     plan: RolloutPlan = field(default_factory=lambda: RolloutPlan(stable_ref=None, stable_replicas=0, mode="waiting"))
 
 
@@ -172,6 +183,8 @@ class ServiceReconciler:
         rollout_strategy(spec.spec)  # raises InvalidSpec for what admission cannot catch
         if (name_problem := INFERENCE_SERVICE.name_rule.problem(body["metadata"]["name"])) is not None:
             raise InvalidSpec(name_problem)  # the CRD refuses it now
+        if (adapter_problem := lora.name_problem(body, spec.spec)) is not None:
+            raise InvalidSpec(adapter_problem)
 
     async def observe(self, ctx: Pass[Defaulted[InferenceServiceSpec]]) -> Observed:
         namespace, name = ctx.namespace, ctx.name
@@ -192,6 +205,7 @@ class ServiceReconciler:
                     version = observed.alias.version if observed.alias is not None else None
                     observed.desired, observed.resolve_error = await _resolve(spec, namespace, self.defaults, version)
             observed.features, observed.features_error = await _features(spec, namespace)
+            observed.adapters = await observe_adapters(spec, namespace, self.defaults)
             if observed.features_error is not None:
                 observed.desired = None
                 observed.resolve_error = observed.resolve_error or observed.features_error
@@ -205,6 +219,8 @@ class ServiceReconciler:
                     now=self.now(),
                 )  # fmt: skip
         observed.pods = await kube.list_objects("v1", "Pod", namespace, selector_string(ctx.owner))
+        if observed.adapters is not None:
+            observed.adapter_reports = await read_reports(observed.pods)
         # The scale-to-zero activator's pods (when it runs): one that cannot start is named in Ready at zero.
         if ctx.spec is not None and activator_enabled(ctx.spec.spec):
             observed.activator_pods = pods_of(self.pods, namespace, name, activator_selector(ctx.owner))
@@ -243,9 +259,10 @@ class ServiceReconciler:
             await persist_rollout(ctx, judged, observed.analysis.desired, ctx.spec.spec.rollout.analysis)
         weight = judged.outcome.state.weight if judged is not None and judged.outcome is not None else None
         if plan.invalid is None and observed.features_error is None and plan.rollout.stable_ref is not None:
+            adapters = observed.adapters.to_list() if observed.adapters is not None else None
             observed.stable, observed.canary, observed.plan = await _apply(
                 ctx.owner, ctx.spec.spec, plan.rollout, observed.stable, observed.canary, self.settings,
-                observed.features, weight,
+                observed.features, weight, adapters,
             )  # fmt: skip
         analysis = ctx.spec.spec.rollout.analysis
         state = judged.status.analysis if judged is not None else None
@@ -253,6 +270,11 @@ class ServiceReconciler:
             self.later(ctx.namespace, ctx.name, wait)
         if followed(ctx.spec.spec.model) is not None and self.later is not None:
             self.later(ctx.namespace, ctx.name, ctx.spec.spec.model.alias_poll_seconds)
+        adapters = observed.adapters
+        # Replicas load adapters by themselves; look again soon while any is on its way (status follows).
+        if adapters is not None and self.later is not None \
+                and not lora.settled(lora.adapter_status(adapters, observed.adapter_reports)):
+            self.later(ctx.namespace, ctx.name, ADAPTER_POLL_SECONDS)
         return observed
 
     def status(
@@ -285,6 +307,8 @@ class ServiceReconciler:
         if status.rollout is not None:
             # Announced by the analysis' own events (one per step, check failure, hold, verdict), not twice.
             status.conditions = analysis_condition(status.conditions, status.rollout, ctx.generation)
+        if observed.adapters is not None:
+            status.adapters = lora.adapter_status(observed.adapters, observed.adapter_reports)
         return status, events
 
 
@@ -309,6 +333,7 @@ async def _apply(
     settings: OperatorSettings,
     features: EnrichmentConfig | None = None,
     canary_weight: int | None = None,
+    adapters: AdapterList | None = None,
 ) -> tuple[Manifest | None, Manifest | None, RolloutPlan]:
     namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
     image = settings.server_image
@@ -316,13 +341,14 @@ async def _apply(
     # The Service, selecting the scale-to-zero activator while no replica is Ready (and the activator itself).
     await apply_routing(owner, spec, plan, stable, canary, settings)
     stable = await _apply_track(
-        owner, spec, "stable", plan.stable_ref, plan.stable_replicas, image, settings.vllm_image, features
+        owner, spec, "stable", plan.stable_ref, plan.stable_replicas, image, settings.vllm_image, features,
+        adapters=adapters,
     )
     if plan.canary_action == "apply":
         assert plan.canary_ref is not None
         canary = await _apply_track(
             owner, spec, "canary", plan.canary_ref, plan.canary_replicas, image, settings.vllm_image, features,
-            canary_weight,
+            canary_weight, adapters,
         )
     elif plan.canary_action == "keep":
         # Judge the stable track as it is after this apply: a no-op apply may show it already rolled out.
@@ -390,6 +416,11 @@ def register(settings: OperatorSettings) -> None:
         elif not checkpoints.changed((namespace, job), seen):
             return
         for isvc in await kube.list_objects(API_VERSION, KIND, namespace):
-            source = ((isvc.get("spec") or {}).get("model") or {}).get("fromTrainingJob") or {}
-            if source.get("name") == job:
+            spec = isvc.get("spec") or {}
+            source = (spec.get("model") or {}).get("fromTrainingJob") or {}
+            # A service whose model or one of whose adapters follows the job (a new adapter loads in place).
+            followers = {source.get("name")} | {
+                (a.get("fromTrainingJob") or {}).get("name") for a in spec.get("adapters") or [] if isinstance(a, dict)
+            }
+            if job in followers:
                 await runner.trigger(namespace, isvc["metadata"]["name"])
