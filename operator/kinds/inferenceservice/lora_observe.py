@@ -66,6 +66,7 @@ async def read_reports(pods: list[Manifest], port: int = SERVER_PORT) -> dict[st
             return "its adapter states could not be read: not JSON"
         return doc if isinstance(doc, dict) else "its adapter states could not be read: not an object"
 
-    async with httpx.AsyncClient(timeout=TIMEOUT) as client:
+    # Pod IPs are the cluster's own: never through a proxy the environment may name for the outside.
+    async with httpx.AsyncClient(timeout=TIMEOUT, trust_env=False) as client:
         answers = await asyncio.gather(*(one(client, ip) for ip in targets.values()))
     return dict(zip(targets, answers, strict=True))
