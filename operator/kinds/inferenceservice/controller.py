@@ -270,10 +270,10 @@ class ServiceReconciler:
             self.later(ctx.namespace, ctx.name, wait)
         if followed(ctx.spec.spec.model) is not None and self.later is not None:
             self.later(ctx.namespace, ctx.name, ctx.spec.spec.model.alias_poll_seconds)
-        adapters = observed.adapters
+        resolved = observed.adapters
         # Replicas load adapters by themselves; look again soon while any is on its way (status follows).
-        if adapters is not None and self.later is not None \
-                and not lora.settled(lora.adapter_status(adapters, observed.adapter_reports)):
+        if resolved is not None and self.later is not None \
+                and not lora.settled(lora.adapter_status(resolved, observed.adapter_reports)):
             self.later(ctx.namespace, ctx.name, ADAPTER_POLL_SECONDS)
         return observed
 
