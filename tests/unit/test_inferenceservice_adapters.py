@@ -168,3 +168,11 @@ def test_status_shows_each_adapter_per_replica_and_a_failure_with_its_reason() -
     loaded = {"chat-a": {"adapters": [{"name": "pirate", "key": pirate.key, "state": "Loaded"},
                                       {"name": "poet", "key": poet.key, "state": "Failed", "reason": "x"}]}}
     assert settled(adapter_status(resolved, loaded))  # a failure and a job still running: nothing to poll for
+
+
+def test_a_service_without_adapters_renders_the_config_it_rendered_before_adapters_existed() -> None:
+    """No key of the adapters' in llm.json: an operator upgrade does not restart every vllm service."""
+    config_map, _ = render(spec_of())
+    llm = json.loads(config_map["data"]["llm.json"])
+    assert not {"adaptersFile", "adaptersDir", "adaptersPollS"} & set(llm)
+    assert not {"enableLora", "maxLoras", "maxLoraRank"} & set(llm["engine"])

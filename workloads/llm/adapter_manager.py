@@ -29,13 +29,14 @@ from .openai_protocol import OpenAIError
 log = logging.getLogger(__name__)
 Fetch = Callable[[AdapterSource, Path], Path]
 REASON_LIMIT = 500
+DEFAULT_POLL_S = 1.0
 
 
 class AdapterManager:
     def __init__(self, config: LlmServerConfig, engine: VllmEngine, fetch: Fetch = fetch_adapter) -> None:
         self.file = Path(config.adapters_file) if config.adapters_file else None
         self.root = Path(config.adapters_dir) if config.adapters_dir else Path(tempfile.mkdtemp(prefix="adapters-"))
-        self.poll_s = config.adapters_poll_s
+        self.poll_s = config.adapters_poll_s or DEFAULT_POLL_S
         self.engine, self.fetch = engine, fetch
         self.desired: list[AdapterSource] = []
         self.held: dict[str, Held] = {}
@@ -96,9 +97,9 @@ class AdapterManager:
                 await asyncio.wait_for(self._kick.wait(), self.poll_s)
 
     async def settled(self) -> None:
-        """Until no adapter is loading (each ends Loaded or Failed)."""
-        while any(v.state == "Loading" for v in self.held.values()):
-            await asyncio.sleep(0.1)
+        """Until the work started is done: no adapter loading (each ends Loaded or Failed), no unload running."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def stop(self) -> None:
         for task in list(self._tasks):

@@ -55,7 +55,9 @@ class EngineOptions(_Camel):
     chat_template: str | None = Field(
         None, description="--chat-template: a Jinja chat template (text) used instead of the tokenizer's.")
     enforce_eager: bool = Field(False, description="--enforce-eager: skip graph compilation (faster start).")
-    enable_lora: bool = Field(False, description="--enable-lora, with adapters loaded and unloaded at run time.")
+    # None (not False) when off: configs rendered before adapters existed stay byte for byte the same (the pod
+    # template's hash covers this file, so a new key would restart every vllm service at an operator upgrade).
+    enable_lora: bool | None = Field(None, description="--enable-lora, adapters loaded and unloaded at run time.")
     max_loras: Annotated[int, Field(ge=1, le=256)] | None = Field(
         None, description="--max-loras: adapters held by the engine at once (vLLM: 1); beyond it the least recently "
                           "used is unloaded and loaded again from its files when asked for.")
@@ -134,8 +136,8 @@ class LlmServerConfig(_Camel):
         None, description="The adapter list (adapters.AdapterList JSON), read again whenever it changes "
                           "(engine.enableLora).")
     adapters_dir: str | None = Field(None, description="Where adapters are downloaded (default: beside modelDir).")
-    adapters_poll_s: Annotated[float, Field(gt=0, le=600)] = Field(
-        1.0, description="How often the adapter list's file is looked at for a change.")
+    adapters_poll_s: Annotated[float, Field(gt=0, le=600)] | None = Field(
+        None, description="How often the adapter list's file is looked at for a change (default 1 s).")
 
     @field_validator("model_name")
     @classmethod

@@ -77,6 +77,6 @@ class VllmSpec(ApiModel):
             tensor_parallel_size=self.tensor_parallel_size or max(1, gpus),
             enable_prefix_caching=self.enable_prefix_caching, max_num_seqs=self.max_num_seqs,
             chat_template=self.chat_template, enforce_eager=self.enforce_eager, extra_args=list(self.extra_args),
-            enable_lora=lora, max_loras=self.max_loaded_adapters if lora else None,
+            enable_lora=lora or None, max_loras=self.max_loaded_adapters if lora else None,
             max_lora_rank=self.max_adapter_rank if lora else None,
         )
