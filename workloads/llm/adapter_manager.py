@@ -33,11 +33,11 @@ DEFAULT_POLL_S = 1.0
 
 
 class AdapterManager:
-    def __init__(self, config: LlmServerConfig, engine: VllmEngine, fetch: Fetch = fetch_adapter) -> None:
+    def __init__(self, config: LlmServerConfig, engine: VllmEngine, fetch: Fetch | None = None) -> None:
         self.file = Path(config.adapters_file) if config.adapters_file else None
         self.root = Path(config.adapters_dir) if config.adapters_dir else Path(tempfile.mkdtemp(prefix="adapters-"))
         self.poll_s = config.adapters_poll_s or DEFAULT_POLL_S
-        self.engine, self.fetch = engine, fetch
+        self.engine, self.fetch = engine, fetch or fetch_adapter
         self.desired: list[AdapterSource] = []
         self.held: dict[str, Held] = {}
         self.reasons: dict[str, str] = {}
