@@ -164,10 +164,13 @@ def test_status_shows_each_adapter_per_replica_and_a_failure_with_its_reason() -
     assert states["poet"].state == "Failed" and states["poet"].reason == "chat-a: no adapter_config"
     assert states["poet"].replicas[1].state == "Pending"  # chat-b still runs the previous list
     assert states["tuned"].state == "Pending" and "waiting" in (states["tuned"].reason or "")
-    assert not settled(list(states.values()))
+    assert not settled(list(states.values()))  # chat-b has not read the new list
     loaded = {"chat-a": {"adapters": [{"name": "pirate", "key": pirate.key, "state": "Loaded"},
                                       {"name": "poet", "key": poet.key, "state": "Failed", "reason": "x"}]}}
     assert settled(adapter_status(resolved, loaded))  # a failure and a job still running: nothing to poll for
+    loading = {"chat-a": {"adapters": [{"name": "pirate", "key": pirate.key, "state": "Loading"}]}}
+    assert not settled(adapter_status(resolved, loading))
+    assert settled(adapter_status(resolved, {}))  # no ready replica (starting, or at zero): events bring the pass
 
 
 def test_a_service_without_adapters_renders_the_config_it_rendered_before_adapters_existed() -> None:

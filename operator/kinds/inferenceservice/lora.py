@@ -20,6 +20,7 @@ from .api import AdapterPhase, AdapterReplicaStatus, AdapterStatus, InferenceSer
 from .model import final_export_uri
 
 ADAPTER_EXPORT = "adapter"  # the trainer's peft export, beside the final model's files
+NOT_SEEN = "the replica has not read this adapter list yet"
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,7 @@ def adapter_status(
                 continue
             entry = next((e for e in report.get("adapters") or [] if e.get("name") == name), None)
             if entry is None or entry.get("key") != source.key:
-                replicas.append(AdapterReplicaStatus(pod=pod, state="Pending", reason="the replica has not seen "
-                                                     "this adapter list yet"))
+                replicas.append(AdapterReplicaStatus(pod=pod, state="Pending", reason=NOT_SEEN))
                 continue
             state = entry.get("state")
             phase: AdapterPhase = state if state in ("Pending", "Loading", "Loaded", "Failed") else "Pending"
@@ -147,6 +147,9 @@ def _first_reason(replicas: list[AdapterReplicaStatus]) -> str | None:
 
 
 def settled(statuses: list[AdapterStatus]) -> bool:
-    """Whether nothing is on its way (every adapter Loaded or Failed, or waiting on something outside the pods)."""
-    return all(s.state in ("Loaded", "Failed") or (s.state == "Pending" and not s.replicas and s.reason)
-               for s in statuses)
+    """Whether no ready replica is on its way to the list (loading an adapter, or not having read the new list yet):
+    then the operator looks again soon. Anything else changes through events it watches (a replica turning ready, a
+    TrainingJob finishing, a spec edit) or is seen at the resync (a replica that could not be read), so a service
+    at zero replicas or waiting for a job costs no extra passes."""
+    return not any(r.state == "Loading" or (r.state == "Pending" and r.reason == NOT_SEEN)
+                   for s in statuses for r in s.replicas)
