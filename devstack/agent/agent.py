@@ -28,7 +28,7 @@ from loom.devstack.agent.podworker import PodWorker
 from loom.devstack.agent.proxies import PodEndpoint, ServiceTable, api_endpoints, named_ports
 from loom.devstack.agent.runtime import ContainerProcess
 from loom.devstack.agent.status import pod_status
-from loom.devstack.agent.volumes import needs_token
+from loom.devstack.agent.volumes import needs_token, refresh_config_maps
 
 Obj = dict[str, Any]
 log = logging.getLogger("loom.agent")
@@ -56,6 +56,8 @@ class Agent:
         # On a hand-over (SIGHUP) connections through the Service proxies get this long to finish.
         self.drain_seconds = 0.0
         self.kick = asyncio.Event()
+        # (namespace, name) -> ConfigMap, as the configmaps watch last saw it (written from its thread).
+        self.config_maps: dict[tuple[str, str], Obj] = {}
         self.dirty = asyncio.Event()
         self.logs = LogServer(self.locate_log, cfg.kubelet_port, cfg.tls_cert, cfg.tls_key)
         host, port = self.api.server
@@ -92,6 +94,7 @@ class Agent:
         self.api.watch_forever(
             ["pods", "services", "endpointslices"], self.cfg.node_name, lambda: loop.call_soon_threadsafe(self.kick.set)
         )
+        self.api.watch_config_maps(lambda kind, cm: self._config_map_seen(kind, cm, loop))
         background = [asyncio.create_task(self.node.keep_fresh()), asyncio.create_task(self._publisher())]
         try:
             while True:
@@ -151,6 +154,34 @@ class Agent:
             worker.start()
         if admitted:
             self.dirty.set()
+        self._refresh_volumes()
+
+    def _config_map_seen(self, kind: str, cm: Obj, loop: asyncio.AbstractEventLoop) -> None:
+        """From the watch thread: remember the ConfigMap; a change wakes the loop, which updates the volumes."""
+        meta = cm.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        if kind == "DELETED":
+            self.config_maps.pop(key, None)
+            return
+        before = self.config_maps.get(key)
+        self.config_maps[key] = cm
+        if before is None or (before.get("metadata") or {}).get("resourceVersion") != meta.get("resourceVersion"):
+            loop.call_soon_threadsafe(self.kick.set)
+
+    def _refresh_volumes(self) -> None:
+        """Running pods' configMap volumes follow their ConfigMaps (the kubelet's in-place update)."""
+        for worker in self.workers.values():
+            if not worker.folders or worker.state.final_phase is not None:
+                continue
+            namespace = worker.namespace
+            cms = {name: cm for (ns, name), cm in list(self.config_maps.items()) if ns == namespace}
+            try:
+                changed = refresh_config_maps(worker.pod, worker.folders, cms)
+            except OSError as exc:
+                log.warning("configMap volumes of %s/%s not updated: %s", namespace, worker.name, exc)
+                continue
+            if changed:
+                log.info("updated configMap volumes %s of %s/%s", changed, namespace, worker.name)
 
     def _endpoints(self, live: dict[str, Obj]) -> list[PodEndpoint]:
         """This node's pods as Service endpoints; readiness straight from the workers' probes."""

@@ -138,6 +138,25 @@ class KubeApi:
             threads.append(thread)
         return threads
 
+    def watch_config_maps(self, on_change: Callable[[str, Obj], None]) -> threading.Thread:
+        """A daemon thread that calls on_change(event type, ConfigMap) for every ConfigMap event (the agent's cache
+        for updating mounted ConfigMap volumes in place)."""
+
+        def run() -> None:
+            while not self._stop.is_set():
+                try:
+                    for event in watch.Watch().stream(self.core.list_config_map_for_all_namespaces, timeout_seconds=30):
+                        on_change(str(event["type"]), dict(event["raw_object"]))
+                        if self._stop.is_set():
+                            return
+                except Exception as exc:  # the API server restarting must not end the watch
+                    log.debug("watch configmaps ended: %s", exc)
+                    self._stop.wait(1.0)
+
+        thread = threading.Thread(target=run, name="watch-configmaps", daemon=True)
+        thread.start()
+        return thread
+
     def _watch(self, fn: Callable[..., Any], kwargs: dict[str, Any], on_event: Callable[[], None]) -> None:
         while not self._stop.is_set():
             try:

@@ -1,7 +1,8 @@
 """Pod volumes as host folders, and the bind mounts that put them at their mountPaths.
 
 `volume_files` is pure (what files a configMap/secret/downwardAPI/projected volume holds);
-`materialize` writes them under the pod's state folder.
+`materialize` writes them under the pod's state folder; `refresh_config_maps` rewrites a running pod's configMap
+volumes when their ConfigMap changed, as the kubelet does (not subPath mounts of a single file, as there).
 """
 
 from __future__ import annotations
@@ -155,3 +156,37 @@ def container_mounts(container: Obj, folders: dict[str, Path]) -> list[Mount]:
                 source.mkdir(parents=True)
         mounts.append(Mount(str(source), mount["mountPath"], bool(mount.get("readOnly", False))))
     return sorted(mounts, key=lambda m: m.target.rstrip("/").count("/"))
+
+
+def refresh_config_maps(pod: Obj, folders: dict[str, Path], config_maps: dict[str, Obj]) -> list[str]:
+    """Bring the running pod's configMap volumes in line with `config_maps` (name -> ConfigMap, this namespace's,
+    as the agent's watch last saw them): files whose content changed are replaced atomically (a reader sees the old
+    or the new file, never a torn one), keys gone lose their files. Returns the volumes changed. A ConfigMap not
+    seen (or gone) leaves its volume as it is, as the kubelet keeps the last content."""
+    changed: list[str] = []
+    for volume in pod["spec"].get("volumes") or []:
+        ref = volume.get("configMap")
+        folder = folders.get(volume["name"])
+        if ref is None or folder is None or ref["name"] not in config_maps:
+            continue
+        try:
+            files = _items(config_map_data(config_maps[ref["name"]]), ref.get("items"),
+                           ref.get("defaultMode", 0o644), "configmap", ref["name"])
+        except ConfigError:
+            continue  # an item's key went missing: keep what the container has
+        stale = {rel: item for rel, item in files.items() if _content(folder / rel) != item[0]}
+        gone = [p for p in folder.iterdir() if p.is_file() and p.name not in files and not p.name.endswith(".loom-tmp")]
+        if stale:
+            write_files(folder, stale)
+        for path in gone:
+            path.unlink(missing_ok=True)
+        if stale or gone:
+            changed.append(volume["name"])
+    return changed
+
+
+def _content(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None

@@ -53,8 +53,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 # Run as written by their own e2e module, which sets up what they need first: the feature-enriched service needs its
-# FeatureView registered and materialized (test_featureview_enrichment.py applies both example files unchanged).
-ELSEWHERE = {"inferenceservice-feature-enriched.yaml"}
+# FeatureView registered and materialized (test_featureview_enrichment.py applies both example files unchanged); the
+# adapters example needs its base model and peft adapters in S3 (test_inferenceservice_adapters.py puts them where it
+# says, applies it unchanged, then adds and removes adapters in the running replica).
+ELSEWHERE = {"inferenceservice-feature-enriched.yaml", "inferenceservice-llama-vllm-adapters.yaml"}
 EXAMPLES = sorted(
     p
     for p in [*EXAMPLES_DIR.glob("trainingjob-*.yaml"), *EXAMPLES_DIR.glob("inferenceservice-*.yaml")]

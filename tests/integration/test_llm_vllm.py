@@ -2,8 +2,9 @@
 in .venv-vllm) on a tiny Llama exported here in Hugging Face format by the trainer's Llama example
 (workloads/trainer/examples/llama.py), driven by the official ``openai`` client.
 
-One engine for the module (its start is minutes on a busy 2-core machine). Each test uses its own API key, so
-the per-key token budget one test spends does not refuse another's requests.
+One engine for the module (its start is minutes on a busy 2-core machine), started with LoRA on (no adapter until
+the adapters test writes the list). Each test uses its own API key, so the per-key token budget one test spends does
+not refuse another's requests.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,9 @@ import pytest
 import torch
 
 from loom.devstack.servers import free_port
+from loom.workloads.llm.adapters import ADAPTERS_PATH, AdapterList, AdapterSource
 from loom.workloads.llm.config import EngineOptions, LlmLimits, LlmServerConfig
-from loom.workloads.llm.testing import llm_server, vllm_python
+from loom.workloads.llm.testing import llm_server, vllm_python, write_lora_adapter
 from loom.workloads.router.app import build_app as build_router
 from loom.workloads.router.config import RouterConfig
 from loom.workloads.router.testing import serving
@@ -36,7 +39,8 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny-llama"
 MAX_MODEL_LEN = 256
 TOKENS_PER_MINUTE = 600
-KEYS = ["k-models", "k-chat", "k-stream", "k-stop", "k-limit", "k-long", "k-batch", "k-oip", "k-greedy", "k-graph"]
+KEYS = ["k-models", "k-chat", "k-stream", "k-stop", "k-limit", "k-long", "k-batch", "k-oip", "k-greedy", "k-graph",
+        "k-lora"]
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +71,16 @@ def url(exported: tuple[Path, Llama]) -> Iterator[str]:
         model_name=MODEL, model_dir=str(folder / "model"), host="127.0.0.1", port=free_port(),
         engine_port=free_port(), engine_python=vllm_python(REPO),
         engine=EngineOptions(max_model_len=MAX_MODEL_LEN, dtype="float32", enforce_eager=True,
-                             kv_cache_memory_bytes=256 << 20, max_num_seqs=8),
+                             kv_cache_memory_bytes=256 << 20, max_num_seqs=8,
+                             enable_lora=True, max_loras=2, max_lora_rank=8),
         auth=AuthConfig(api_keys_env="LOOM_TEST_KEYS"),
         limits=LlmLimits(tokens_per_minute=TOKENS_PER_MINUTE, max_tokens_limit=200),
+        adapters_file=str(folder / "adapters.json"), adapters_dir=str(folder / "adapter-cache"), adapters_poll_s=0.5,
     )
-    with llm_server(config, folder, env={"LOOM_TEST_KEYS": ",".join(KEYS)}) as ready:
+    (folder / "adapters.json").write_text(AdapterList().to_json())
+    # Adapters come from "S3": a folder standing in for it (the same listing and download code as against a store).
+    env = {"LOOM_TEST_KEYS": ",".join(KEYS), "AWS_ENDPOINT_URL_S3": f"file://{folder / 's3'}"}
+    with llm_server(config, folder, env=env) as ready:
         yield ready
 
 
@@ -247,3 +256,70 @@ def test_an_inference_graph_chains_and_streams_chat_through_the_engine(url: str)
     assert len([p for p in pieces if p]) > 1 and "".join(pieces) == second.choices[0].message.content
     error = caught.value.body
     assert isinstance(error, dict) and error["code"] == "upstream_error" and error["upstream_status"] == 401
+
+
+def _adapter_states(url: str, names: set[str]) -> dict[str, dict[str, Any]]:
+    """The front's adapter states once every adapter in ``names`` is Loaded or Failed."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        states = {a["name"]: a for a in httpx.get(f"{url}{ADAPTERS_PATH}", timeout=10).json()["adapters"]}
+        if set(states) == names and all(a["state"] in ("Loaded", "Failed") for a in states.values()):
+            return states
+        time.sleep(0.5)
+    raise AssertionError(f"adapters not settled: {states}")
+
+
+def _models(url: str) -> list[str]:
+    return [m.id for m in client(url, "k-lora").models.list().data]
+
+
+def test_adapters_load_and_unload_at_run_time_and_answer_by_name(url: str, exported: tuple[Path, Llama]) -> None:
+    """Two peft adapters made here for this model, and two broken ones, named in the adapter list while the engine
+    runs: both good ones load (each broken one fails alone, with its reason), answer by their names with the
+    official client, and say something else than the base model and than each other for the same greedy prompt;
+    removed from the list, one is unloaded and its name is no model any more."""
+    folder, _ = exported
+    store = folder / "s3" / "adapters"
+    write_lora_adapter(folder / "model", store / "pirate", seed=1)
+    write_lora_adapter(folder / "model", store / "poet", seed=2)
+    (store / "junk").mkdir(parents=True)
+    (store / "junk" / "adapter_config.json").write_text("{}")  # a folder that says it is an adapter, and is not
+    pirate, poet = (AdapterSource(name=n, uri=f"s3://adapters/{n}", kind="s3") for n in ("pirate", "poet"))
+    junk = AdapterSource(name="junk", uri="s3://adapters/junk", kind="s3")
+    ghost = AdapterSource(name="ghost", uri="s3://adapters/ghost", kind="s3")
+    listing = folder / "adapters.json"
+    options: dict[str, Any] = {"prompt": "Tom painted the fence", "max_tokens": 12, "temperature": 0,
+                               "extra_body": {"ignore_eos": True}}
+    llm = client(url, "k-lora")
+    base_before = llm.completions.create(model=MODEL, **options).choices[0].text
+
+    listing.write_text(AdapterList(adapters=[pirate, poet, junk, ghost]).to_json())
+    states = _adapter_states(url, {"pirate", "poet", "junk", "ghost"})
+    assert states["pirate"]["state"] == states["poet"]["state"] == "Loaded", states
+    assert states["junk"]["state"] == "Failed" and states["junk"]["reason"], states
+    assert states["ghost"]["state"] == "Failed" and "nothing found at s3://adapters/ghost" in states["ghost"]["reason"]
+    assert _models(url) == [MODEL, "pirate", "poet"]
+
+    texts = {}
+    for model in (MODEL, "pirate", "poet"):
+        answer = llm.completions.create(model=model, **options)
+        assert answer.model == model and answer.usage is not None and answer.usage.completion_tokens == 12
+        texts[model] = answer.choices[0].text
+    assert texts[MODEL] == base_before  # an adapter beside it changes nothing of the base model
+    assert len(set(texts.values())) == 3, texts
+    stream = llm.chat.completions.create(model="pirate", messages=CHAT, max_tokens=6, stream=True,  # type: ignore[arg-type]
+                                         extra_body={"ignore_eos": True})
+    assert {chunk.model for chunk in stream} == {"pirate"}
+    with pytest.raises(openai.InternalServerError) as failed:
+        llm.completions.create(model="junk", prompt="Tom", max_tokens=2)
+    assert failed.value.status_code == 503 and failed.value.body["code"] == "adapter_failed"  # type: ignore[index]
+
+    listing.write_text(AdapterList(adapters=[pirate]).to_json())
+    states = _adapter_states(url, {"pirate"})
+    assert _models(url) == [MODEL, "pirate"]
+    with pytest.raises(openai.NotFoundError):
+        llm.completions.create(model="poet", prompt="Tom", max_tokens=2)
+    assert llm.completions.create(model="pirate", **options).choices[0].text == texts["pirate"]
+    listing.write_text(AdapterList().to_json())
+    _adapter_states(url, set())
+    assert _models(url) == [MODEL]

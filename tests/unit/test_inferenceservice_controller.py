@@ -404,3 +404,49 @@ async def test_the_activators_pods_come_from_the_pod_watch_cache_only_when_it_ru
         assert invalid is None
         observed = await reconciler.observe(Pass("ml", "gpt", body, owner_of(body, "InferenceService"), parsed, None))
         assert [p["metadata"]["name"] for p in observed.activator_pods] == expected
+
+
+async def test_adapters_reach_the_configmap_in_place_and_their_states_reach_status(
+    api: FakeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """spec.adapters: the resolved list is written into the track's ConfigMap, never into the pod template (the
+    running pods load it in place); a TrainingJob's adapter joins once the job succeeded; status shows what the
+    replicas report, read from them each pass."""
+    from loom.workloads.llm.adapters import AdapterList
+
+    reports: dict[str, Any] = {}
+
+    async def read_reports(pods: list[dict[str, Any]]) -> dict[str, Any]:
+        return {p["metadata"]["name"]: reports.get(p["metadata"]["name"], "unreachable") for p in pods}
+
+    monkeypatch.setattr(controller, "read_reports", read_reports)
+    job_key = ("loom.dev/v1alpha1", "TrainingJob", "ml", "tune")
+    api.objects[job_key] = {"metadata": {"name": "tune", "uid": "job-uid-1"},
+                            "spec": {"checkpoint": {"uri": "s3://ckpt/tune"}}, "status": {"phase": "Running"}}
+    wire = {"model": {"uri": "s3://models/llama/v1", "name": "llama"}, "runtime": "vllm", "replicas": 1,
+            "adapters": [{"name": "pirate", "uri": "s3://adapters/pirate"},
+                         {"name": "tuned", "fromTrainingJob": {"name": "tune"}}]}
+    put_isvc(api, wire)
+    status = await reconcile(api)
+    listed = AdapterList.model_validate_json(api.objects[("v1", "ConfigMap", "ml", "gpt-config")]["data"]
+                                             ["adapters.json"]).adapters
+    assert [a.name for a in listed] == ["pirate"]
+    assert {a["name"]: a["state"] for a in status["adapters"]} == {"pirate": "Pending", "tuned": "Pending"}
+    assert "waiting for its adapter export" in status["adapters"][1]["reason"]
+    template = copy.deepcopy(api.deployment("gpt")["spec"]["template"])  # type: ignore[index]
+
+    api.objects[("v1", "Pod", "ml", "gpt-abc")] = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpt-abc", "namespace": "ml"},
+        "status": {"podIP": "127.10.0.5", "conditions": [{"type": "Ready", "status": "True"}]}}
+    reports["gpt-abc"] = {"adapters": [{"name": "pirate", "key": listed[0].key, "state": "Loaded"}]}
+    api.objects[job_key]["status"] = {"phase": "Succeeded", "checkpoint": {"step": 30}}
+    status = await reconcile(api)
+    listed = AdapterList.model_validate_json(api.objects[("v1", "ConfigMap", "ml", "gpt-config")]["data"]
+                                             ["adapters.json"]).adapters
+    assert [(a.name, a.uri) for a in listed] == [("pirate", "s3://adapters/pirate"),
+                                                 ("tuned", "s3://ckpt/tune/final/adapter")]
+    states = {a["name"]: a for a in status["adapters"]}
+    assert states["pirate"]["state"] == "Loaded" and states["pirate"]["replicas"] == [
+        {"pod": "gpt-abc", "state": "Loaded"}]
+    assert states["tuned"]["state"] == "Pending"  # the replica has not read the new list yet
+    assert api.deployment("gpt")["spec"]["template"] == template  # type: ignore[index]  # no rollout for adapters

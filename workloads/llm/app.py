@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -28,6 +29,8 @@ from loom.workloads.common.lifecycle import CloseWhileDraining, Drain
 from loom.workloads.server.flow import ANONYMOUS, ApiKeys
 from loom.workloads.server.protocol import ProtocolError, decode_generate_request
 
+from .adapter_manager import AdapterManager
+from .adapters import ADAPTERS_PATH
 from .budget import TokenBudget
 from .config import LlmServerConfig
 from .engine import EngineUnavailable, VllmEngine
@@ -59,8 +62,9 @@ def error_response(error: OpenAIError) -> JSONResponse:
 
 class LlmRoutes:
     def __init__(self, config: LlmServerConfig, engine: VllmEngine, metrics: LlmMetrics, drain: Drain,
-                 tokens: TokenBudget | None) -> None:
+                 tokens: TokenBudget | None, adapters: AdapterManager | None = None) -> None:
         self.config, self.engine, self.metrics, self.drain, self.tokens = config, engine, metrics, drain, tokens
+        self.adapters = adapters
         self.ready = False  # set once the engine answers its health check
         self.created = int(time.time())
 
@@ -109,14 +113,21 @@ class LlmRoutes:
         return doc
 
     async def _open_stream(
-        self, request: Request, path: str, parsed: LlmRequest,
+        self, request: Request, path: str, parsed: LlmRequest, stack: contextlib.AsyncExitStack | None = None,
+        model: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Start the engine's stream (so an engine refusal is still an HTTP error) and return its chunks;
-        the usage chunk is consumed here (charged and measured) and passed on only if the client asked."""
+        the usage chunk is consumed here (charged and measured) and passed on only if the client asked. ``stack``
+        is closed when the stream ends (what the request holds, its adapter version); ``model`` replaces the
+        chunks' model (an adapter's name for its version's engine name)."""
         started = time.perf_counter()
         deadline = asyncio.get_running_loop().time() + self.config.limits.request_timeout_s
-        stack = contextlib.AsyncExitStack()
-        status, lines, error = await stack.enter_async_context(self.engine.stream(path, parsed.engine_body))
+        stack = stack or contextlib.AsyncExitStack()
+        try:
+            status, lines, error = await stack.enter_async_context(self.engine.stream(path, parsed.engine_body))
+        except BaseException:
+            await stack.aclose()
+            raise
         if status != 200:
             await stack.aclose()
             raise engine_error(status, error)
@@ -140,6 +151,8 @@ class LlmRoutes:
                             if not event.get("choices"):
                                 continue  # the usage-only chunk the client did not ask for
                             event = {k: v for k, v in event.items() if k != "usage"}
+                        if model is not None and "model" in event:
+                            event["model"] = model
                         yield event
                 self._finish(request, started, first, *usage)
             finally:
@@ -166,10 +179,29 @@ class LlmRoutes:
     # ------------------------------------------------------------------------------------------- OpenAI
     async def _openai(self, request: Request, kind: Kind, path: str) -> Response:
         limits = self.config.limits
-        parsed = parse_request(kind, await request.body(), self.config.model_name, limits.max_tokens_limit)
+        names = self.adapters.names if self.adapters is not None else ()
+        parsed = parse_request(kind, await request.body(), self.config.model_name, limits.max_tokens_limit,
+                               adapters=names)
+        model = parsed.engine_body["model"]
+        if model == self.config.model_name or self.adapters is None:
+            if parsed.stream:
+                return self._sse(await self._open_stream(request, path, parsed), done=True)
+            return JSONResponse(await self._complete(request, path, parsed))
+        # An adapter: the request takes its current version (by its engine name) and holds it until it ends, so
+        # a newer version or a removal never unloads it under the request.
+        manager = self.adapters
+        key = manager.acquire(model)
+        parsed = replace(parsed, engine_body={**parsed.engine_body, "model": key})
         if parsed.stream:
-            return self._sse(await self._open_stream(request, path, parsed), done=True)
-        return JSONResponse(await self._complete(request, path, parsed))
+            stack = contextlib.AsyncExitStack()
+            stack.callback(manager.release, key)
+            return self._sse(await self._open_stream(request, path, parsed, stack, model), done=True)
+        try:
+            doc = await self._complete(request, path, parsed)
+        finally:
+            manager.release(key)
+        doc["model"] = model
+        return JSONResponse(doc)
 
     async def completions(self, request: Request) -> Response:
         return await self._openai(request, "completion", "/v1/completions")
@@ -181,7 +213,16 @@ class LlmRoutes:
         model = {"id": self.config.model_name, "object": "model", "created": self.created, "owned_by": "loom"}
         if self.config.engine.max_model_len is not None:
             model["max_model_len"] = self.config.engine.max_model_len
-        return JSONResponse({"object": "list", "data": [model]})
+        loaded = self.adapters.loaded() if self.adapters is not None else []
+        adapters = [{"id": name, "object": "model", "created": self.created, "owned_by": "loom",
+                     "parent": self.config.model_name} for name in loaded]
+        return JSONResponse({"object": "list", "data": [model, *adapters]})
+
+    async def adapter_states(self, request: Request) -> Response:
+        """This replica's adapters and their states (the operator reads them into the service's status)."""
+        if self.adapters is None:
+            return JSONResponse({"adapters": []})
+        return JSONResponse(self.adapters.report())
 
     # ------------------------------------------------------------------------------------------- OIP v2
     def _served(self, request: Request) -> None:
@@ -232,6 +273,7 @@ class LlmRoutes:
             Route("/v2/health/live", self.live, methods=["GET"]),
             Route("/v2/health/ready", self.ready_probe, methods=["GET"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
+            Route(ADAPTERS_PATH, self.adapter_states, methods=["GET"]),
             Route("/v1/models", self.measured("models", self.models), methods=["GET"]),
             Route("/v1/completions", self.measured("completions", self.completions), methods=["POST"]),
             Route("/v1/chat/completions", self.measured("chat_completions", self.chat_completions), methods=["POST"]),
@@ -263,7 +305,8 @@ def build_app(config: LlmServerConfig, engine: VllmEngine | None = None, drain: 
     metrics = LlmMetrics(config.model_name)
     limits = config.limits
     tokens = TokenBudget(limits.tokens_per_minute) if limits.tokens_per_minute else None
-    routes = LlmRoutes(config, engine, metrics, drain, tokens)
+    adapters = AdapterManager(config, engine) if config.engine.enable_lora else None
+    routes = LlmRoutes(config, engine, metrics, drain, tokens, adapters)
 
     async def become_ready() -> None:
         try:
@@ -273,8 +316,16 @@ def build_app(config: LlmServerConfig, engine: VllmEngine | None = None, drain: 
             if on_engine_failed is not None:
                 on_engine_failed(str(exc))
             return
+        if adapters is not None:
+            # The adapters named at start are loaded before the replica turns ready (each failure is its own).
+            adapters.read_list()
+            adapters.step()
+            await adapters.settled()
+            loops.append(asyncio.create_task(adapters.run()))
         routes.ready = True
         log.info("the vLLM engine is ready: serving %s", config.model_name)
+
+    loops: list[asyncio.Task[None]] = []
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -284,10 +335,14 @@ def build_app(config: LlmServerConfig, engine: VllmEngine | None = None, drain: 
             yield
         finally:
             waiter.cancel()
+            for loop in loops:
+                loop.cancel()
+            if adapters is not None:
+                await adapters.stop()
             await engine.stop()
 
     guard = Middleware(
-        LlmGuard, keys=ApiKeys(config.auth),
+        LlmGuard, keys=ApiKeys(config.auth), exempt=(ADAPTERS_PATH,),
         requests=per_minute_limiter(limits.requests_per_minute) if limits.requests_per_minute else None,
         tokens=tokens, metrics=metrics,
     )
@@ -302,4 +357,5 @@ def build_app(config: LlmServerConfig, engine: VllmEngine | None = None, drain: 
     )
     app.state.routes = routes
     app.state.engine = engine
+    app.state.adapters = adapters
     return app

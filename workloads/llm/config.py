@@ -21,6 +21,8 @@ from loom.workloads.common.model_name import MODEL_NAME_RULE, is_model_name
 from loom.workloads.server.config import AuthConfig
 
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
+# The LoRA ranks vLLM accepts for --max-lora-rank (vllm.config.lora.MaxLoRARanks).
+LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
 # Flags the front sets itself (where the engine listens, what it serves): a passthrough may not move them.
 RESERVED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--api-key", "--uds")
 _FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]*(=.*)?$")
@@ -53,6 +55,13 @@ class EngineOptions(_Camel):
     chat_template: str | None = Field(
         None, description="--chat-template: a Jinja chat template (text) used instead of the tokenizer's.")
     enforce_eager: bool = Field(False, description="--enforce-eager: skip graph compilation (faster start).")
+    # None (not False) when off: configs rendered before adapters existed stay byte for byte the same (the pod
+    # template's hash covers this file, so a new key would restart every vllm service at an operator upgrade).
+    enable_lora: bool | None = Field(None, description="--enable-lora, adapters loaded and unloaded at run time.")
+    max_loras: Annotated[int, Field(ge=1, le=256)] | None = Field(
+        None, description="--max-loras: adapters held by the engine at once (vLLM: 1); beyond it the least recently "
+                          "used is unloaded and loaded again from its files when asked for.")
+    max_lora_rank: LoraRank | None = Field(None, description="--max-lora-rank: the largest adapter rank (vLLM: 16).")
     extra_args: list[str] = Field(
         default_factory=list, max_length=64,
         description="Passthrough: further vllm flags, each '--flag' or '--flag=value' (the front's own "
@@ -84,6 +93,12 @@ def engine_flags(options: EngineOptions, chat_template_file: Path | None = None)
         flags.append("--enable-prefix-caching" if options.enable_prefix_caching else "--no-enable-prefix-caching")
     if options.enforce_eager:
         flags.append("--enforce-eager")
+    if options.enable_lora:
+        flags.append("--enable-lora")
+        if options.max_loras is not None:
+            flags.append(f"--max-loras={options.max_loras}")
+        if options.max_lora_rank is not None:
+            flags.append(f"--max-lora-rank={options.max_lora_rank}")
     if options.chat_template is not None:
         if chat_template_file is None:
             raise ValueError("a chat template needs a file to be written to")
@@ -117,6 +132,12 @@ class LlmServerConfig(_Camel):
     max_request_bytes: Annotated[int, Field(ge=1024)] = DEFAULT_MAX_REQUEST_BYTES
     request_body_timeout_s: Annotated[float, Field(gt=0)] = DEFAULT_REQUEST_BODY_TIMEOUT_S
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    adapters_file: str | None = Field(
+        None, description="The adapter list (adapters.AdapterList JSON), read again whenever it changes "
+                          "(engine.enableLora).")
+    adapters_dir: str | None = Field(None, description="Where adapters are downloaded (default: beside modelDir).")
+    adapters_poll_s: Annotated[float, Field(gt=0, le=600)] | None = Field(
+        None, description="How often the adapter list's file is looked at for a change (default 1 s).")
 
     @field_validator("model_name")
     @classmethod

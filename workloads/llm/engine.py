@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -41,6 +42,22 @@ class EngineUnavailable(Exception):
     """The engine is not running (not yet started, failed, or exited)."""
 
 
+class AdapterLoadError(Exception):
+    """The engine refused an adapter (its reason, from the engine's answer)."""
+
+
+def _reason(status: int, body: bytes) -> str:
+    """The engine's message from an error answer (``{"error": {"message"}}``, older ``{"message"}``, or text)."""
+    text = body.decode("utf-8", "replace")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        return f"the engine answered {status}: {text[:300]}"
+    inner = doc.get("error") if isinstance(doc, dict) and isinstance(doc.get("error"), dict) else doc
+    message = inner.get("message") if isinstance(inner, dict) else None
+    return f"the engine answered {status}: {str(message or text)[:300]}"
+
+
 def engine_argv(config: LlmServerConfig, chat_template_file: Path | None = None) -> list[str]:
     """The engine's command line (pure)."""
     return [
@@ -49,6 +66,14 @@ def engine_argv(config: LlmServerConfig, chat_template_file: Path | None = None)
         "--host=127.0.0.1", f"--port={config.engine_port}",
         *engine_flags(config.engine, chat_template_file),
     ]
+
+
+def engine_environment(config: LlmServerConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The engine's environment: the front's, plus vLLM's switch for its runtime LoRA API when adapters are on."""
+    env = dict(os.environ if base is None else base)
+    if config.engine.enable_lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    return env
 
 
 class VllmEngine:
@@ -76,7 +101,8 @@ class VllmEngine:
         log.info("starting the vLLM engine: %s", " ".join(argv))
         # Its own process group: the engine forks workers, and stop() must end them all. And told to stop if the
         # front dies without stopping it (a SIGKILL), so no orphaned engine holds the pod's memory.
-        self.process = await asyncio.create_subprocess_exec(*argv, start_new_session=True, preexec_fn=_die_with_parent)
+        self.process = await asyncio.create_subprocess_exec(
+            *argv, start_new_session=True, preexec_fn=_die_with_parent, env=engine_environment(self.config))
 
     async def wait_ready(self) -> None:
         """Until the engine answers /health; raises EngineUnavailable if it exits or takes too long."""
@@ -136,6 +162,18 @@ class VllmEngine:
                 yield response.status_code, response.aiter_lines(), error
         except httpx.HTTPError as exc:
             raise EngineUnavailable(f"the vLLM engine stream failed: {type(exc).__name__}") from exc
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Load a peft adapter folder into the engine under ``name`` (vLLM's runtime LoRA API); raises
+        AdapterLoadError with the engine's reason when it refuses it."""
+        status, body = await self.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        if status != 200:
+            raise AdapterLoadError(_reason(status, body))
+
+    async def unload_adapter(self, name: str) -> None:
+        status, body = await self.post("/v1/unload_lora_adapter", {"lora_name": name})
+        if status not in (200, 404):  # 404: not loaded (any more): what was asked for
+            raise AdapterLoadError(_reason(status, body))
 
     async def metrics_text(self) -> str:
         """The engine's Prometheus exposition; empty when it cannot be read (the front's own still are)."""

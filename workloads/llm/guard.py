@@ -26,11 +26,12 @@ def per_minute_limiter(requests_per_minute: int) -> RateLimiter:
 
 class LlmGuard:
     def __init__(self, app: ASGIApp, keys: ApiKeys, requests: RateLimiter | None, tokens: TokenBudget | None,
-                 metrics: LlmMetrics) -> None:
+                 metrics: LlmMetrics, exempt: tuple[str, ...] = ()) -> None:
         self.app, self.keys, self.requests, self.tokens, self.metrics = app, keys, requests, tokens, metrics
+        self.exempt = exempt  # paths open like the probes (the adapter states the operator reads: names, no data)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not guarded(scope):
+        if not guarded(scope) or scope.get("path") in self.exempt:
             await self.app(scope, receive, send)
             return
         caller = caller_of(scope, self.keys)

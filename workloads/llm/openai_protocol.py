@@ -10,6 +10,7 @@ module does not check (vLLM's sampling extras such as ``top_k`` or ``ignore_eos`
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -114,14 +115,16 @@ def _check_prompt(prompt: Any) -> None:
 
 
 def parse_request(kind: Kind, body: bytes, served_model: str, max_tokens_limit: int,
-                  default_max_tokens: int = 16) -> LlmRequest:
-    """Check a /v1/completions or /v1/chat/completions body and build the engine's copy of it."""
+                  default_max_tokens: int = 16, adapters: Collection[str] = ()) -> LlmRequest:
+    """Check a /v1/completions or /v1/chat/completions body and build the engine's copy of it. ``model`` is the
+    served model or one of its LoRA ``adapters``."""
     doc = _json_object(body)
     model = doc.get("model")
     if not isinstance(model, str):
         raise invalid("'model' is required (a string)", "model", "missing_model")
-    if model != served_model:
-        raise OpenAIError(404, f"the model '{model}' does not exist; this service serves '{served_model}'",
+    if model != served_model and model not in adapters:
+        also = f" and the adapters {', '.join(sorted(adapters))}" if adapters else ""
+        raise OpenAIError(404, f"the model '{model}' does not exist; this service serves '{served_model}'{also}",
                           "model_not_found", "model")
     if kind == "chat":
         _check_messages(doc.get("messages"))

@@ -35,3 +35,25 @@ def llm_server(config: LlmServerConfig, folder: Path, env: Mapping[str, str] | N
     argv = [sys.executable, "-m", "loom.workloads.llm", "--config", str(path), "--drain-seconds=0"]
     with running(argv, f"http://127.0.0.1:{config.port}", folder / "llm.log", env, timeout_s=START_TIMEOUT_S) as url:
         yield url
+
+
+def write_lora_adapter(base: Path, dest: Path, seed: int, scale: float = 0.3, rank: int = 8) -> Path:
+    """A peft LoRA adapter (adapter_config.json, adapter_model.safetensors) for the Hugging Face Llama in ``base``,
+    made with peft itself. Its A and B matrices are drawn at ``scale`` (peft starts B at zero, which would change
+    nothing), so it changes what the model says for certain; ``seed`` makes two adapters differ. Needs peft (the
+    ``train`` extra), which brings transformers."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    config = LoraConfig(r=rank, lora_alpha=rank, lora_dropout=0.0,
+                        target_modules=["q_proj", "v_proj", "o_proj", "down_proj"])
+    tuned = get_peft_model(model, config)
+    with torch.no_grad():
+        for name, param in tuned.named_parameters():
+            if "lora_" in name:
+                param.normal_(0.0, scale)
+    tuned.save_pretrained(str(dest))
+    return dest

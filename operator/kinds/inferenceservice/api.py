@@ -93,6 +93,55 @@ class ModelSource(ApiModel):
     )
 
 
+class AdapterFromTrainingJob(ApiModel):
+    """A TrainingJob's LoRA adapter: its peft export (<checkpoint.uri>/final/adapter) once the job succeeded; a job
+    that succeeds again (re-created) loads its new adapter into the running replicas."""
+
+    name: DnsName = Field(description="TrainingJob name (same namespace; spec.finetune trains an adapter).")
+
+
+class Adapter(ApiModel):
+    """A LoRA adapter served beside the base model: requests select it by `model: <name>`. Loaded into and
+    unloaded from the running engine when the list changes, without restarting a replica."""
+
+    model_config = validations(
+        cel(
+            "[has(self.uri), has(self.mlflow), has(self.fromTrainingJob)].filter(x, x).size() == 1",
+            "set exactly one of uri, mlflow or fromTrainingJob",
+        ),
+    )
+
+    name: str = Field(
+        description="The adapter's model name in the OpenAI API (unique; not the base model's name).",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", max_length=63,
+    )
+    uri: str | None = Field(
+        None, description="s3://bucket/prefix of a peft adapter folder (adapter_config.json, "
+        "adapter_model.safetensors), read with the service's S3 settings (model.endpoint and model.secretRef, "
+        "or the operator's defaults).", pattern=r"^s3://.+", max_length=1024,
+    )
+    mlflow: str | None = Field(
+        None, description="MLflow registry URI of a registered adapter: models:/name/version or models:/name@alias "
+        "(an alias is resolved when the adapter is loaded).",
+        pattern=r"^models:/[^/@]+(/[0-9]+|@[A-Za-z0-9_\-]+)$", max_length=512,
+    )
+    from_training_job: AdapterFromTrainingJob | None = None
+    version: str | None = Field(
+        None, description="A version label: changing it loads the adapter again (new files at the same uri).",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", max_length=63,
+    )
+    tracking_uri: str | None = Field(
+        None, description="MLflow tracking URL for an mlflow adapter (default: model.trackingUri, then the "
+        "operator's).", max_length=1024,
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Adapter:
+        if [self.uri, self.mlflow, self.from_training_job].count(None) != 2:
+            raise ValueError(f"adapter {self.name}: set exactly one of uri, mlflow or fromTrainingJob")
+        return self
+
+
 class AliasStatus(ApiModel):
     """Where a followed MLflow alias pointed when last asked."""
 
@@ -177,6 +226,11 @@ class InferenceServiceSpec(ApiModel):
         cel("self.runtime == 'vllm' || !has(self.autoscaling) || !self.autoscaling.metric.startsWith('llm-')",
             "llm-* autoscaling metrics need runtime: vllm", field_path=".autoscaling.metric"),
         cel("self.runtime == 'vllm' || !has(self.routing)", "routing needs runtime: vllm", field_path=".routing"),
+        cel("self.runtime == 'vllm' || !has(self.adapters)", "adapters need runtime: vllm", field_path=".adapters"),
+        cel("!has(self.adapters) || self.adapters.all(a, self.adapters.exists_one(b, b.name == a.name))",
+            "adapter names must be unique", field_path=".adapters"),
+        cel("!has(self.adapters) || !has(self.model.name) || !self.adapters.exists(a, a.name == self.model.name)",
+            "an adapter may not take the base model's name (model.name)", field_path=".adapters"),
     )
 
     model: ModelSource
@@ -188,6 +242,13 @@ class InferenceServiceSpec(ApiModel):
     vllm: VllmSpec | None = Field(None, description="vLLM engine options and LLM limits (runtime vllm).")
     routing: Routing | None = Field(None, description="How requests spread over the replicas (runtime vllm; "
                                     "default prefix-cache when it may run more than one replica).")
+    adapters: list[Adapter] | None = Field(
+        None, max_length=64,
+        description="LoRA adapters served beside the model (runtime vllm), each selected by its name as the "
+        "OpenAI `model`. Changing the list loads and unloads adapters in the running replicas, no restart; going "
+        "from no `adapters` field to one restarts them once (the engine starts with LoRA on): `adapters: []` "
+        "turns LoRA on with none loaded. vllm.maxLoadedAdapters bounds the adapters held per replica at once.",
+    )
     handler: str = Field(
         "auto",
         description=f"How to load and call the model: {' | '.join(server.BUILTIN_HANDLERS)} | "
@@ -214,6 +275,22 @@ class InferenceServiceSpec(ApiModel):
     features: FeatureEnrichment | None = None
     cache_size_limit: Quantity = Field("10Gi", description="Size limit of the model cache volume.")
 
+    @model_validator(mode="after")
+    def _check_adapters(self) -> InferenceServiceSpec:
+        """What the CEL rules refuse at admission, said again for objects that bypass it (and the SDK); the base
+        model's default name (the object's) is checked by the operator (adapters.check_adapter_names)."""
+        if self.adapters is None:
+            return self
+        if self.runtime != "vllm":
+            raise ValueError("adapters need runtime: vllm")
+        names = [a.name for a in self.adapters]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"adapter names must be unique: {', '.join(twice)} appear more than once")
+        if self.model.name is not None and self.model.name in names:
+            raise ValueError(f"an adapter may not take the base model's name ({self.model.name})")
+        return self
+
     @property
     def serving_handler(self) -> str:
         """The handler the fetch step's config names: the vllm runtime loads no handler (noop keeps it valid)."""
@@ -225,6 +302,27 @@ class CanaryStatus(ApiModel):
     model_version: str | None = None
     replicas: int = Field(0, description="Canary replicas; the traffic share is replicas / all replicas.")
     ready_replicas: int = 0
+
+
+AdapterPhase = Literal["Pending", "Loading", "Loaded", "Failed"]
+
+
+class AdapterReplicaStatus(ApiModel):
+    pod: str
+    state: AdapterPhase
+    reason: str | None = Field(None, description="Why it failed (Failed), or what it waits for.")
+
+
+class AdapterStatus(ApiModel):
+    """One adapter of spec.adapters: where it comes from now, and its state on each ready replica."""
+
+    name: str
+    state: AdapterPhase = Field(description="Loaded: on every ready replica; Failed: on one at least (reason); "
+                                "Pending: not resolved yet (reason) or no replica reported; else Loading.")
+    source: str | None = Field(None, description="The resolved location (s3:// or models:/).")
+    version: str | None = None
+    reason: str | None = None
+    replicas: list[AdapterReplicaStatus] = Field(default_factory=list)
 
 
 class InferenceServiceStatus(StatusBase):
@@ -241,6 +339,7 @@ class InferenceServiceStatus(StatusBase):
     alias: AliasStatus | None = Field(None, description="The followed MLflow alias (model.mlflow: models:/name@alias).")
     autoscaling: AutoscalingStatus | None = None
     queue: ServiceQueueStatus | None = Field(None, description="Admission by Kueue (label kueue.x-k8s.io/queue-name).")
+    adapters: list[AdapterStatus] | None = Field(None, description="spec.adapters, each with its state per replica.")
 
 
 class InferenceService(ApiModel):

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import kopf
 from pydantic import ValidationError
 
+from loom.workloads.llm.adapters import AdapterList
 from loom.workloads.server.config import EnrichmentConfig
 
 from ...core import client as kube
@@ -33,6 +34,7 @@ from ...core.runner import Indexes, LastSeen, Runner, child_handlers, own_kind_h
 from ...defaults import Defaulted, EndpointDefaults, model_problem, training_job_manifest
 from ...defaults import inference_service as inference_service_defaults
 from ...settings import OperatorSettings
+from . import lora
 from .activator import activator_enabled, activator_selector
 from .alias import change_reason, followed, previous_alias, resolve_alias
 from .analysis import seconds_until_due
@@ -41,6 +43,8 @@ from .canary import WEIGHT_ANNOTATION, AnalysisInput, Judgement, held_percent, j
 from .canary import read_analysis as read_canary_analysis
 from .canary_report import analysis_condition
 from .features import resolve_features
+from .lora import ResolvedAdapters
+from .lora_observe import observe_adapters, read_reports
 from .model import ModelRef, ResolveError, resolve_model
 from .queueing import Admission, ServiceQueue, admit, report_status
 from .queueing_io import act_on_queue, observe_queue
@@ -64,6 +68,8 @@ from .status import Observed as StatusObserved
 from .status import compute_status
 
 log = logging.getLogger("loom.operator.inferenceservice")
+# While an adapter loads somewhere, the next look at the replicas' adapter states (status follows them).
+ADAPTER_POLL_SECONDS = 2.0
 
 PLURAL = "inferenceservices"
 KIND = "InferenceService"
@@ -106,8 +112,11 @@ async def _apply_track(
     features: EnrichmentConfig | None = None,
     weight: int | None = None,
     placement: list[kueue.FlavorView] | None = None,
+    adapters: AdapterList | None = None,
 ) -> Manifest:
-    config_map, deployment = render_deployment(owner, spec, track, ref, replicas, image, features, vllm_image)
+    config_map, deployment = render_deployment(
+        owner, spec, track, ref, replicas, image, features, vllm_image, adapters
+    )
     if placement:  # queued by Kueue: on the admitted flavor's nodes
         deployment["spec"]["template"] = kueue.place(deployment["spec"]["template"], placement)
     if weight is not None:  # the analysis' step this canary runs: its pause counts once this rolled out
@@ -144,6 +153,8 @@ class Observed:
     analysis: AnalysisInput | None = None  # what the canary analysis read, while a canary is judged
     alias: AliasStatus | None = None  # the followed MLflow alias, as last asked
     queue: ServiceQueue | None = None  # labelled kueue.x-k8s.io/queue-name: its Workloads (queueing.py)
+    adapters: ResolvedAdapters | None = None  # spec.adapters resolved (None: the service has none)
+    adapter_reports: dict[str, dict[str, Any] | str] = field(default_factory=dict)  # ready pod -> its report
     plan: RolloutPlan = field(default_factory=lambda: RolloutPlan(stable_ref=None, stable_replicas=0, mode="waiting"))
 
 
@@ -181,6 +192,8 @@ class ServiceReconciler:
         rollout_strategy(spec.spec)  # raises InvalidSpec for what admission cannot catch
         if (name_problem := INFERENCE_SERVICE.name_rule.problem(body["metadata"]["name"])) is not None:
             raise InvalidSpec(name_problem)  # the CRD refuses it now
+        if (adapter_problem := lora.name_problem(body, spec.spec)) is not None:
+            raise InvalidSpec(adapter_problem)
 
     async def observe(self, ctx: Pass[Defaulted[InferenceServiceSpec]]) -> Observed:
         namespace, name = ctx.namespace, ctx.name
@@ -201,6 +214,7 @@ class ServiceReconciler:
                     version = observed.alias.version if observed.alias is not None else None
                     observed.desired, observed.resolve_error = await _resolve(spec, namespace, self.defaults, version)
             observed.features, observed.features_error = await _features(spec, namespace)
+            observed.adapters = await observe_adapters(spec, namespace, self.defaults)
             if observed.features_error is not None:
                 observed.desired = None
                 observed.resolve_error = observed.resolve_error or observed.features_error
@@ -220,6 +234,8 @@ class ServiceReconciler:
             else await kube.list_objects("v1", "Pod", namespace, selector_string(ctx.owner))
         )
         observed.queue = await observe_queue(ctx.body) if ctx.spec is not None else None
+        if observed.adapters is not None:
+            observed.adapter_reports = await read_reports(observed.pods)
         # The scale-to-zero activator's pods (when it runs): one that cannot start is named in Ready at zero.
         if ctx.spec is not None and activator_enabled(ctx.spec.spec):
             observed.activator_pods = pods_of(self.pods, namespace, name, activator_selector(ctx.owner))
@@ -266,9 +282,10 @@ class ServiceReconciler:
         weight = judged.outcome.state.weight if judged is not None and judged.outcome is not None else None
         placement = observed.queue.admitted_flavors() if observed.queue is not None else None
         if plan.invalid is None and observed.features_error is None and plan.rollout.stable_ref is not None:
+            adapters = observed.adapters.to_list() if observed.adapters is not None else None
             observed.stable, observed.canary, observed.plan = await _apply(
                 ctx.owner, ctx.spec.spec, plan.rollout, observed.stable, observed.canary, self.settings,
-                observed.features, weight, placement,
+                observed.features, weight, placement, adapters,
             )  # fmt: skip
         if plan.admission is not None and observed.queue is not None:
             await act_on_queue(ctx, plan.admission, observed.queue, self._pod_template(ctx, observed, plan))
@@ -278,6 +295,11 @@ class ServiceReconciler:
             self.later(ctx.namespace, ctx.name, wait)
         if followed(ctx.spec.spec.model) is not None and self.later is not None:
             self.later(ctx.namespace, ctx.name, ctx.spec.spec.model.alias_poll_seconds)
+        resolved = observed.adapters
+        # Replicas load adapters by themselves; look again soon while any is on its way (status follows).
+        if resolved is not None and self.later is not None \
+                and not lora.settled(lora.adapter_status(resolved, observed.adapter_reports)):
+            self.later(ctx.namespace, ctx.name, ADAPTER_POLL_SECONDS)
         return observed
 
     def _pod_template(
@@ -328,6 +350,8 @@ class ServiceReconciler:
         if status.rollout is not None:
             # Announced by the analysis' own events (one per step, check failure, hold, verdict), not twice.
             status.conditions = analysis_condition(status.conditions, status.rollout, ctx.generation)
+        if observed.adapters is not None:
+            status.adapters = lora.adapter_status(observed.adapters, observed.adapter_reports)
         return status, events
 
 
@@ -353,6 +377,7 @@ async def _apply(
     features: EnrichmentConfig | None = None,
     canary_weight: int | None = None,
     placement: list[kueue.FlavorView] | None = None,
+    adapters: AdapterList | None = None,
 ) -> tuple[Manifest | None, Manifest | None, RolloutPlan]:
     namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
     image = settings.server_image
@@ -361,13 +386,13 @@ async def _apply(
     await apply_routing(owner, spec, plan, stable, canary, settings)
     stable = await _apply_track(
         owner, spec, "stable", plan.stable_ref, plan.stable_replicas, image, settings.vllm_image, features,
-        placement=placement,
+        placement=placement, adapters=adapters,
     )  # fmt: skip
     if plan.canary_action == "apply":
         assert plan.canary_ref is not None
         canary = await _apply_track(
             owner, spec, "canary", plan.canary_ref, plan.canary_replicas, image, settings.vllm_image, features,
-            canary_weight, placement,
+            canary_weight, placement, adapters,
         )
     elif plan.canary_action == "keep":
         # Judge the stable track as it is after this apply: a no-op apply may show it already rolled out.
@@ -442,6 +467,11 @@ def register(settings: OperatorSettings) -> None:
         elif not checkpoints.changed((namespace, job), seen):
             return
         for isvc in await kube.list_objects(API_VERSION, KIND, namespace):
-            source = ((isvc.get("spec") or {}).get("model") or {}).get("fromTrainingJob") or {}
-            if source.get("name") == job:
+            spec = isvc.get("spec") or {}
+            source = (spec.get("model") or {}).get("fromTrainingJob") or {}
+            # A service whose model or one of whose adapters follows the job (a new adapter loads in place).
+            followers = {source.get("name")} | {
+                (a.get("fromTrainingJob") or {}).get("name") for a in spec.get("adapters") or [] if isinstance(a, dict)
+            }
+            if job in followers:
                 await runner.trigger(namespace, isvc["metadata"]["name"])

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Literal
 
+from loom.workloads.llm.adapters import AdapterList
 from loom.workloads.server.config import (
     AuthConfig,
     BatchingConfig,
@@ -345,6 +346,7 @@ def render_deployment(
     image: str,
     features: EnrichmentConfig | None = None,
     vllm_image: str | None = None,
+    adapters: AdapterList | None = None,
 ) -> tuple[Manifest, Manifest]:
     """The track's (ConfigMap, Deployment); the Deployment records its model ref for later reconciles. `image` is the
     server image, `vllm_image` the image of runtime vllm (the operator's settings give both)."""
@@ -377,5 +379,5 @@ def render_deployment(
     if spec.runtime == "vllm" and vllm_image is None and spec.image is None:
         raise ValueError("runtime vllm needs the operator's vllm image")  # a caller's bug: settings always have one
     return apply_vllm_runtime(
-        spec, config_map, deployment, config, CONFIG_DIR, CONFIG_HASH_ANNOTATION, vllm_image or image
+        spec, config_map, deployment, config, CONFIG_DIR, CONFIG_HASH_ANNOTATION, vllm_image or image, adapters
     )

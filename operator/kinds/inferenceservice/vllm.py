@@ -10,7 +10,7 @@ from typing import Annotated
 
 from pydantic import Field, field_validator
 
-from loom.workloads.llm.config import RESERVED_FLAGS, Dtype, EngineOptions
+from loom.workloads.llm.config import RESERVED_FLAGS, Dtype, EngineOptions, LoraRank
 
 from ...core.model import ApiModel, cel, validations
 
@@ -45,6 +45,11 @@ class VllmSpec(ApiModel):
     chat_template: str | None = Field(
         None, max_length=65_536, description="A Jinja chat template used instead of the tokenizer's.")
     enforce_eager: bool = Field(False, description="vllm --enforce-eager: no graph compilation (faster start).")
+    max_loaded_adapters: Annotated[int, Field(ge=1, le=256)] | None = Field(
+        None, description="vllm --max-loras: LoRA adapters a replica holds in the engine at once (vLLM: 1); beyond "
+                          "it the least recently used is unloaded and loaded again from its files when asked for.")
+    max_adapter_rank: LoraRank | None = Field(
+        None, description="vllm --max-lora-rank: the largest adapter rank served (vLLM: 16).")
     extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=list, max_length=64,
         description="Passthrough: any other vllm flag, '--flag' or '--flag=value' (see vLLM's engine arguments).")
@@ -63,12 +68,15 @@ class VllmSpec(ApiModel):
         EngineOptions(extra_args=value)  # the runtime's own rules (same as the CEL above)
         return value
 
-    def engine_options(self, gpus: int) -> EngineOptions:
-        """The runtime's engine options; tensor parallelism defaults to the pod's GPUs."""
+    def engine_options(self, gpus: int, lora: bool = False) -> EngineOptions:
+        """The runtime's engine options; tensor parallelism defaults to the pod's GPUs; `lora`: the service has
+        spec.adapters (the engine starts with LoRA on)."""
         return EngineOptions(
             max_model_len=self.max_model_len, gpu_memory_utilization=self.gpu_memory_utilization,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes, dtype=self.dtype,
             tensor_parallel_size=self.tensor_parallel_size or max(1, gpus),
             enable_prefix_caching=self.enable_prefix_caching, max_num_seqs=self.max_num_seqs,
             chat_template=self.chat_template, enforce_eager=self.enforce_eager, extra_args=list(self.extra_args),
+            enable_lora=lora or None, max_loras=self.max_loaded_adapters if lora else None,
+            max_lora_rank=self.max_adapter_rank if lora else None,
         )

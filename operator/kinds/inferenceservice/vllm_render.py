@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import hashlib
 
+from loom.workloads.llm.adapters import ADAPTERS_FILE, AdapterList
 from loom.workloads.llm.config import LlmLimits, LlmServerConfig
 from loom.workloads.server.config import AuthConfig, ServerConfig
 
@@ -25,22 +26,28 @@ ENGINE_PORT = 8081
 # vLLM loads and (on GPU) compiles before it answers: minutes for a large model. The startup probe allows 20.
 STARTUP_FAILURES = 600
 OPENAI_PATH = "/v1"
+ADAPTERS_DIR = "adapters"
 
 
 def openai_base_url(service_url: str) -> str:
     return service_url + OPENAI_PATH
 
 
-def llm_config(spec: InferenceServiceSpec, server: ServerConfig) -> LlmServerConfig:
+def llm_config(spec: InferenceServiceSpec, server: ServerConfig, config_dir: str = "/etc/loom") -> LlmServerConfig:
     """The front's contract, from the spec and the default runtime's ServerConfig (same name, port, keys)."""
     vllm = spec.vllm or VllmSpec()
+    lora = spec.adapters is not None
     return LlmServerConfig(
         model_name=server.model_name,
         model_dir=server.model_dir,  # the front follows the fetch step's marker to the model folder
         port=server.port,
         engine_port=ENGINE_PORT,
         engine_python="python",
-        engine=vllm.engine_options(spec.gpus),
+        engine=vllm.engine_options(spec.gpus, lora=lora),
+        # The adapter list is its own file of the same ConfigMap volume, rewritten in place when it changes; the
+        # adapters download into the model cache volume, beside the model.
+        adapters_file=f"{config_dir}/{ADAPTERS_FILE}" if lora else None,
+        adapters_dir=f"{server.model_dir}/{ADAPTERS_DIR}" if lora else None,
         auth=AuthConfig(api_keys_file=server.auth.api_keys_file, api_keys_env=server.auth.api_keys_env),
         limits=LlmLimits(
             requests_per_minute=vllm.requests_per_minute, tokens_per_minute=vllm.tokens_per_minute,
@@ -51,16 +58,19 @@ def llm_config(spec: InferenceServiceSpec, server: ServerConfig) -> LlmServerCon
 
 def apply_vllm_runtime(
     spec: InferenceServiceSpec, config_map: Manifest, deployment: Manifest, server: ServerConfig,
-    config_dir: str, hash_annotation: str, image: str,
+    config_dir: str, hash_annotation: str, image: str, adapters: AdapterList | None = None,
 ) -> tuple[Manifest, Manifest]:
     """The default runtime's (ConfigMap, Deployment) turned into the vllm runtime's; unchanged for other runtimes.
     `image` is the operator's vllm image (settings.vllm_image: vLLM and Loom's workloads, images/vllm.Dockerfile),
-    which both containers run unless spec.image names another."""
+    which both containers run unless spec.image names another. `adapters` is spec.adapters resolved (lora.py):
+    written beside llm.json but left out of the template's hash, so a new list changes no pod."""
     if spec.runtime != "vllm":
         return config_map, deployment
     config_map, deployment = copy.deepcopy(config_map), copy.deepcopy(deployment)
-    llm_json = llm_config(spec, server).to_json()
+    llm_json = llm_config(spec, server, config_dir).to_json()
     config_map["data"][LLM_CONFIG_FILE] = llm_json
+    if spec.adapters is not None:
+        config_map["data"][ADAPTERS_FILE] = (adapters or AdapterList()).to_json()
     template = deployment["spec"]["template"]
     container = next(c for c in template["spec"]["containers"] if c["name"] == "server")
     drain = container["command"][container["command"].index("--drain-seconds"):]

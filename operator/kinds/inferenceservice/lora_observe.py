@@ -1,0 +1,72 @@
+"""The adapters' I/O for a service's pass (an edge split out of the controller): the TrainingJobs spec.adapters
+names, and each ready replica's adapter states, read from its front (GET /v2/adapters on the pod's IP, as
+Prometheus scrapes it and the TrainingJob controller reads progress). Reading changes nothing: an operator killed
+mid-pass reads again next pass."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import httpx
+
+from loom.workloads.llm.adapters import ADAPTERS_PATH
+
+from ...core import client as kube
+from ...core.kit import Manifest
+from ...core.model import API_VERSION
+from ...defaults import EndpointDefaults, training_job_manifest
+from .api import InferenceServiceSpec
+from .lora import ResolvedAdapters, resolve_adapters
+from .render import SERVER_PORT
+
+log = logging.getLogger("loom.operator.inferenceservice.adapters")
+TIMEOUT = httpx.Timeout(2.0)
+
+
+async def observe_adapters(
+    spec: InferenceServiceSpec, namespace: str, defaults: EndpointDefaults
+) -> ResolvedAdapters | None:
+    if spec.adapters is None:
+        return None
+    jobs: dict[str, dict[str, Any] | None] = {}
+    for adapter in spec.adapters:
+        ref = adapter.from_training_job
+        if ref is not None and ref.name not in jobs:
+            job = await kube.get(API_VERSION, "TrainingJob", namespace, ref.name)
+            jobs[ref.name] = training_job_manifest(job, defaults) if job is not None else None
+    return resolve_adapters(spec, jobs, spec.model.tracking_uri or defaults.mlflow_tracking_uri)
+
+
+def _ready_ip(pod: Manifest) -> str | None:
+    status = pod.get("status") or {}
+    if pod.get("metadata", {}).get("deletionTimestamp") or not status.get("podIP"):
+        return None
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    return str(status["podIP"]) if ready else None
+
+
+async def read_reports(pods: list[Manifest], port: int = SERVER_PORT) -> dict[str, dict[str, Any] | str]:
+    """Pod name -> its front's adapter report (or why it could not be read), for every ready replica."""
+    targets = {p["metadata"]["name"]: ip for p in pods if (ip := _ready_ip(p)) is not None}
+    if not targets:
+        return {}
+
+    async def one(client: httpx.AsyncClient, ip: str) -> dict[str, Any] | str:
+        try:
+            response = await client.get(f"http://{ip}:{port}{ADAPTERS_PATH}")
+        except httpx.HTTPError as exc:
+            return f"its adapter states could not be read: {type(exc).__name__}"
+        if response.status_code != 200:
+            return f"its adapter states could not be read: HTTP {response.status_code}"
+        try:
+            doc = response.json()
+        except ValueError:
+            return "its adapter states could not be read: not JSON"
+        return doc if isinstance(doc, dict) else "its adapter states could not be read: not an object"
+
+    # Pod IPs are the cluster's own: never through a proxy the environment may name for the outside.
+    async with httpx.AsyncClient(timeout=TIMEOUT, trust_env=False) as client:
+        answers = await asyncio.gather(*(one(client, ip) for ip in targets.values()))
+    return dict(zip(targets, answers, strict=True))
