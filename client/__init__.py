@@ -18,6 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from loom.operator.api import (
+        Adapter,
+        AdapterFromTrainingJob,
+        AdapterReplicaStatus,
+        AdapterStatus,
         AliasStatus,
         Analysis,
         AnalysisCheck,
@@ -208,6 +212,10 @@ _WHERE: dict[str, str] = {
     "ScalingPolicy": "loom.operator.api",
     "ScalingRules": "loom.operator.api",
     "VllmSpec": "loom.operator.api",
+    "Adapter": "loom.operator.api",
+    "AdapterFromTrainingJob": "loom.operator.api",
+    "AdapterReplicaStatus": "loom.operator.api",
+    "AdapterStatus": "loom.operator.api",
     "Routing": "loom.operator.api",
     "SessionAffinity": "loom.operator.api",
     "Analysis": "loom.operator.api",
@@ -271,6 +279,10 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "Adapter",
+    "AdapterFromTrainingJob",
+    "AdapterReplicaStatus",
+    "AdapterStatus",
     "AliasStatus",
     "Analysis",
     "AnalysisCheck",

@@ -54,6 +54,10 @@ from ..kinds.inferenceservice.analysis_api import (
     RolloutStatus,
 )
 from ..kinds.inferenceservice.api import (
+    Adapter,
+    AdapterFromTrainingJob,
+    AdapterReplicaStatus,
+    AdapterStatus,
     AliasStatus,
     Auth,
     Batching,
@@ -102,6 +106,10 @@ __all__ = [
     "GROUP",
     "KINDS",
     "VERSION",
+    "Adapter",
+    "AdapterFromTrainingJob",
+    "AdapterReplicaStatus",
+    "AdapterStatus",
     "AliasStatus",
     "Analysis",
     "AnalysisCheck",
