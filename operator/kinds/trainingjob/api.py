@@ -280,9 +280,8 @@ class Finetune(ApiModel):
     adapter trains; checkpoints hold the adapter and its optimizer state (not the base), and the export at
     <checkpoint.uri>/final is the adapter in peft's format (adapter_config.json, adapter_model.safetensors), which
     vLLM loads as a LoRA adapter. The entrypoint's task builds the base's architecture with Hugging Face's module
-    names (as loom.workloads.trainer.examples.instructions does). Immutable."""
-
-    model_config = validations(cel("self == oldSelf", "finetune is immutable (checkpoints hold this adapter)"))
+    names (as loom.workloads.trainer.examples.instructions does). Frozen once the job has started (its checkpoints
+    hold this adapter)."""
 
     method: trainer.FinetuneMethod = Field(
         "lora", description="lora; qlora (the base quantized to 4 bits with bitsandbytes) needs GPU workers."
@@ -313,7 +312,7 @@ class TrainingJobSpec(ApiModel):
         ),
         cel("!has(self.fsdp) || self.engine == 'fsdp'", "fsdp options need engine: fsdp", field_path=".fsdp"),
         cel("!has(self.finetune) || has(self.checkpoint)", FINETUNE_NEEDS_CHECKPOINT, field_path=".finetune"),
-        cel("!has(self.finetune) || self.finetune.method != 'qlora' || "
+        cel("!has(self.finetune) || !has(self.finetune.method) || self.finetune.method != 'qlora' || "
             "(has(self.workers) && has(self.workers.gpusPerWorker) && self.workers.gpusPerWorker > 0)",
             trainer.QLORA_NEEDS_GPU, field_path=".finetune.method"),
         cel("!has(self.finetune) || !has(self.checkpoint) || !has(self.checkpoint.exportFormat) || "

@@ -67,7 +67,7 @@ def resolve_base(spec: TrainingJobSpec, base_job: dict[str, Any] | None) -> Base
     if not checkpoint.get("uri"):
         return BaseResolution(error=f"finetune.baseModel: TrainingJob {name} has no spec.checkpoint, so it exports "
                               "no model")
-    if base_spec.get("finetune"):
+    if base_spec.get("finetune") is not None:
         return BaseResolution(error=f"finetune.baseModel: TrainingJob {name} fine-tunes an adapter; a base model is "
                               "a whole model (a TrainingJob with checkpoint.exportFormat: huggingface)")
     if checkpoint.get("exportFormat", "loom") != "huggingface":
