@@ -169,6 +169,8 @@ def test_a_base_from_another_trainingjob_is_its_final_export_once_it_succeeded()
     assert base == {"uri": "s3://ckpt/llama/final", "endpoint": "http://other:9000"}
     # Recorded once: later passes read status, not the other job (which may have changed or gone).
     assert needs_base_job(spec, TrainingJobStatus(base_model=resolved.status)) is None
+    other = BaseModelStatus(training_job="older", uri="s3://ckpt/older/final")
+    assert needs_base_job(spec, TrainingJobStatus(base_model=other)) == "llama"  # renamed while Pending: read again
     # Unresolved, nothing can render: the controller never gets that far (it waits first).
     with pytest.raises(SpecError, match="not resolved"):
         trainer_config(spec)

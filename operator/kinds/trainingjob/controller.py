@@ -155,6 +155,7 @@ class Controller:
         base_name = needs_base_job(spec, status)
         if base_name is None:
             if status.base_model is not None and spec.finetune and spec.finetune.base_model.from_training_job:
+                # Resolved before (status.baseModel): the same folder on every later pass, whatever that job does.
                 ctx.spec.spec = with_base(spec, status.base_model)
             return None, None
         found = await kube.get(API_VERSION, "TrainingJob", ctx.namespace, base_name)

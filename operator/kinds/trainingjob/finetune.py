@@ -40,9 +40,11 @@ def adapter_export_uri(spec: TrainingJobSpec) -> str | None:
 def needs_base_job(spec: TrainingJobSpec, status: TrainingJobStatus) -> str | None:
     """The TrainingJob to read for the base model (None: nothing to read, or resolved before: status.baseModel)."""
     finetune = spec.finetune
-    if finetune is None or finetune.base_model.from_training_job is None or status.base_model is not None:
+    if finetune is None or finetune.base_model.from_training_job is None:
         return None
-    return finetune.base_model.from_training_job.name
+    name = finetune.base_model.from_training_job.name
+    recorded = status.base_model
+    return None if recorded is not None and recorded.training_job == name else name
 
 
 def with_base(spec: TrainingJobSpec, base: BaseModelStatus) -> TrainingJobSpec:
