@@ -25,13 +25,12 @@ import openai
 import pytest
 
 from loom.devstack.servers import free_port
-from loom.workloads.llm.hf_model import LlamaShape, write_llama_folder
+from loom.e2e.trainer_harness import write_wide_llama
 from loom.workloads.llm.testing import START_TIMEOUT_S, vllm_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 REPO = Path(__file__).resolve().parents[2]
-SHAPE = LlamaShape(max_positions=128)
 BASE = "tiny-llama"
 QUESTION = "What is the capital of France?"
 
@@ -42,11 +41,11 @@ def adapter(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder store (the file:// endpoint: the same S3 code paths, no server)."""
     root = tmp_path_factory.mktemp("lora")
     store = root / "store"
-    write_llama_folder(store / "models" / "base", SHAPE, seed=11)
+    write_wide_llama(store / "models" / "base", seed=11)
     config = {
         "engine": "fsdp",
         "entrypoint": "loom.workloads.trainer.examples.instructions:task",
-        "training": {"maxSteps": 8, "batchSize": 8, "learningRate": 0.02, "device": "cpu",
+        "training": {"maxSteps": 8, "batchSize": 8, "learningRate": 0.01, "device": "cpu",
                      "taskArgs": {"examples": 64, "blockSize": 48}},
         "checkpoint": {"uri": "s3://ckpt/lora", "endpoint": f"file://{store}", "everySteps": 8,
                        "stagingDir": str(root / "staging")},
