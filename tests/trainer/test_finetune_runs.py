@@ -158,7 +158,7 @@ def test_lora_with_deepspeed_on_two_ranks_tracks_to_mlflow_and_resumes_at_world_
     config["tracking"] = {"mlflow": {"trackingUri": mlflow.url, "experiment": "lora-tests"}}
     first = run_trainer(config, s3, tmp_path, nproc=2)
     losses = first.losses()
-    assert sorted(losses) == list(range(1, 11)) and losses[10] < losses[1] - 2.0, losses
+    assert sorted(losses) == list(range(1, 11)) and losses[10] < losses[1] - 1.5, losses
     assert all(e["loaded"] == e["final"] for e in first.of("frozenBase")) and len(first.of("frozenBase")) == 2
     weights = [n for n in checkpoint_tensors(s3, bucket, "ds-lora/step-000000010", tmp_path) if n.startswith("model.")]
     assert weights and all(".lora_" in n for n in weights)
@@ -168,7 +168,7 @@ def test_lora_with_deepspeed_on_two_ranks_tracks_to_mlflow_and_resumes_at_world_
     second = run_trainer(config, s3, tmp_path, nproc=1)
     assert second.of("resume")[0]["step"] == 10
     resumed = second.losses()
-    assert sorted(resumed) == [11, 12] and resumed[11] < losses[1] - 2.0, resumed
+    assert sorted(resumed) == [11, 12] and resumed[11] < losses[1] - 1.5, resumed
 
     from mlflow.tracking import MlflowClient
 
