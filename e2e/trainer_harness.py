@@ -71,3 +71,15 @@ def torchrun_argv(config_path: Path, nproc: int, max_restarts: int = 0) -> list[
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--monitor-interval", "0.5",
         "-m", "loom.workloads.trainer", "--config", str(config_path),
     ]
+
+
+def write_wide_llama(folder: Path, seed: int, std: float = 0.3, max_positions: int = 128) -> Path:
+    """A random-weight Hugging Face Llama (loom.workloads.llm.hf_model) whose weights are drawn wider than a fresh
+    init (std 0.3, not 0.02): its logits have clear maxima, so a LoRA adapter on it visibly learns within a few CPU
+    steps, and greedy decoding has no near-ties."""
+    from loom.workloads.llm.hf_model import LlamaShape, random_weights, write_llama_folder
+
+    shape = LlamaShape(max_positions=max_positions)
+    weights = {name: value if name.endswith("norm.weight") else value * (std / 0.02)
+               for name, value in random_weights(shape, seed).items()}
+    return write_llama_folder(folder, shape, weights)

@@ -106,6 +106,16 @@ def training_job(spec: TrainingJobSpec, d: EndpointDefaults) -> Defaulted[Traini
             update["tracking"] = spec.tracking.model_copy(update={"mlflow": filled})
         else:
             missing.append(Missing(path, MLFLOW_VALUE))
+    base = spec.finetune.base_model if spec.finetune else None
+    if spec.finetune is not None and base is not None and base.mlflow is not None and base.tracking_uri is None \
+            and mlflow is None:
+        path = "spec.finetune.baseModel.trackingUri"
+        if d.mlflow_tracking_uri:
+            used[path] = d.mlflow_tracking_uri
+            filled_base = base.model_copy(update={"tracking_uri": d.mlflow_tracking_uri})
+            update["finetune"] = spec.finetune.model_copy(update={"base_model": filled_base})
+        else:
+            missing.append(Missing(path, MLFLOW_VALUE))
     return Defaulted(spec.model_copy(update=update) if update else spec, used, missing)
 
 

@@ -193,6 +193,12 @@ def check_training_job(
     run = response.json()["run"]
     assert run["info"]["status"] == "FINISHED"
     assert any(m["key"] == "loss" for m in run["data"].get("metrics", [])), run["data"]
+    if spec.get("finetune"):
+        # A fine-tune exports its LoRA adapter in peft's format, the folder vLLM loads.
+        bucket, key = f"{prefix}/final".removeprefix("s3://").split("/", 1)
+        listed = services.s3_client().list_objects_v2(Bucket=bucket, Prefix=key + "/")
+        names = {item["Key"].rsplit("/", 1)[-1] for item in listed.get("Contents", [])}
+        assert {"adapter_config.json", "adapter_model.safetensors"} <= names, names
 
 
 def check_inference_service(cluster: Cluster, ns: str, doc: dict[str, Any], operator: InClusterOperator) -> None:
@@ -354,6 +360,10 @@ def test_example_runs(
         if doc["kind"] == "InferenceService" and source:
             # Serving a TrainingJob example's result: that example is applied too, as its comment says.
             apply(cluster, ns, example_defining("TrainingJob", source["name"]), services)
+        base = (((doc.get("spec") or {}).get("finetune") or {}).get("baseModel") or {}).get("fromTrainingJob")
+        if doc["kind"] == "TrainingJob" and base:
+            # Fine-tuning a TrainingJob example's model: that example is applied too, as its comment says.
+            apply(cluster, ns, example_defining("TrainingJob", base["name"]), services)
     apply(cluster, ns, path, services)
     for doc in docs:
         if doc["kind"] == "TrainingJob":

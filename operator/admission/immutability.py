@@ -35,6 +35,8 @@ FROZEN_ONCE_STARTED: tuple[tuple[str, ...], ...] = (
     ("fsdp",),
     ("checkpoint", "uri"),
     ("tracking",),
+    # The checkpoints hold this adapter (rank, targets) trained on this base.
+    ("finetune",),
 )
 _MISSING = object()
 

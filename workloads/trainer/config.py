@@ -66,6 +66,32 @@ DEFAULT_RESUME = "latest"
 # MLflow's own default experiment: where a TrainingJob without tracking.mlflow.experiment has always logged.
 DEFAULT_MLFLOW_EXPERIMENT = "Default"
 
+# spec.finetune: LoRA on a frozen base model. The rank limit is vLLM's largest max_lora_rank (an adapter above it
+# could not be served); the default targets are the attention projections every Llama-family model names so and
+# vLLM's LoRA layers support.
+FinetuneMethod = Literal["lora", "qlora"]
+LoraRank = Annotated[int, Field(ge=1, le=512)]
+LoraAlpha = Annotated[int, Field(ge=1, le=4096)]
+LoraDropout = Annotated[float, Field(ge=0, lt=1)]
+# A module name (or a dotted suffix of one) as peft matches target_modules: the last path components.
+TargetModule = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$", max_length=128)]
+DEFAULT_LORA_RANK = 8
+DEFAULT_LORA_ALPHA = 16
+DEFAULT_LORA_DROPOUT = 0.05
+DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MlflowModelUri = Annotated[str, Field(pattern=r"^models:/[^/@]+(/[0-9]+|/latest|@[A-Za-z0-9_\-]+)$", max_length=512)]
+S3FolderUri = Annotated[str, Field(pattern=r"^s3://[^/]+/.+", max_length=1024)]
+
+
+QLORA_NEEDS_GPU = (
+    "finetune.method qlora quantizes the frozen base model to 4 bits with bitsandbytes, which runs on CUDA only: "
+    "request GPUs (workers.gpusPerWorker > 0) or use method lora on CPU"
+)
+FINETUNE_EXPORTS_ADAPTER = (
+    "finetune exports a LoRA adapter in peft's format (adapter_config.json, adapter_model.safetensors), not a "
+    "Hugging Face model folder: leave checkpoint.exportFormat unset (or loom)"
+)
+
 
 class _Spec(BaseModel):
     # Kubernetes style: camelCase on the wire, snake_case in Python; unknown fields are errors so a typo
@@ -152,6 +178,37 @@ class ProgressSpec(_Spec):
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
 
 
+class BaseModelSpec(_Spec):
+    """The Hugging Face-format folder a fine-tune starts from, resolved by the operator to one of two stores.
+    Read with the job's S3 credentials (the checkpoint's)."""
+
+    uri: S3FolderUri | None = None
+    mlflow: MlflowModelUri | None = None
+    endpoint: str | None = None
+    tracking_uri: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> BaseModelSpec:
+        if (self.uri is None) == (self.mlflow is None):
+            raise ValueError("finetune.baseModel: set exactly one of uri (s3://) or mlflow (models:/)")
+        return self
+
+
+class FinetuneSpec(_Spec):
+    """Train a LoRA adapter (peft) on a frozen base model; checkpoints hold the adapter and its optimizer state
+    only, and the export is the adapter in peft's format (adapter_config.json + adapter_model.safetensors)."""
+
+    method: FinetuneMethod = "lora"
+    base_model: BaseModelSpec
+    rank: LoraRank = DEFAULT_LORA_RANK
+    alpha: LoraAlpha = DEFAULT_LORA_ALPHA
+    dropout: LoraDropout = DEFAULT_LORA_DROPOUT
+    target_modules: list[TargetModule] = Field(default_factory=lambda: list(DEFAULT_TARGET_MODULES), min_length=1,
+                                               max_length=64)
+    # Where the base model is downloaded to on every worker (once per node).
+    cache_dir: str = "/tmp/loom-base-model"
+
+
 ExportFormat = Literal["loom", "huggingface"]
 
 
@@ -173,11 +230,16 @@ class TrainerConfig(_Spec):
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     progress: ProgressSpec = Field(default_factory=ProgressSpec)
     output: OutputSpec = Field(default_factory=OutputSpec)
+    finetune: FinetuneSpec | None = None
 
     @model_validator(mode="after")
     def _engine_options_fit(self) -> TrainerConfig:
         if self.engine is Engine.DEEPSPEED and self.deepspeed.offload == "cpu" and self.deepspeed.zero_stage == 0:
             raise ValueError("deepspeed.offload=cpu needs zeroStage >= 1")
+        if self.finetune is not None and self.finetune.method == "qlora" and self.training.device != "cuda":
+            raise ValueError(QLORA_NEEDS_GPU)
+        if self.finetune is not None and self.output.format == "huggingface":
+            raise ValueError(FINETUNE_EXPORTS_ADAPTER)
         return self
 
     def output_uri(self) -> str | None:

@@ -58,8 +58,19 @@ class Engine(ABC):
         del batch  # FSDP: DCP's get_state_dict creates the optimizer state itself
 
     @abstractmethod
-    def full_model_state(self) -> dict[str, torch.Tensor]:
-        """Full fp32 weights on CPU, on every rank (a collective): for the final model export."""
+    def full_model_state(self, trainable_only: bool = False) -> dict[str, torch.Tensor]:
+        """Full fp32 weights on CPU, on every rank (a collective): for the final model export. trainable_only: the
+        weights that train (a LoRA adapter), without the frozen base."""
+
+
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    """What the optimizer steps. All of the model in full training; the adapter alone when the base is frozen
+    (spec.finetune), which is also all a checkpoint then holds: the frozen base is loaded again on every start."""
+    return [param for param in model.parameters() if param.requires_grad]
+
+
+def has_frozen(model: nn.Module) -> bool:
+    return any(not param.requires_grad for param in model.parameters())
 
 
 class FSDPEngine(Engine):
@@ -102,9 +113,10 @@ class FSDPEngine(Engine):
         # Fused AdamW on GPUs (one kernel for all parameters); foreach on CPU.
         fused = device.type == "cuda"
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=training.learning_rate, weight_decay=training.weight_decay,
+            trainable(model), lr=training.learning_rate, weight_decay=training.weight_decay,
             fused=fused, foreach=not fused,
         )
+        self.frozen = has_frozen(model)
         self.scheduler = LambdaLR(self.optimizer, lr_lambda(training.warmup_steps, training.max_steps))
         self.grad_clip = training.grad_clip
 
@@ -113,16 +125,23 @@ class FSDPEngine(Engine):
         output = self.task.train_step(self.model, batch)
         output.loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         if self.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            torch.nn.utils.clip_grad_norm_(trainable(self.model), self.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return StepOutput(loss=output.loss.detach(), metrics=output.metrics)
 
+    def _options(self) -> Any:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        # A frozen base is not checkpointed (it is loaded from the base model on every start): loading a state
+        # without it must not count its weights as missing.
+        return StateDictOptions(ignore_frozen_params=self.frozen, strict=not self.frozen)
+
     def checkpoint_state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=self._options())
         return {"model": model_state, "optim": optim_state}
 
     def load_checkpoint_state(self, load: Any) -> None:
@@ -131,13 +150,15 @@ class FSDPEngine(Engine):
         state = self.checkpoint_state()
         load(state)
         set_state_dict(
-            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+            options=self._options(),
         )
 
-    def full_model_state(self) -> dict[str, torch.Tensor]:
+    def full_model_state(self, trainable_only: bool = False) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False)
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False,
+                                   ignore_frozen_params=trainable_only)
         full: dict[str, torch.Tensor] = {}
         for name, value in get_model_state_dict(self.model, options=options).items():
             if not isinstance(value, torch.Tensor):
@@ -177,7 +198,7 @@ class DeepSpeedEngine(Engine):
                 ds_config["zero_optimization"]["offload_param"] = {"device": "cpu"}
         ds_config = _deep_merge(ds_config, spec.config)
         optimizer = torch.optim.AdamW(
-            model.parameters(), lr=training.learning_rate, weight_decay=training.weight_decay, foreach=False
+            trainable(model), lr=training.learning_rate, weight_decay=training.weight_decay, foreach=False
         )
         scheduler = LambdaLR(optimizer, lr_lambda(training.warmup_steps, training.max_steps))
         engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(
@@ -187,7 +208,7 @@ class DeepSpeedEngine(Engine):
         self.model = engine.module
         self.ds_optimizer = ds_optimizer
         self.scheduler = ds_scheduler
-        self.names = [name for name, _ in self.model.named_parameters()]
+        self.names = [name for name, _ in self._trained()]
         self.dtype = torch.bfloat16 if spec.bf16 else None
 
     def prime(self, batch: Any) -> None:
@@ -214,6 +235,10 @@ class DeepSpeedEngine(Engine):
         link = getattr(self.ds_optimizer, "_lazy_init_hp_params_optimizer_state", None)
         if link is not None:
             link()
+
+    def _trained(self) -> list[tuple[str, nn.Parameter]]:
+        """The parameters a checkpoint holds: all in full training, the adapter when the base is frozen."""
+        return [(name, param) for name, param in self.model.named_parameters() if param.requires_grad]
 
     def _base_optimizer(self) -> torch.optim.Optimizer:
         return getattr(self.ds_optimizer, "optimizer", self.ds_optimizer)  # type: ignore[no-any-return]
@@ -245,7 +270,7 @@ class DeepSpeedEngine(Engine):
         optim: dict[str, torch.Tensor] = {}
         keys = self._state_keys()
         base = self._base_optimizer()
-        for name, param in self.model.named_parameters():
+        for name, param in self._trained():
             full = safe_get_full_fp32_param(param)
             model[name] = (full if full is not None else param.detach()).float().cpu().clone()
             for key in keys:
@@ -264,7 +289,7 @@ class DeepSpeedEngine(Engine):
         load(state)
         base = self._base_optimizer()
         keys = self._state_keys()
-        for name, param in self.model.named_parameters():
+        for name, param in self._trained():
             if hasattr(param, "ds_id") or hasattr(param, "_hp_mapping"):
                 safe_set_full_fp32_param(param, state["model"][name])
                 for key in keys:
@@ -305,13 +330,20 @@ class DeepSpeedEngine(Engine):
                         "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
                     }
 
-    def full_model_state(self) -> dict[str, torch.Tensor]:
+    def full_model_state(self, trainable_only: bool = False) -> dict[str, torch.Tensor]:
         from deepspeed.utils import safe_get_full_fp32_param
 
         state = {}
-        for name, param in self.model.named_parameters():
+        for name, param in self._trained() if trainable_only else self.model.named_parameters():
             full = safe_get_full_fp32_param(param)
+            if full is None and hasattr(param, "ds_id"):  # a frozen ZeRO-3 partition: gather it
+                import deepspeed
+
+                with deepspeed.zero.GatheredParameters([param]):
+                    full = param.detach().clone()
             state[name] = (full if full is not None else param.detach()).float().cpu().clone()
+        if trainable_only:
+            return state
         for name, buffer in self.model.named_buffers():
             state[name] = buffer.detach().cpu().clone()
         return state

@@ -25,9 +25,10 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import PrefixStore
 
 from .checkpoint.manager import CheckpointManager, Restored, new_session_id
-from .config import EXIT_INTERRUPTED, EXIT_OK, ConfigError, TrainerConfig
-from .duties import Duties, ExportWriter, duties_for
+from .config import EXIT_INTERRUPTED, EXIT_OK, ConfigError, FinetuneSpec, TrainerConfig
+from .duties import Duties, ExportWriter, duties_for, emit
 from .engines import Engine, build_engine
+from .finetune import apply_lora, fetch_base_model, frozen_digest, load_base_weights, write_adapter
 from .task import DataSource, TaskContext, TrainTask
 
 log = logging.getLogger("loom.trainer")
@@ -137,13 +138,18 @@ class Training:
             backend = "cpu:gloo,cuda:nccl" if self.device.type == "cuda" else "gloo"
             _init_process_group(backend, ranks.rank, ranks.world, ranks.restart)
         training = config.training
+        base = _fetch_base_model(config, ranks) if config.finetune else None
         ctx = TaskContext(ranks.rank, ranks.world, ranks.local, str(self.device), training.seed,
-                          training.batch_size, training.task_args)
-        # Same seed on every rank: identical initial weights before sharding.
+                          training.batch_size, training.task_args, base_model=str(base) if base else None)
+        # Same seed on every rank: identical initial weights (and LoRA initialisation) before sharding.
         _seed_everything(training.seed)
         model = self.task.build_model(ctx)
+        if config.finetune is not None and base is not None:
+            load_base_weights(model, base)
+            model = apply_lora(model, config.finetune)
         flops_per_token = self.task.flops_per_token(model)
         self.engine: Engine = build_engine(config, self.task, model, self.device)
+        self.base_digest = frozen_digest(self.engine.model) if config.finetune else None
         self.data: DataSource = self.task.build_data(ctx)
         _seed_everything(training.seed + ranks.rank)  # per-rank streams (dropout) from here on
 
@@ -231,6 +237,9 @@ class Training:
             dist.destroy_process_group()
             return EXIT_INTERRUPTED
         self._export_model()
+        if self.base_digest is not None:
+            # Every rank: its share of the frozen base is what it loaded (a stray update would show here).
+            emit("frozenBase", rank=self.ranks.rank, loaded=self.base_digest, final=frozen_digest(self.engine.model))
         self.duties.finished(step, loss)
         dist.barrier()
         dist.destroy_process_group()
@@ -242,9 +251,45 @@ class Training:
         # Decided from the config alone: gathering the weights is a collective every rank must enter.
         if not config.output_uri() and not (mlflow and mlflow.log_model):
             return
-        state = self.engine.full_model_state()
-        writer = huggingface_writer(self.task) if config.output.format == "huggingface" else None
+        finetune = config.finetune
+        # Fine-tuning exports the adapter only (the trainable weights), in peft's format.
+        state = self.engine.full_model_state(trainable_only=finetune is not None)
+        writer: ExportWriter | None = None
+        if finetune is not None:
+            writer = adapter_writer(finetune)
+        elif config.output.format == "huggingface":
+            writer = huggingface_writer(self.task)
         self.duties.export_model(state, lambda: self.task.export_config(self.engine.model), writer)
+
+
+def _fetch_base_model(config: TrainerConfig, ranks: Ranks) -> Path:
+    """One process per node downloads the base model; every rank learns whether it could (a ConfigError on one
+    node fails all of them, instead of leaving the others waiting in a collective)."""
+    assert config.finetune is not None
+    problem = ""
+    if ranks.local == 0:
+        try:
+            fetch_base_model(config.finetune, config.checkpoint.endpoint if config.checkpoint else None)
+        except ConfigError as error:
+            problem = str(error)
+        except Exception as error:  # storage or registry trouble: retryable, but every rank must hear of it
+            problem = f"retryable: {type(error).__name__}: {error}"
+    problems: list[str] = [""] * ranks.world
+    dist.all_gather_object(problems, problem)
+    for found in problems:
+        if found.startswith("retryable: "):
+            raise RuntimeError(f"fetching the base model: {found.removeprefix('retryable: ')}")
+        if found:
+            raise ConfigError(found)
+    return Path(config.finetune.cache_dir)
+
+
+def adapter_writer(spec: FinetuneSpec) -> ExportWriter:
+    def write(state: dict[str, torch.Tensor], describe: dict[str, Any], folder: Path) -> bool:
+        write_adapter(spec, state, folder)
+        return True
+
+    return write
 
 
 def huggingface_writer(task: TrainTask) -> ExportWriter:

@@ -48,6 +48,9 @@ class TaskContext:
     batch_size: int
     # TrainingJob spec.training.taskArgs, passed through untouched.
     args: dict[str, Any] = field(default_factory=dict)
+    # spec.finetune: the base model's Hugging Face-format folder, local. build_model builds the architecture it
+    # describes (config.json) with Hugging Face's parameter names; the trainer loads the weights and freezes them.
+    base_model: str | None = None
 
 
 @runtime_checkable

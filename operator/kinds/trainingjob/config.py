@@ -16,6 +16,7 @@ from loom.workloads.trainer import config as trainer
 
 from ...core.model import InvalidSpec
 from .api import CheckpointSpec, DeepSpeedOptions, FsdpOptions, Tracking, TrainingJobSpec
+from .finetune import trainer_finetune
 
 CONFIG_DIR = "/etc/loom/trainer"
 CONFIG_FILE = "config.json"
@@ -74,6 +75,7 @@ def trainer_config(spec: TrainingJobSpec) -> trainer.TrainerConfig:
             output=trainer.OutputSpec(format=spec.checkpoint.export_format if spec.checkpoint else "loom"),
             tracking=_tracking(spec.tracking),
             progress=trainer.ProgressSpec(metrics_port=PROGRESS_PORT),
+            finetune=trainer_finetune(spec),
         )
     except ValidationError as error:
         raise SpecError(f"the trainer rejects this spec: {error}") from error

@@ -27,7 +27,7 @@ from ...core import client as kube
 from ...core import kueue, kueue_io
 from ...core.events import post_events
 from ...core.kit import Event, set_condition
-from ...core.model import Condition
+from ...core.model import API_VERSION, Condition
 from ...core.reconcile import Pass, previous_status, run
 from ...core.runner import Indexes, Runner, own_kind_handlers
 from ...settings import OperatorSettings
@@ -36,6 +36,7 @@ from .api import MlflowRun, TrainingJobSpec, TrainingJobStatus
 from .config import SpecError, rendezvous_service_name, samples_per_step
 from .data import DataObservation
 from .data_job import observe_training_data
+from .finetune import needs_base_job, resolve_base, with_base
 from .mlflow import TrackingError, ensure_run, finish_run
 from .observe import NodeView, ProgressReport, WorkerView, observe_node, observe_pod
 from .progress import fetch_progress, new_client
@@ -69,6 +70,7 @@ class Observed:
     tracking_error: str | None = None
     training_data: DataObservation | None = None
     queue: QueueObservation | None = None
+    base_wait: tuple[str, str] | None = None  # finetune's base model (another TrainingJob) is not there yet
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     @property
@@ -126,7 +128,10 @@ class Controller:
                 seen.nodes[view.node_name] = next(iter(nodes[view.node_name]))
         seen.endpoint_problem = defaulted.problem()
         seen.spec_error = render.name_problem(name, max(spec.workers.replicas, spec.workers.max_replicas or 0))
-        if seen.spec_error is None and seen.endpoint_problem is None:
+        if seen.spec_error is None and spec.finetune is not None:
+            seen.spec_error, seen.base_wait = await self.resolve_base_model(ctx, status)
+            spec = defaulted.spec
+        if seen.spec_error is None and seen.endpoint_problem is None and seen.base_wait is None:
             try:
                 render.config_map(job, spec)
             except SpecError as error:
@@ -139,6 +144,27 @@ class Controller:
         if not blocked and not data_built and status.phase not in FINISHED and not spec.run_policy.suspend:
             seen.training_data = await observe_training_data(job, spec, self.features_image, self.defaults)
         return seen
+
+    async def resolve_base_model(
+        self, ctx: Pass[endpoint_defaults.Defaulted[TrainingJobSpec]], status: TrainingJobStatus
+    ) -> tuple[str | None, tuple[str, str] | None]:
+        """finetune.baseModel.fromTrainingJob -> the concrete folder, put into the pass's spec (everything renders
+        from it) and recorded in status.baseModel once found; (spec error, wait reason) otherwise."""
+        assert ctx.spec is not None
+        spec = ctx.spec.spec
+        base_name = needs_base_job(spec, status)
+        if base_name is None:
+            if status.base_model is not None and spec.finetune and spec.finetune.base_model.from_training_job:
+                # Resolved before (status.baseModel): the same folder on every later pass, whatever that job does.
+                ctx.spec.spec = with_base(spec, status.base_model)
+            return None, None
+        found = await kube.get(API_VERSION, "TrainingJob", ctx.namespace, base_name)
+        base_job = endpoint_defaults.training_job_manifest(found, self.defaults) if found is not None else None
+        resolution = resolve_base(spec, base_job)
+        if resolution.spec is not None:
+            ctx.spec.spec = resolution.spec
+            status.base_model = resolution.status
+        return resolution.error, resolution.wait
 
     def decide(self, ctx: Pass[endpoint_defaults.Defaulted[TrainingJobSpec]], seen: Observed) -> Decision | None:
         if ctx.spec is None:
@@ -160,6 +186,7 @@ class Controller:
                 spec_error=seen.spec_error,
                 training_data=seen.training_data,
                 endpoint_problem=seen.endpoint_problem,
+                base_wait=seen.base_wait,
                 queue=seen.queue,
             ),
             self.policy,
@@ -188,8 +215,8 @@ class Controller:
         self, ctx: Pass[endpoint_defaults.Defaulted[TrainingJobSpec]], seen: Observed, decision: Decision | None
     ) -> Observed:
         assert ctx.spec is not None and decision is not None
-        if seen.endpoint_problem is not None:
-            return seen  # nothing renders without the endpoint; the next pass after a fix goes on
+        if seen.endpoint_problem is not None or seen.base_wait is not None:
+            return seen  # nothing renders without the endpoint or the base model; a later pass goes on
         spec, status = ctx.spec.spec, seen.status
         spec_changed = status.observed_generation != ctx.generation
         await self.act(ctx.body, spec, decision, seen.views, spec_changed=spec_changed, queue=seen.queue)

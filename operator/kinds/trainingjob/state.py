@@ -95,6 +95,8 @@ class Observation:
     # EndpointNotConfigured, until the object or the operator's configuration gives one.
     endpoint_problem: str | None = None
     training_data: DataObservation | None = None  # spec.trainingData not built yet: where it stands
+    # finetune.baseModel.fromTrainingJob: that job has not succeeded yet (reason, message): Pending until it has.
+    base_wait: tuple[str, str] | None = None
     queue: QueueObservation | None = None  # labelled kueue.x-k8s.io/queue-name: its Workload as Kueue left it
 
 
@@ -214,6 +216,10 @@ class _Machine:
                 "WaitingForTracking",
                 obs.tracking_error or "creating the MLflow run before starting workers",
             )
+            return self.conclude()
+        if obs.base_wait:
+            st.phase = "Pending"
+            self.reason_detail = obs.base_wait
             return self.conclude()
         if self.spec.training_data is not None and not self.data_ready():
             waiting = self.training_data()

@@ -156,6 +156,20 @@ def shape_of(args: dict[str, Any]) -> LlamaShape:
     return LlamaShape(**{name: int(args[camel]) for name, camel in _SHAPE_ARGS.items() if camel in args})
 
 
+def shape_from_folder(folder: str | Path) -> LlamaShape:
+    """The shape a Hugging Face Llama folder's config.json describes (spec.finetune's base model)."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    if config.get("model_type") != "llama":
+        raise ValueError(f"the base model is a {config.get('model_type')!r}, not a llama: this task builds Llamas")
+    return LlamaShape(
+        vocab_size=int(config["vocab_size"]), hidden_size=int(config["hidden_size"]),
+        num_layers=int(config["num_hidden_layers"]), num_heads=int(config["num_attention_heads"]),
+        num_kv_heads=int(config.get("num_key_value_heads", config["num_attention_heads"])),
+        intermediate_size=int(config["intermediate_size"]),
+        max_positions=int(config.get("max_position_embeddings", 512)),
+    )
+
+
 class LlamaTask(TrainTask):
     """Exports in Hugging Face format (export_files): the folder the vllm runtime serves."""
 
@@ -165,12 +179,15 @@ class LlamaTask(TrainTask):
         return Path(args["text"]).read_text() if args.get("text") else example_text()
 
     def build_model(self, ctx: TaskContext) -> nn.Module:
-        return Llama(shape_of(ctx.args))
+        # Fine-tuning: the base model's architecture (the trainer loads its weights into it).
+        return Llama(shape_from_folder(ctx.base_model) if ctx.base_model else shape_of(ctx.args))
 
     def build_data(self, ctx: TaskContext) -> TokenData:
-        shape = shape_of(ctx.args)
+        shape = shape_from_folder(ctx.base_model) if ctx.base_model else shape_of(ctx.args)
         text = self.text = self._text(ctx.args)
-        tokenizer: Any = train_tokenizer(text.splitlines(), shape.vocab_size)
+        # Fine-tuning reads the text with the base model's own tokenizer: its token ids are the ones it learned.
+        tokenizer: Any = base_tokenizer(ctx.base_model) if ctx.base_model else train_tokenizer(
+            text.splitlines(), shape.vocab_size)
         tokens = torch.tensor(tokenizer.encode(text).ids, dtype=torch.long)
         block = int(ctx.args.get("blockSize", 64))
         return TokenData(tokens, min(block, shape.max_positions), ctx.seed)
@@ -194,6 +211,12 @@ class LlamaTask(TrainTask):
         write_llama_folder(folder, shape, weights, text=self.text)
         (folder / "loom-export.json").write_text(json.dumps(describe))
         return True
+
+
+def base_tokenizer(folder: str | Path) -> Any:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
 
 
 def _llama(model: nn.Module) -> Llama:
