@@ -165,6 +165,24 @@ def _repair_trainingjob(spec: dict[str, Any], rnd: random.Random) -> None:
     ckpt = spec.get("checkpoint")
     if ckpt and "resume" in ckpt and not (ckpt["resume"] in ("latest", "none") or ckpt["resume"].startswith("s3://")):
         ckpt["resume"] = rnd.choice(["latest", "none", "s3://b/ckpt-1"])
+    # register: where the model is exported and the registry; finetune: a checkpoint that is not a Hugging Face
+    # export, one base source, and lora (qlora needs GPU workers).
+    if "register" in spec and not (ckpt and (spec.get("tracking") or {}).get("mlflow")):
+        del spec["register"]
+    finetune = spec.get("finetune")
+    if finetune is not None:
+        if not ckpt:
+            del spec["finetune"]
+        else:
+            ckpt.pop("exportFormat", None)
+            finetune["method"] = "lora"
+            base = finetune.setdefault("baseModel", {})
+            sources = [k for k in ("uri", "mlflow", "fromTrainingJob") if k in base]
+            keep = rnd.choice(sources) if sources else "uri"
+            for key in sources:
+                if key != keep:
+                    del base[key]
+            base.setdefault(keep, "s3://models/base")
 
 
 def _repair_inferenceservice(spec: dict[str, Any], rnd: random.Random) -> None:
@@ -175,6 +193,9 @@ def _repair_inferenceservice(spec: dict[str, Any], rnd: random.Random) -> None:
         if key != keep:
             del model[key]
     model.setdefault(keep, "s3://models/fuzz")
+    if spec.get("runtime") != "vllm":  # adapters and routing are the vllm runtime's
+        spec.pop("adapters", None)
+        spec.pop("routing", None)
     if spec.get("autoscaling") is not None:
         _repair_autoscaling(spec["autoscaling"])
 

@@ -75,10 +75,14 @@ from ..kinds.inferenceservice.queue_api import ServiceQueueStatus
 from ..kinds.inferenceservice.routing_api import Routing, SessionAffinity
 from ..kinds.inferenceservice.vllm import VllmSpec
 from ..kinds.trainingjob.api import (
+    BaseModelFromTrainingJob,
+    BaseModelStatus,
     CheckpointSpec,
     CheckpointStatus,
     DeepSpeedOptions,
     Entrypoint,
+    Finetune,
+    FinetuneBaseModel,
     FsdpOptions,
     MlflowRun,
     MlflowTracking,
@@ -118,6 +122,8 @@ __all__ = [
     "Auth",
     "Autoscaling",
     "AutoscalingStatus",
+    "BaseModelFromTrainingJob",
+    "BaseModelStatus",
     "Batching",
     "CanaryStatus",
     "CanaryStep",
@@ -135,6 +141,8 @@ __all__ = [
     "FeatureView",
     "FeatureViewSpec",
     "FeatureViewStatus",
+    "Finetune",
+    "FinetuneBaseModel",
     "FromTrainingJob",
     "FsdpOptions",
     "GraphNode",

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from loom.e2e.example_specs import resolved
 from loom.operator.api.crd import model_schema
 from loom.operator.kinds.featureview.api import FeatureViewSpec
 from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
@@ -212,7 +213,7 @@ def test_there_are_example_training_jobs() -> None:
 
 @pytest.mark.parametrize(("name", "doc"), EXAMPLE_JOBS, ids=[name for name, _ in EXAMPLE_JOBS])
 def test_example_training_jobs_render_their_values_unchanged(name: str, doc: dict[str, Any]) -> None:
-    spec = TrainingJobSpec.model_validate(doc["spec"])
+    spec = resolved(TrainingJobSpec.model_validate(doc["spec"]))
     config = trainer_config(spec)
     assert TrainerConfig.model_validate_json(config.to_json()) == config  # what the pod reads back
     assert config.engine == spec.engine

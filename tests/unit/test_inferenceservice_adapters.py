@@ -131,7 +131,7 @@ def test_a_training_jobs_adapter_is_its_peft_export_once_it_succeeded() -> None:
     assert "does not exist" in resolve_adapters(spec, {"tune": None}, None).pending["tuned"]
     assert "failed" in resolve_adapters(spec, {"tune": job("Failed")}, None).pending["tuned"]
     done = resolve_adapters(spec, {"tune": job("Succeeded")}, None).sources
-    assert [(a.uri, a.version) for a in done] == [("s3://ckpt/tune/final/adapter", "final-step-30-12345678")]
+    assert [(a.uri, a.version) for a in done] == [("s3://ckpt/tune/final", "final-step-30-12345678")]
     # The job finishing again (re-created: a new uid) is a new version: the replicas load it in place.
     again = resolve_adapters(spec, {"tune": job("Succeeded", uid="abcdefabcdef")}, None).sources
     assert again[0].engine_name != done[0].engine_name and again[0].name == done[0].name

@@ -444,7 +444,7 @@ async def test_adapters_reach_the_configmap_in_place_and_their_states_reach_stat
     listed = AdapterList.model_validate_json(api.objects[("v1", "ConfigMap", "ml", "gpt-config")]["data"]
                                              ["adapters.json"]).adapters
     assert [(a.name, a.uri) for a in listed] == [("pirate", "s3://adapters/pirate"),
-                                                 ("tuned", "s3://ckpt/tune/final/adapter")]
+                                                 ("tuned", "s3://ckpt/tune/final")]
     states = {a["name"]: a for a in status["adapters"]}
     assert states["pirate"]["state"] == "Loaded" and states["pirate"]["replicas"] == [
         {"pod": "gpt-abc", "state": "Loaded"}]

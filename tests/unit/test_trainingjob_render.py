@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from loom.e2e.example_specs import resolved
 from loom.operator.kinds.trainingjob import render
 from loom.operator.kinds.trainingjob.api import TrainingJobSpec
 from loom.operator.kinds.trainingjob.config import SpecError, task_args, torchrun_command, trainer_config
@@ -294,7 +295,7 @@ def test_parse_progress_contract() -> None:
 def test_examples_render_into_children(path: Path) -> None:
     doc = yaml.safe_load(path.read_text())
     job = {**doc, "metadata": {**doc["metadata"], "namespace": "ns", "uid": "u"}}
-    the_spec = TrainingJobSpec.model_validate(doc["spec"])
+    the_spec = resolved(TrainingJobSpec.model_validate(doc["spec"]))
     assert (
         render.name_problem(doc["metadata"]["name"], the_spec.workers.max_replicas or the_spec.workers.replicas) is None
     )

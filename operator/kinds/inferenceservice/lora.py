@@ -19,7 +19,6 @@ from ...core.kit import Manifest
 from .api import AdapterPhase, AdapterReplicaStatus, AdapterStatus, InferenceServiceSpec
 from .model import final_export_uri
 
-ADAPTER_EXPORT = "adapter"  # the trainer's peft export, beside the final model's files
 NOT_SEEN = "the replica has not read this adapter list yet"
 
 
@@ -33,8 +32,9 @@ class ResolvedAdapters:
 
 
 def adapter_export_uri(job: Manifest) -> str | None:
-    export = final_export_uri(job)
-    return f"{export}/{ADAPTER_EXPORT}" if export else None
+    """A fine-tuning job (spec.finetune) exports its peft adapter as its final export, <checkpoint.uri>/final
+    (operator/kinds/trainingjob/finetune.py)."""
+    return final_export_uri(job)
 
 
 def served_name(owner: Manifest, spec: InferenceServiceSpec) -> str:
