@@ -83,18 +83,21 @@ def status(as_json: bool) -> None:
 
 @dev.command()
 def env() -> None:
-    """Print the exports a shell needs: eval "$(loom dev env)". With the stack's Prometheus running, also
-    LOOM_PROMETHEUS_URL (its address from this machine), for an operator run here with `loom operator`."""
+    """Print the exports a shell needs: eval "$(loom dev env)". For an operator run here with `loom operator`: the
+    workload images the stack answers to (LOOM_*_IMAGE) and, with the stack's Prometheus running,
+    LOOM_PROMETHEUS_URL (its address from this machine)."""
     from loom.devstack.backing import host_prometheus_url
     from loom.devstack.cluster.build import is_built, stack_bin_dir
     from loom.devstack.cluster.lifecycle import StackState
     from loom.devstack.cluster.paths import KUBECONFIG
+    from loom.devstack.images import IMAGE_ENV
 
     if not is_built():
         raise click.ClickException("the local stack is not built yet: `loom dev build` first")
     state = StackState.load()
     registry = f" LOOM_REGISTRY=127.0.0.1:{state.ports.registry}" if state and state.ports.registry else ""
     click.echo(f"export KUBECONFIG={KUBECONFIG} PATH={stack_bin_dir()}:$PATH{registry}")
+    click.echo("export " + " ".join(f"{key}={value}" for key, value in sorted(IMAGE_ENV.items())))
     if (prometheus := host_prometheus_url()) is not None:
         click.echo(f"export LOOM_PROMETHEUS_URL={prometheus}")
 

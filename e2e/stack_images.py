@@ -1,35 +1,19 @@
-"""The images test installs and test operators name.
-
-Loom publishes no image, so the chart and the operator have no default (issue 32). The local stack's node agent
-records a pod's image and runs this checkout's code, so nothing is pulled there: tests name the images
-`make images` builds on this machine (buildah gives local images the `localhost/` prefix), a qualified name no
-registry namespace of anyone else can answer to. The vllm image runs from the checkout's .venv-vllm there
-(loom.devstack.cluster.paths.AGENT_IMAGE_ENVIRONMENTS).
+"""The images test installs and test operators name: the local stack's (loom.devstack.images), and what tests need
+beside them (the chart's values, the push tool, stand-in images). The vllm image runs from the checkout's
+.venv-vllm on the stack (loom.devstack.cluster.paths.AGENT_IMAGE_ENVIRONMENTS).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import subprocess
-import tomllib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-VERSION: str = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-REGISTRY = "localhost/loom"
-# The workload images the operator puts into pods; the router runs from the server image.
-WORKLOADS = {"trainer": "trainer", "server": "server", "router": "server", "features": "features", "vllm": "vllm"}
+from loom.devstack.images import IMAGE_ENV, IMAGE_SETTINGS, REGISTRY, REPO, VERSION, WORKLOADS, image
 
-
-def image(name: str, registry: str = REGISTRY) -> str:
-    return f"{registry}/{name}:{VERSION}"
-
-
-# For OperatorSettings(**IMAGE_SETTINGS, ...), and the environment of a `loom operator` process.
-IMAGE_SETTINGS: dict[str, str] = {f"{key}_image": image(name) for key, name in WORKLOADS.items()}
-IMAGE_ENV: dict[str, str] = {f"LOOM_{key.upper()}": value for key, value in IMAGE_SETTINGS.items()}
+__all__ = ["IMAGE_ENV", "IMAGE_SETTINGS", "REGISTRY", "REPO", "VERSION", "WORKLOADS", "image"]
 # For a test's `helm install`: every Loom image from one registry path.
 CHART_VALUES: dict[str, dict[str, str]] = {"image": {"registry": REGISTRY}}
 

@@ -72,12 +72,21 @@ def parents(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
 
 
 def children(cluster: Cluster, namespace: str) -> dict[tuple[str, str], str]:
-    """Every object a Loom object owns directly: (kind, name) -> resourceVersion."""
+    """Every object a Loom object owns directly: (kind, name) -> every write to it except status writes.
+
+    Status belongs to Kubernetes' own controllers (a Deployment's conditions, a pod's kubelet): they may move on
+    while nothing is applied, so the resourceVersion alone would flag them. Any other write, the operator's apply,
+    a scale or a label, shows in the object's managedFields (manager, operation, subresource, time)."""
     found = {}
-    for obj in kubectl_json(cluster, "get", CHILD_KINDS, "-n", namespace)["items"]:
-        owners = obj["metadata"].get("ownerReferences") or []
-        if any(o["apiVersion"].startswith("loom.dev/") for o in owners):
-            found[(obj["kind"], obj["metadata"]["name"])] = obj["metadata"]["resourceVersion"]
+    for obj in kubectl_json(cluster, "get", CHILD_KINDS, "-n", namespace, "--show-managed-fields")["items"]:
+        meta = obj["metadata"]
+        if any(o["apiVersion"].startswith("loom.dev/") for o in meta.get("ownerReferences") or []):
+            writes = sorted(
+                f"{e['manager']}/{e['operation']}/{e.get('subresource', '')}@{e.get('time', '')}"
+                for e in meta.get("managedFields") or []
+                if e.get("subresource") != "status"
+            )
+            found[(obj["kind"], meta["name"])] = json.dumps({"generation": meta.get("generation"), "writes": writes})
     return found
 
 

@@ -21,6 +21,7 @@ import httpx
 import openai
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from loom.devstack.servers import free_port
 from loom.workloads.llm.adapters import ADAPTERS_PATH, AdapterList, AdapterSource
@@ -173,10 +174,11 @@ def _engine_steps(url: str) -> tuple[float, float]:
     """(engine steps so far, tokens they computed): vLLM's ``iteration_tokens_total`` histogram, one observation
     per engine step of the tokens it computed, prompt and generated together."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
-    count = re.search(r'^vllm:iteration_tokens_total_count\{[^}]*\} (\S+)$', text, re.MULTILINE)
-    total = re.search(r'^vllm:iteration_tokens_total_sum\{[^}]*\} (\S+)$', text, re.MULTILINE)
-    assert count and total, "the engine's per-step token histogram is on the front's /metrics"
-    return float(count.group(1)), float(total.group(1))
+    found = {sample.name: sample.value for family in text_string_to_metric_families(text)
+             if family.name == "vllm:iteration_tokens_total" for sample in family.samples}
+    name = "vllm:iteration_tokens_total"
+    assert f"{name}_count" in found, "the engine's per-step token histogram is on the front's /metrics"
+    return found[f"{name}_count"], found[f"{name}_sum"]
 
 
 def test_concurrent_requests_are_batched_by_the_engine(url: str) -> None:
