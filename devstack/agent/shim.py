@@ -1,10 +1,15 @@
 """LD_PRELOAD shim that gives every pod its own loopback address.
 
 Pods share the host network namespace, so two pods whose servers bind 0.0.0.0:8080 would clash.
-The shim rewrites bind() to the wildcard address into a bind to the pod's own 127.x address
+The shim rewrites bind() to the wildcard address or to 127.0.0.1 into a bind to the pod's own 127.x address
 (env LOOM_POD_IP), and rewrites connect() to 127.0.0.1/::1 into a connect to the pod address when
 something of this pod listens there, so `localhost` between a pod's containers keeps working
 (torchrun's standalone rendezvous relies on it) while host services on 127.0.0.1 stay reachable.
+
+Binds to 127.0.0.1 are the pod's own too: in a real pod, loopback is private to the pod's network namespace.
+Without the rewrite, two pods whose servers bind 127.0.0.1 on one port with SO_REUSEPORT (vLLM's engine behind
+Loom's front does) share one listening group, and the kernel hands a connection from one pod's front to another
+pod's engine, even one of another InferenceService in another namespace.
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ int bind(int fd, const struct sockaddr *addr, socklen_t len) {
         if (addr->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
             struct sockaddr_in sin;
             memcpy(&sin, addr, sizeof sin);
-            if (sin.sin_addr.s_addr == htonl(INADDR_ANY)) {
+            if (sin.sin_addr.s_addr == htonl(INADDR_ANY) || sin.sin_addr.s_addr == htonl(INADDR_LOOPBACK)) {
                 sin.sin_addr = pod;
                 return real_bind(fd, (struct sockaddr *)&sin, sizeof sin);
             }
