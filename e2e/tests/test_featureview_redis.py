@@ -83,6 +83,14 @@ def online(url: str, view: str, drivers: list[int]) -> dict[int, dict[str, tuple
     }
 
 
+def jobs(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
+    return list(json.loads(cluster.kubectl("get", "jobs", "-n", namespace, "-o", "json").stdout)["items"])
+
+
+def owner_kinds(obj: dict[str, Any]) -> set[str]:
+    return {owner["kind"] for owner in obj["metadata"].get("ownerReferences") or []}
+
+
 def test_two_feature_server_replicas_serve_one_redis_online_store(
     cluster: Cluster, services: backing.BackingServices, loom_operator: OperatorProcess, operator_namespace: str
 ) -> None:
@@ -117,7 +125,11 @@ def test_two_feature_server_replicas_serve_one_redis_online_store(
     )  # fmt: skip
     last = materialized["status"]["lastMaterialization"]
     assert condition(materialized, "Materialized")["status"] == "True", last
-    assert last["rowsWritten"] > 0
+    if last["rowsWritten"] == 0:
+        # Only when the view's hourly CronJob ran first (the test crossed a full hour): that incremental run wrote
+        # the rows and left the asked-for one nothing new. Any other empty first run is a defect.
+        scheduled = [job for job in jobs(cluster, ns) if owner_kinds(job) == {"CronJob"}]
+        assert scheduled, (last, [(job["metadata"]["name"], job.get("status")) for job in jobs(cluster, ns)])
     assert redis_keys(services.redis_address) > 0
     print(f"[redis] materialized after {time.monotonic() - started:.0f}s")
 

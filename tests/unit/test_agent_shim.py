@@ -69,8 +69,16 @@ def test_a_pods_loopback_server_is_its_own_even_with_so_reuseport(tmp_path: Path
     with server_in_pod(shim, "127.10.201.1", port, "a") as a, server_in_pod(shim, "127.10.201.2", port, "b") as b:
         assert (a, b) == ("127.10.201.1", "127.10.201.2")
         for pod_ip, name in (("127.10.201.1", "a"), ("127.10.201.2", "b")):
-            answers = subprocess.run(
-                [sys.executable, "-c", CLIENT, str(port), "20"], env=pod_env(shim, pod_ip),
-                capture_output=True, text=True, check=True, timeout=60,
-            ).stdout.strip().split(",")
+            answers = (
+                subprocess.run(
+                    [sys.executable, "-c", CLIENT, str(port), "20"],
+                    env=pod_env(shim, pod_ip),
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    timeout=60,
+                )
+                .stdout.strip()
+                .split(",")
+            )
             assert answers == [name] * 20
