@@ -140,9 +140,14 @@ def test_an_overloaded_replica_is_skipped(engines: list[str], picker: tuple[str,
             while total(samples(busy), "vllm:num_requests_waiting") < 1:
                 assert time.monotonic() < deadline, "the engine never queued"
                 time.sleep(0.2)
-            time.sleep(1.0)  # the picker's poll (every 0.2 s) has seen it
             start = routed(admin)
             for i in range(3):
+                # Each request is sent once the picker's own poll shows the replica overloaded (its replicas
+                # gauge): on a busy machine the engine's queue reads 0 now and then, between one hog's answer
+                # and its next request, and the busy engine answers /metrics slowly.
+                while total(samples(admin), "loom_picker_replicas", state="overloaded") < 1:
+                    assert time.monotonic() < deadline, "the picker never saw the engine queue"
+                    time.sleep(0.1)
                 assert chat(client, url, f"Overloaded {i}: where is the invoice number?").status_code == 200
             end = routed(admin)
         finally:

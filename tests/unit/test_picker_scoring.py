@@ -203,8 +203,17 @@ loom_llm_requests_total{model="m",endpoint="chat",code="200"} 7.0
 
 def test_engine_metrics_are_read_from_the_fronts_exposition() -> None:
     load_ = parse(ENGINE_TEXT)
+    assert load_ is not None
     assert (load_.waiting, load_.running, load_.kv_usage) == (3.0, 2.0, 0.25)
     assert (load_.prefix_queries, load_.prefix_hits) == (400.0, 300.0)
     assert (load_.block_size, load_.num_blocks) == (128, 512)
-    empty = parse("")
-    assert (empty.waiting, empty.block_size, empty.num_blocks) == (0.0, None, None)
+    idle = parse(ENGINE_TEXT.replace("3.0", "0.0").replace("2.0", "0.0"))
+    assert idle is not None and (idle.waiting, idle.running) == (0.0, 0.0)
+
+
+def test_a_front_without_its_engines_series_is_no_reading_not_an_idle_engine() -> None:
+    # The front's own series only: its engine did not answer in time (busiest then). The last load must stand.
+    front_only = "\n".join(line for line in ENGINE_TEXT.splitlines() if "vllm:" not in line) + "\n"
+    assert "loom_llm_requests_total" in front_only
+    assert parse(front_only) is None
+    assert parse("") is None

@@ -4,6 +4,9 @@ The vllm front passes the engine's `vllm:*` series through on its /metrics (loom
 waiting requests and KV-cache use (the load), the prefix-cache query and hit counters (the hit rate the picker
 exports per replica), and `vllm:cache_config_info`, whose labels carry the engine's block size and its number of
 KV blocks (the index's block size and capacity). Series of several engines in one pod are summed.
+
+An exposition without the engine's load gauges is no reading at all (None), never an idle engine: the front
+leaves the engine's series out when the engine did not answer in time, which happens when it is busiest.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ class EngineLoad:
     num_blocks: int | None = None
 
 
-def parse(text: str) -> EngineLoad:
+def parse(text: str) -> EngineLoad | None:
     values: dict[str, float] = {}
     block_size: int | None = None
     num_blocks: int | None = None
@@ -38,6 +41,8 @@ def parse(text: str) -> EngineLoad:
             elif name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
                           "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
                 values[name] = values.get(name, 0.0) + sample.value
+    if "vllm:num_requests_waiting" not in values and "vllm:num_requests_running" not in values:
+        return None
     return EngineLoad(
         waiting=values.get("vllm:num_requests_waiting", 0.0),
         running=values.get("vllm:num_requests_running", 0.0),
