@@ -148,3 +148,14 @@ async def test_a_service_down_to_one_replica_loses_its_picker(monkeypatch: pytes
     assert fake.applied[0]["spec"]["selector"] == server_selector(OWNER)  # turned back first, then deleted
     assert fake.deleted == [("Deployment", "chat-picker"), ("RoleBinding", "chat-picker"), ("Role", "chat-picker"),
                             ("ServiceAccount", "chat-picker")]
+
+
+def test_a_service_with_adapters_tells_its_picker_the_base_model_and_the_engines_adapter_slots() -> None:
+    adapters = [{"name": "pirate", "uri": "s3://adapters/pirate"}]
+    config = picker_config(OWNER, spec(replicas=3, adapters=adapters, vllm={"maxLoadedAdapters": 4}), "prefix-cache")
+    assert (config.base_model, config.adapter_slots) == ("chat", 4)
+    named = spec(replicas=3, adapters=adapters, model={"uri": "s3://models/chat", "name": "llama"})
+    config = picker_config(OWNER, named, "least-loaded")
+    assert (config.base_model, config.adapter_slots) == ("llama", 1)  # vLLM's default --max-loras
+    plain = picker_config(OWNER, spec(replicas=3), "prefix-cache")
+    assert plain.base_model is None  # no adapters: every request is for the base model

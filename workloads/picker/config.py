@@ -44,6 +44,11 @@ class PickerConfig(BaseModel):
     admin_port: int = Field(9090, ge=1, le=65535, description="/healthz and /metrics (never proxied).")
     policy: Policy = "prefix-cache"
     session_header: HeaderName | None = Field(None, description="Requests with the same value go to one replica.")
+    base_model: str | None = Field(None, description="The served base model's name: a request for any other "
+                                   "`model` asks for a LoRA adapter, routed to a replica holding it (None: no "
+                                   "adapters).")
+    adapter_slots: int = Field(1, ge=1, le=256, description="Adapters a replica's engine holds at once (vllm "
+                               "--max-loras): the picker's memory of where each adapter is, per replica.")
     max_waiting_requests: MaxWaiting = Field(DEFAULT_MAX_WAITING, description="A replica with this many waiting "
                                              "requests (vllm:num_requests_waiting) is overloaded: nothing new.")
     max_kv_cache_usage: MaxKvUsage = Field(DEFAULT_MAX_KV_USAGE, description="A replica whose KV cache is this "

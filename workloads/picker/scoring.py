@@ -12,12 +12,16 @@ draw in [0, 1) from the caller.
    every replica is overloaded, the least loaded one still gets the request (reason all_overloaded): refusing
    is the engine's job, queueing there is no worse than here.
 3. A session (the affinity header) stays on the replica it last went to while that one can take it.
-4. Policies: round-robin takes turns; least-loaded takes the lowest load; prefix-cache takes the highest
-   `share - LOAD_WEIGHT * load`. load is in [0, 1], half waiting/maxWaiting and half KV-cache use, so a replica
+4. Policies: round-robin takes turns (it knows no adapters either: the baseline); least-loaded takes the lowest
+   load, among the replicas that hold the request's LoRA adapter when one of them can take it; prefix-cache
+   takes the highest `share - LOAD_WEIGHT * load + ADAPTER_WEIGHT * holds`, so a replica holding the adapter wins
+   until it is overloaded (an adapter load in the engine costs more than any prefix recomputed).
+   load is in [0, 1], half waiting/maxWaiting and half KV-cache use, so a replica
    holding the whole prefix keeps its requests until it is overloaded, and a replica holding nothing of it wins
    over a busier one. Ties (equal score) go to the fewest requests in flight from this picker (fresher than
    the polled metrics between two polls), then in turn, so a burst of new prefixes spreads.
-Reasons: prefix (the best holds part of the prompt), load (nobody holds any: the least loaded), load_override
+Reasons: prefix (the best holds part of the prompt), adapter (it holds the request's adapter, none of the
+prompt), load (nobody holds any: the least loaded), load_override
 (a replica holding more of the prompt was passed over for its load), session, round_robin, least_loaded,
 all_overloaded.
 """
@@ -28,10 +32,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-Reason = Literal["prefix", "load", "load_override", "session", "round_robin", "least_loaded", "all_overloaded"]
-REASONS: tuple[Reason, ...] = ("prefix", "load", "load_override", "session", "round_robin", "least_loaded",
-                               "all_overloaded")
+Reason = Literal["prefix", "adapter", "load", "load_override", "session", "round_robin", "least_loaded",
+                 "all_overloaded"]
+REASONS: tuple[Reason, ...] = ("prefix", "adapter", "load", "load_override", "session", "round_robin",
+                               "least_loaded", "all_overloaded")
 LOAD_WEIGHT = 0.5
+ADAPTER_WEIGHT = 1.0
 
 
 @dataclass(frozen=True)
@@ -91,8 +97,10 @@ def choose(
     turn: int = 0,
     draw: float = 0.0,
     session: str | None = None,
+    holders: frozenset[str] = frozenset(),
 ) -> Decision | None:
-    """The replica for one request, and why; None when there is no replica."""
+    """The replica for one request, and why; None when there is no replica. `holders`: the replicas that hold
+    the request's LoRA adapter (empty for the base model, or when nobody holds it yet)."""
     if not replicas:
         return None
     track = track_of_draw(replicas, draw)
@@ -114,16 +122,23 @@ def choose(
         chosen = _in_turn(fit, turn)
         return Decision(chosen.endpoint, "round_robin", share(chosen))
     if policy == "least-loaded":
-        least = min(load(r, limits) for r in fit)
-        chosen = _least_inflight([r for r in fit if load(r, limits) == least], turn)
+        candidates = [r for r in fit if r.endpoint in holders] or fit
+        least = min(load(r, limits) for r in candidates)
+        chosen = _least_inflight([r for r in candidates if load(r, limits) == least], turn)
         return Decision(chosen.endpoint, "least_loaded", share(chosen))
-    scores = {r.endpoint: share(r) - LOAD_WEIGHT * load(r, limits) for r in fit}
+
+    def holds(r: Replica) -> float:
+        return ADAPTER_WEIGHT if r.endpoint in holders else 0.0
+
+    scores = {r.endpoint: share(r) - LOAD_WEIGHT * load(r, limits) + holds(r) for r in fit}
     best = max(scores.values())
     chosen = _least_inflight([r for r in fit if scores[r.endpoint] == best], turn)
-    most = max(share(r) for r in pool)
-    if share(chosen) < most:
+    most = max(share(r) + holds(r) for r in pool)
+    if share(chosen) + holds(chosen) < most:
         return Decision(chosen.endpoint, "load_override", share(chosen))
-    return Decision(chosen.endpoint, "prefix" if share(chosen) > 0 else "load", share(chosen))
+    if share(chosen) > 0:
+        return Decision(chosen.endpoint, "prefix", share(chosen))
+    return Decision(chosen.endpoint, "adapter" if holds(chosen) else "load", share(chosen))
 
 
 def _least_inflight(tied: Sequence[Replica], turn: int) -> Replica:

@@ -1,4 +1,5 @@
-"""The picker's state: the replicas, their polled load, the prefix indexes, sessions and requests in flight.
+"""The picker's state: the replicas, their polled load, the prefix indexes, where each LoRA adapter was sent,
+sessions and requests in flight.
 
 Fed by the pod watch (`set_replicas`), the metrics poll (`observe`) and the HTTP side (`pick`, `sent`,
 `done`). Lost on restart by design: with empty indexes every share is 0 and the choice is by load until the
@@ -16,6 +17,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from .adapters import AdapterPlacement
 from .blocks import Indexes, block_hashes, prompt_text
 from .config import DEFAULT_BLOCK_SIZE, DEFAULT_CAPACITY_BLOCKS, PickerConfig
 from .engine_metrics import EngineLoad
@@ -36,6 +38,7 @@ class Pick:
     decision: Decision
     hashes: list[int]
     session: str | None
+    adapter: str | None = None
 
 
 class PickerState:
@@ -48,6 +51,7 @@ class PickerState:
         self.loads: dict[str, EngineLoad] = {}
         self.inflight: Counter[str] = Counter()
         self.indexes = Indexes(DEFAULT_CAPACITY_BLOCKS)
+        self.adapters = AdapterPlacement(config.adapter_slots)
         self.block_size = DEFAULT_BLOCK_SIZE
         self.sessions: OrderedDict[str, str] = OrderedDict()
         self._turn = itertools.count()
@@ -60,6 +64,7 @@ class PickerState:
         """The replicas that can take requests now (Ready, not terminating), by endpoint."""
         self.pods = dict(pods)
         self.indexes.keep(list(self.pods))
+        self.adapters.keep(self.pods)
         for gone in set(self.loads) - set(self.pods):
             del self.loads[gone]
         if self.pods:
@@ -105,29 +110,33 @@ class PickerState:
     def pick(self, path: str, body: bytes, headers: Mapping[str, str],
              exclude: frozenset[str] = frozenset()) -> Pick | None:
         started = time.perf_counter()
-        hashes: list[int] = []
-        if self.config.policy == "prefix-cache" and body:
-            hashes = self._hashes(path, body)
+        request = _json_object(body)
+        hashes = self._hashes(path, request) if self.config.policy == "prefix-cache" else []
+        adapter = self._adapter(request)
         replicas = self._replicas(exclude)
         session = headers.get(self.config.session_header.lower()) if self.config.session_header else None
         shares = self.indexes.shares(hashes, [r.endpoint for r in replicas])
         decision = choose(self.config.policy, replicas, shares, self.limits, turn=next(self._turn),
-                          draw=self._draw(), session=self.sessions.get(session) if session else None)
+                          draw=self._draw(), session=self.sessions.get(session) if session else None,
+                          holders=self.adapters.holders(adapter) if adapter else frozenset())
         self.metrics.latency.labels(self.metrics.service).observe(time.perf_counter() - started)
         if decision is None:
             return None
         self.metrics.decisions.labels(self.metrics.service, decision.reason).inc()
         if hashes:
             self.metrics.predicted.labels(self.metrics.service).observe(decision.share)
-        return Pick(decision, hashes, session)
+        return Pick(decision, hashes, session, adapter)
 
-    def _hashes(self, path: str, body: bytes) -> list[int]:
-        try:
-            parsed = json.loads(body)
-        except ValueError:
-            return []  # not JSON: the front answers it; routed by load
-        if not isinstance(parsed, dict):
-            return []
+    def _adapter(self, request: dict[str, object] | None) -> str | None:
+        """The LoRA adapter a request asks for: a `model` other than the base model's."""
+        if request is None or self.config.base_model is None or self.config.policy == "round-robin":
+            return None
+        model = request.get("model")
+        return model if isinstance(model, str) and model and model != self.config.base_model else None
+
+    def _hashes(self, path: str, parsed: dict[str, object] | None) -> list[int]:
+        if parsed is None:
+            return []  # not a JSON object: the front answers it; routed by load
         text = prompt_text(path, parsed)
         if not text:
             return []
@@ -139,6 +148,8 @@ class PickerState:
         self.inflight[endpoint] += 1
         if pick.hashes:
             self.indexes.of(endpoint).add(pick.hashes)
+        if pick.adapter:
+            self.adapters.sent(endpoint, pick.adapter)
         if pick.session:
             self.sessions[pick.session] = endpoint
             self.sessions.move_to_end(pick.session)
@@ -160,3 +171,13 @@ class PickerState:
         except TimeoutError:
             return bool(self.pods)
         return True
+
+
+def _json_object(body: bytes) -> dict[str, object] | None:
+    if not body:
+        return None
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None

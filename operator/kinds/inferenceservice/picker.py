@@ -67,6 +67,9 @@ def picker_config(owner: Manifest, spec: InferenceServiceSpec, policy: Policy) -
         namespace=meta["namespace"], service=meta["name"], pod_selector=server_selector(owner),
         track_label=TRACK_LABEL, target_port=SERVER_PORT, port=SERVER_PORT, admin_port=ADMIN_PORT, policy=policy,
         session_header=routing.session_affinity.header if routing and routing.session_affinity else None,
+        # With adapters, a request for one goes where it is loaded; the engine holds vllm.maxLoadedAdapters.
+        base_model=(spec.model.name or meta["name"]) if spec.adapters is not None else None,
+        adapter_slots=(spec.vllm.max_loaded_adapters if spec.vllm else None) or 1,
         **({"max_waiting_requests": routing.max_waiting_requests, "max_kv_cache_usage": routing.max_kv_cache_usage}
            if routing else {}),
     )
