@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loom.devstack.cluster.handle import wait_until
 from loom.devstack.servers import free_port
 from loom.workloads.llm.config import EngineOptions, LlmLimits, LlmServerConfig
 from loom.workloads.llm.hf_model import LlamaShape, write_llama_folder
@@ -66,9 +67,11 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
 
 @pytest.fixture(scope="module")
 def picker(engines: list[str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """(its URL, its admin URL)."""
+    """(its URL, its admin URL). Overloaded at 2 waiting: a request that arrives during an engine step reads as 1
+    waiting until the next step, and under load the picker may keep that reading a while (a /metrics read that
+    times out leaves the last one standing), which must not overload a replica serving one request at a time."""
     config = PickerConfig(namespace="test", service=MODEL, pod_selector={"app": MODEL}, host="127.0.0.1",
-                          port=free_port(), admin_port=free_port(), max_waiting_requests=1, poll_interval_s=0.2)
+                          port=free_port(), admin_port=free_port(), max_waiting_requests=2, poll_interval_s=0.2)
     endpoints = [u.removeprefix("http://") for u in engines]
     with picker_process(config, endpoints, tmp_path_factory.mktemp("picker")) as url:
         yield url, f"http://127.0.0.1:{config.admin_port}"
@@ -83,6 +86,12 @@ def chat(client: httpx.Client, url: str, user: str, key: str = KEY, max_tokens: 
 def routed(admin: str) -> dict[str, float]:
     found = samples(admin)
     return {dict(labels)["replica"]: v for (name, labels), v in found.items() if name == "loom_picker_requests_total"}
+
+
+def picker_holds_overloaded(admin: str) -> set[str]:
+    found = samples(admin)
+    return {dict(labels)["replica"] for (name, labels), v in found.items()
+            if name == "loom_picker_replica_overloaded" and v == 1}
 
 
 def engine_hits(url: str) -> float:
@@ -102,6 +111,9 @@ def test_a_shared_prefix_lands_on_one_replica_and_hits_its_cache(engines: list[s
         after_first = routed(admin)
         [home] = [r for r, v in after_first.items() if v > before.get(r, 0)]
         for i in range(4):
+            # The point is prefix routing, not load: each is sent while the picker holds no replica overloaded.
+            wait_until(lambda: picker_holds_overloaded(admin) == set() or None, timeout=120,
+                       what="no replica overloaded", interval=0.1)
             assert chat(client, url, f"Question {i}: what is on an invoice?").status_code == 200
         after = routed(admin)
         assert after[home] - after_first[home] == 4
@@ -132,20 +144,20 @@ def test_an_overloaded_replica_is_skipped(engines: list[str], picker: tuple[str,
                     own.post(f"{busy}/v1/completions", headers={"authorization": f"Bearer {KEY}"},
                              json={"model": MODEL, "prompt": "Tom", "max_tokens": 300, "ignore_eos": True})
 
-        hogs = [threading.Thread(target=hog, daemon=True) for _ in range(3)]
+        hogs = [threading.Thread(target=hog, daemon=True) for _ in range(4)]  # 1 decoding, about 3 waiting
         for thread in hogs:
             thread.start()
         try:
-            deadline = time.monotonic() + 120
-            while total(samples(busy), "vllm:num_requests_waiting") < 1:
+            deadline = time.monotonic() + 300
+            while total(samples(busy), "vllm:num_requests_waiting") < 2:
                 assert time.monotonic() < deadline, "the engine never queued"
                 time.sleep(0.2)
             start = routed(admin)
             for i in range(3):
-                # Each request is sent once the picker's own poll shows the replica overloaded (its replicas
-                # gauge): on a busy machine the engine's queue reads 0 now and then, between one hog's answer
+                # Each request is sent once the picker's own poll holds the busy replica, and only it, overloaded:
+                # on a busy machine the engine's queue reads 0 now and then, between one hog's answer
                 # and its next request, and the busy engine answers /metrics slowly.
-                while total(samples(admin), "loom_picker_replicas", state="overloaded") < 1:
+                while picker_holds_overloaded(admin) != {home}:
                     assert time.monotonic() < deadline, "the picker never saw the engine queue"
                     time.sleep(0.1)
                 assert chat(client, url, f"Overloaded {i}: where is the invoice number?").status_code == 200

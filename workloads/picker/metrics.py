@@ -35,6 +35,9 @@ class PickerMetrics:
                                 registry=self.registry)
         self.replicas = Gauge("loom_picker_replicas", "Replicas that can take requests, and overloaded ones.",
                               ["service", "state"], registry=self.registry)
+        self.overloaded = Gauge("loom_picker_replica_overloaded", "1 while the picker holds a replica overloaded "
+                                "(from its last readable /metrics): it gets nothing new.", ["service", "replica"],
+                                registry=self.registry)
         for reason in REASONS:  # label sets exist from the start, so a dashboard sees 0 rather than nothing
             self.decisions.labels(service, reason)
 

@@ -91,9 +91,11 @@ class PickerState:
         self._export_replicas()
 
     def _export_replicas(self) -> None:
-        busy = sum(1 for r in self._replicas() if overloaded(r, self.limits))
+        busy = {r.endpoint for r in self._replicas() if overloaded(r, self.limits)}
         self.metrics.replicas.labels(self.metrics.service, "ready").set(len(self.pods))
-        self.metrics.replicas.labels(self.metrics.service, "overloaded").set(busy)
+        self.metrics.replicas.labels(self.metrics.service, "overloaded").set(len(busy))
+        for endpoint, pod in self.pods.items():
+            self.metrics.overloaded.labels(self.metrics.service, pod.name).set(1 if endpoint in busy else 0)
 
     def _replicas(self, exclude: frozenset[str] = frozenset()) -> list[Replica]:
         out = []
