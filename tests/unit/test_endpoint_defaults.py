@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
-from loom.e2e.stack_images import IMAGE_ENV
+from loom.devstack.images import IMAGE_ENV
 from loom.operator import defaults
 from loom.operator.defaults import EndpointDefaults
 from loom.operator.kinds.featureview.api import FeatureViewSpec
