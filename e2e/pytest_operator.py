@@ -31,9 +31,9 @@ import pytest
 import yaml
 
 from loom.devstack.cluster.paths import AGENT_STATE_DIR
+from loom.devstack.images import IMAGE_ENV, IMAGE_SETTINGS
 from loom.devstack.servers import free_port
 from loom.e2e.secrets_scan import record_namespace
-from loom.e2e.stack_images import IMAGE_ENV, IMAGE_SETTINGS
 from loom.operator.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[1]

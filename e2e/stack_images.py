@@ -1,5 +1,5 @@
-"""The images test installs and test operators name: the local stack's (loom.devstack.images), and what tests need
-beside them (the chart's values, the push tool, stand-in images). The vllm image runs from the checkout's
+"""What tests need beside the local stack's image names (loom.devstack.images, imported from there): the chart's
+values, the push tool, stand-in images, distinct image settings. The vllm image runs from the checkout's
 .venv-vllm on the stack (loom.devstack.cluster.paths.AGENT_IMAGE_ENVIRONMENTS).
 """
 
@@ -11,9 +11,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from loom.devstack.images import IMAGE_ENV, IMAGE_SETTINGS, REGISTRY, REPO, VERSION, WORKLOADS, image
+from loom.devstack.images import REGISTRY, REPO, WORKLOADS
 
-__all__ = ["IMAGE_ENV", "IMAGE_SETTINGS", "REGISTRY", "REPO", "VERSION", "WORKLOADS", "image"]
 # For a test's `helm install`: every Loom image from one registry path.
 CHART_VALUES: dict[str, dict[str, str]] = {"image": {"registry": REGISTRY}}
 

@@ -29,6 +29,7 @@ import yaml
 
 from loom.devstack.cluster import Cluster, keda
 from loom.devstack.cluster.handle import KubectlError, wait_until
+from loom.devstack.images import IMAGE_SETTINGS
 from loom.devstack.prometheus import PrometheusEndpoint
 from loom.devstack.servers import S3Endpoint
 from loom.e2e.autoscaling import (
@@ -44,7 +45,6 @@ from loom.e2e.autoscaling import (
 from loom.e2e.exporter import Exporter
 from loom.e2e.pytest_operator import OperatorProcess, apply_crds, operator_namespace_for, operator_process
 from loom.e2e.pytest_services import apply_s3_secret
-from loom.e2e.stack_images import IMAGE_SETTINGS
 from loom.operator.kinds.inferenceservice.adapter import engine_object
 from loom.operator.kinds.inferenceservice.api import Autoscaling
 from loom.operator.kinds.inferenceservice.render import SERVER_PORT

@@ -26,6 +26,7 @@ from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.nodes import KWOK_TOLERATION
 from loom.devstack.cluster.pki import AGENT_NODE_NAME
+from loom.devstack.images import WORKLOADS
 from loom.devstack.servers import MLflowEndpoint, S3Endpoint
 from loom.e2e.helm_operator import (
     CHART,
@@ -39,7 +40,7 @@ from loom.e2e.helm_operator import loom_operator_in_cluster as loom_operator_in_
 from loom.e2e.pytest_operator import crd_names
 from loom.e2e.pytest_services import apply_s3_secret
 from loom.e2e.readme_install import adapt, environment, readme_commands
-from loom.e2e.stack_images import CHART_VALUES, WORKLOADS, build_stand_ins
+from loom.e2e.stack_images import CHART_VALUES, build_stand_ins
 from loom.e2e.tests.test_image_registry import manifest as registry_manifest
 from loom.e2e.tests.test_inferenceservice import manifest, upload_placeholder_model, wait_rolled_out
 

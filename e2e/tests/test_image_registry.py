@@ -21,8 +21,9 @@ import pytest
 import yaml
 
 from loom.devstack.cluster import Cluster
+from loom.devstack.images import REPO
 from loom.e2e.helm_operator import CHART, helm
-from loom.e2e.stack_images import REPO, build_stand_ins, push_tool
+from loom.e2e.stack_images import build_stand_ins, push_tool
 from loom.operator.settings import OperatorSettings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]

@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from loom.devstack.cluster import Cluster
+from loom.devstack.images import IMAGE_SETTINGS
 from loom.devstack.servers import S3Endpoint
 from loom.e2e.pytest_operator import apply_crds, operator_namespace_for, operator_process
 from loom.e2e.pytest_services import apply_s3_secret
-from loom.e2e.stack_images import IMAGE_SETTINGS
 from loom.e2e.tests.test_inferenceservice import (
     fresh_client,
     infer_body,

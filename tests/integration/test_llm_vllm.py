@@ -174,9 +174,9 @@ def _engine_steps(url: str) -> tuple[float, float]:
     """(engine steps so far, tokens they computed): vLLM's ``iteration_tokens_total`` histogram, one observation
     per engine step of the tokens it computed, prompt and generated together."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
-    found = {sample.name: sample.value for family in text_string_to_metric_families(text)
-             if family.name == "vllm:iteration_tokens_total" for sample in family.samples}
     name = "vllm:iteration_tokens_total"
+    found = {sample.name: sample.value for family in text_string_to_metric_families(text)
+             if family.name == name for sample in family.samples}
     assert f"{name}_count" in found, "the engine's per-step token histogram is on the front's /metrics"
     return found[f"{name}_count"], found[f"{name}_sum"]
 

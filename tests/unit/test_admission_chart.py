@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
-from loom.e2e.stack_images import IMAGE_SETTINGS
+from loom.devstack.images import IMAGE_SETTINGS
 from loom.operator.settings import OperatorSettings
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "loom"

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from loom.e2e.stack_images import IMAGE_SETTINGS
+from loom.devstack.images import IMAGE_SETTINGS
 from loom.operator.api.crd import crd_for
 from loom.operator.api.kinds import INFERENCE_GRAPH
 from loom.operator.autoscale import loop as module

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from loom.e2e.stack_images import IMAGE_SETTINGS
+from loom.devstack.images import IMAGE_SETTINGS
 from loom.operator.autoscale import loop as module
 from loom.operator.autoscale.decision import MetricUnavailable, MetricValue, Observation, ScalingState, decide
 from loom.operator.autoscale.prometheus import PrometheusClient

@@ -12,8 +12,8 @@ import jsonschema
 import pytest
 import yaml
 
+from loom.devstack.images import IMAGE_ENV
 from loom.e2e.example_specs import resolved
-from loom.e2e.stack_images import IMAGE_ENV
 from loom.operator import defaults
 from loom.operator.defaults import EndpointDefaults
 from loom.operator.kinds.featureview.api import FeatureViewSpec

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from loom.e2e.stack_images import DISTINCT_IMAGE_SETTINGS, IMAGE_SETTINGS, pod_images
+from loom.devstack.images import IMAGE_SETTINGS
+from loom.e2e.stack_images import DISTINCT_IMAGE_SETTINGS, pod_images
 from loom.operator.kinds.featureview import controller
 from loom.operator.kinds.featureview.config import delete_job_name
 from loom.operator.kinds.featureview.render import MATERIALIZE_NOW, REGISTERED_VIEWS

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from loom.e2e.stack_images import DISTINCT_IMAGE_SETTINGS, IMAGE_SETTINGS, pod_images
+from loom.devstack.images import IMAGE_SETTINGS
+from loom.e2e.stack_images import DISTINCT_IMAGE_SETTINGS, pod_images
 from loom.operator.kinds.inferencegraph import controller
 from loom.operator.settings import OperatorSettings
 

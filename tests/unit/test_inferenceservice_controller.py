@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from loom.e2e.stack_images import DISTINCT_IMAGE_SETTINGS, IMAGE_SETTINGS, pod_images
+from loom.devstack.images import IMAGE_SETTINGS
+from loom.e2e.stack_images import DISTINCT_IMAGE_SETTINGS, pod_images
 from loom.operator.kinds.inferenceservice import controller
 from loom.operator.kinds.inferenceservice.model import MODEL_ANNOTATION, ModelRef
 from loom.operator.settings import OperatorSettings

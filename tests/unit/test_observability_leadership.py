@@ -14,7 +14,7 @@ from kopf._cogs.aiokits import aiotoggles
 from kopf._core.engines import peering as kopf_peering
 from prometheus_client import REGISTRY
 
-from loom.e2e.stack_images import IMAGE_ENV, IMAGE_SETTINGS
+from loom.devstack.images import IMAGE_ENV, IMAGE_SETTINGS
 from loom.operator.core import leadership
 from loom.operator.core.leadership import Leadership, leads, priority_of
 from loom.operator.core.runner import Runner

@@ -7,7 +7,7 @@ import re
 import kopf
 import pytest
 
-from loom.e2e.stack_images import IMAGE_ENV, IMAGE_SETTINGS
+from loom.devstack.images import IMAGE_ENV, IMAGE_SETTINGS
 from loom.operator.main import configure, endpoint
 from loom.operator.settings import FINALIZER, OperatorSettings
 

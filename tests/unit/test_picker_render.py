@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from loom.e2e.stack_images import IMAGE_SETTINGS
+from loom.devstack.images import IMAGE_SETTINGS
 from loom.operator.kinds.inferenceservice import routing as controller
 from loom.operator.kinds.inferenceservice.activator import activator_selector
 from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
