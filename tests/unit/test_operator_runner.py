@@ -177,7 +177,7 @@ def _registered() -> Any:
     """A fresh Kopf registry holding every handler the operator's controllers register."""
     import kopf
 
-    from loom.e2e.stack_images import IMAGE_SETTINGS
+    from loom.devstack.images import IMAGE_SETTINGS
     from loom.operator import controllers
     from loom.operator.settings import OperatorSettings
 
