@@ -2,7 +2,7 @@
 default (issue 32). The stack's node agent records a pod's image and runs this checkout's code, so nothing is
 pulled: the stack names the images `make images` builds on this machine (buildah gives local images the
 `localhost/` prefix), a qualified name no registry namespace of anyone else can answer to. Used by `loom dev env`
-(for an operator run here) and by the tests (loom.e2e.stack_images)."""
+(for an operator run here) and by the tests (and beside them, loom.e2e.stack_images)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ CHART = REPO / "charts" / "loom"
 READY_TIMEOUT_S = 120.0
 
 # What every in-cluster test install sets: the images (the chart has no default; the node agent records them and
-# runs this checkout, loom.e2e.stack_images), fast polling like the host-process fixture, the pod on the node
+# runs this checkout, loom.devstack.images), fast polling like the host-process fixture, the pod on the node
 # agent (the only node that really runs pods), a small CPU request (the agent's node has 2 CPUs to share).
 TEST_VALUES: dict[str, Any] = {
     **CHART_VALUES,

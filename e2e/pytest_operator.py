@@ -93,7 +93,7 @@ def operator_process(
 
     It watches namespaces `<prefix>-*`; a random prefix unless one is given (e.g. to restart an operator
     on the same namespaces). With `defaults` every other LOOM_* setting keeps its default (ports included), except
-    the workload images, which have none (loom.e2e.stack_images).
+    the workload images, which have none (loom.devstack.images).
     """
     prefix = prefix or f"lo{uuid.uuid4().hex[:6]}"
     # With defaults, no LOOM_* of the caller's environment reaches the operator either.

@@ -35,7 +35,7 @@ def stack(progress: Any) -> tuple[Cluster, bool]:
 
 def values() -> dict[str, Any]:
     return {
-        # The images the node agent records (it runs this checkout's code): loom.e2e.stack_images.
+        # The images the node agent records (it runs this checkout's code): loom.devstack.images.
         **CHART_VALUES,
         "watchNamespaces": [NAMESPACE],
         "prometheus": {"url": PROMETHEUS_URL},
