@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from loom.workloads.llm.budget import TokenBudget
 from loom.workloads.llm.config import EngineOptions, LlmServerConfig, engine_flags
-from loom.workloads.llm.engine import engine_argv
+from loom.workloads.llm.engine import engine_argv, engine_environment
 from loom.workloads.llm.metrics import LlmMetrics, engine_families
 
 
@@ -44,6 +44,21 @@ def test_the_engine_listens_on_the_loopback_only_under_the_served_name() -> None
     argv = engine_argv(config)
     assert argv[:3] == ["/env/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert {"--model=/models/m", "--served-model-name=tiny", "--host=127.0.0.1", "--port=9001"} <= set(argv)
+
+
+def test_a_one_device_engine_keeps_its_worker_in_the_engine_process_unless_told_otherwise() -> None:
+    one = LlmServerConfig(model_name="tiny", model_dir="/m", engine_python="/py")
+    assert "--distributed-executor-backend=uni" in engine_argv(one)
+    assert engine_environment(one, {})["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert engine_environment(one, {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"})["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    split = LlmServerConfig(model_name="tiny", model_dir="/m", engine_python="/py",
+                            engine=EngineOptions(tensor_parallel_size=2))
+    assert not any(a.startswith("--distributed-executor-backend") for a in engine_argv(split))
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in engine_environment(split, {})
+    told = LlmServerConfig(model_name="tiny", model_dir="/m", engine_python="/py",
+                           engine=EngineOptions(extra_args=["--distributed-executor-backend=mp"]))
+    assert [a for a in engine_argv(told) if a.startswith("--distributed")] == ["--distributed-executor-backend=mp"]
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in engine_environment(told, {})
 
 
 def test_the_config_round_trips_through_camel_case_json() -> None:
