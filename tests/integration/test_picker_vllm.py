@@ -149,8 +149,12 @@ def test_an_overloaded_replica_is_skipped(engines: list[str], picker: tuple[str,
         def hog() -> None:  # long generations straight to the replica holding the prompt: its engine queues
             with httpx.Client(timeout=300) as own:
                 while not stop.is_set():
-                    own.post(f"{busy}/v1/completions", headers={"authorization": f"Bearer {KEY}"},
-                             json={"model": MODEL, "prompt": "Tom", "max_tokens": 300, "ignore_eos": True})
+                    try:
+                        own.post(f"{busy}/v1/completions", headers={"authorization": f"Bearer {KEY}"},
+                                 json={"model": MODEL, "prompt": "Tom", "max_tokens": 120, "ignore_eos": True})
+                    except httpx.HTTPError:
+                        if not stop.is_set():
+                            raise
 
         hogs = [threading.Thread(target=hog, daemon=True) for _ in range(4)]  # 1 decoding, about 3 waiting
         for thread in hogs:
@@ -171,8 +175,9 @@ def test_an_overloaded_replica_is_skipped(engines: list[str], picker: tuple[str,
                 assert chat(client, url, f"Overloaded {i}: where is the invoice number?").status_code == 200
             end = routed(admin)
         finally:
+            # Not joined: each hog's last generation would take minutes (one decoded at a time, on a busy
+            # machine); the module's engines stop right after this test, which ends them (a hog's error then is
+            # expected and swallowed).
             stop.set()
-            for thread in hogs:
-                thread.join(timeout=300)
     assert end.get(home, 0) == start.get(home, 0), (start, end)  # the busy replica got none of them
     assert total(samples(admin), "loom_picker_decisions_total", reason="load_override") >= 1
