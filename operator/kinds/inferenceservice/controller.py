@@ -229,7 +229,8 @@ class ServiceReconciler:
             return Plan(plan_rollout(spec, None, stable, canary, total, held), invalid)
         if spec.rollout.analysis is not None and observed.analysis is not None:
             judged = judge_canary(spec.rollout.analysis, observed.analysis)
-            return Plan(plan_rollout(spec, judged.run, stable, canary, total, judged.percent), None, judged)
+            plan = plan_rollout(spec, judged.run, stable, canary, total, judged.percent, judged.rejecting)
+            return Plan(plan, None, judged)
         return Plan(plan_rollout(spec, observed.desired, stable, canary, total, held), None)
 
     async def apply(self, ctx: Pass[Defaulted[InferenceServiceSpec]], observed: Observed, plan: Plan) -> Observed:
@@ -240,7 +241,9 @@ class ServiceReconciler:
             # The verdict is written before anything acts on it: killed in between, the next pass reads it back
             # (a rolled-back version stays rejected, a step once started keeps its start).
             assert observed.analysis is not None
-            await persist_rollout(ctx, judged, observed.analysis.desired, ctx.spec.spec.rollout.analysis)
+            target = followed(ctx.spec.spec.model)
+            await persist_rollout(ctx, judged, observed.analysis, ctx.spec.spec.rollout.analysis,
+                                  target[1] if target else None)  # fmt: skip
         weight = judged.outcome.state.weight if judged is not None and judged.outcome is not None else None
         if plan.invalid is None and observed.features_error is None and plan.rollout.stable_ref is not None:
             observed.stable, observed.canary, observed.plan = await _apply(
