@@ -185,7 +185,7 @@ def test_a_trained_model_is_promoted_and_a_broken_one_rolled_back(
                     "missingDataSeconds": 60,
                     "checks": [
                         {"name": "errors", "metric": "error-rate", "max": 0.05},
-                        {"name": "latency", "metric": "latency-p99", "max": 2.0},
+                        {"name": "latency", "metric": "latency-p99", "max": 5.0},
                         {"name": "traffic", "metric": "prometheus", "query": ERRORS_QUERY, "min": 0.5},
                     ],
                     "promoteAlias": "champion",
