@@ -41,7 +41,7 @@ from loom.devstack.servers import MLflowEndpoint, S3Endpoint
 from loom.e2e.pytest_operator import OperatorProcess, operator_namespace_for
 from loom.e2e.share_failing_handler import MARKER, MESSAGE
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 REPLICAS = 4
 TINY_MODEL = ["nLayer=1", "nEmbd=32", "nHead=2", "blockSize=16"]
