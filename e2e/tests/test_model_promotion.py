@@ -255,10 +255,14 @@ def test_a_trained_model_is_promoted_and_a_broken_one_rolled_back(
             canary = get(cluster, ns, "deployment", "scorer-canary")["spec"]["replicas"]
             assert (stable, canary) == (REPLICAS - canary_replicas, canary_replicas)
             assert service_status()["rollout"]["trafficSplit"] == "replica-weighted"
-            # Round robin over 4 ready replicas: exactly canary_replicas of every 4 connections reach the canary.
+            # Once the replaced pods are gone (no terminating pod left to the proxy): round robin over 4 ready
+            # replicas, exactly canary_replicas of every 4 connections reach the canary.
+            until(lambda: settled_pods(cluster, ns) == {"stable": REPLICAS - canary_replicas,
+                                                        "canary": canary_replicas}, "the step's pods to settle")
             answers = traffic.burst(REPLICAS * 6)
             assert all(a.code == 200 for a in answers), [a for a in answers if a.code != 200]
-            assert sum(a.version == "2" for a in answers) == 6 * canary_replicas, [a.version for a in answers]
+            pattern = "".join(str(a.version) for a in answers)
+            assert sum(a.version == "2" for a in answers) == 6 * canary_replicas, pattern
             assert sum(a.version == "1" for a in answers) == 6 * (REPLICAS - canary_replicas)
 
         promoted = until(lambda: steady("2"), "version 2 promoted and rolled out")
@@ -325,6 +329,21 @@ def test_a_trained_model_is_promoted_and_a_broken_one_rolled_back(
         f"serving alone: {rolled_out_at - finished:.1f}s; version 3 named -> canary out: {retired_at - moved_at:.1f}s; "
         f"{len(traffic.answers)} requests, {len(failed)} failed"
     )
+
+
+def settled_pods(cluster: Cluster, namespace: str) -> dict[str, int] | None:
+    """Ready server pods by track; None while any pod is not ready or terminating."""
+    listed = json.loads(
+        cluster.kubectl("get", "pods", "-n", namespace, "-l", "loom.dev/track", "-o", "json").stdout
+    )["items"]
+    counts: dict[str, int] = {}
+    for pod in listed:
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+        if pod["metadata"].get("deletionTimestamp") or not ready:
+            return None
+        track = pod["metadata"]["labels"]["loom.dev/track"]
+        counts[track] = counts.get(track, 0) + 1
+    return counts
 
 
 def serving_canary_pods(cluster: Cluster, namespace: str) -> list[str]:
