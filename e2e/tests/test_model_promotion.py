@@ -257,8 +257,8 @@ def test_a_trained_model_is_promoted_and_a_broken_one_rolled_back(
             assert service_status()["rollout"]["trafficSplit"] == "replica-weighted"
             # Once the replaced pods are gone (no terminating pod left to the proxy): round robin over 4 ready
             # replicas, exactly canary_replicas of every 4 connections reach the canary.
-            until(lambda: settled_pods(cluster, ns) == {"stable": REPLICAS - canary_replicas,
-                                                        "canary": canary_replicas}, "the step's pods to settle")
+            tracks = {"stable": REPLICAS - canary_replicas, "canary": canary_replicas}
+            until(lambda tracks=tracks: settled_pods(cluster, ns) == tracks, "the step's pods to settle")
             answers = traffic.burst(REPLICAS * 6)
             assert all(a.code == 200 for a in answers), [a for a in answers if a.code != 200]
             pattern = "".join(str(a.version) for a in answers)
