@@ -88,6 +88,24 @@ def example_defining(kind: str, name: str) -> Path:
     raise AssertionError(f"no file in examples/ defines {kind} {name}")
 
 
+def example_registering(model_uri: str) -> Path | None:
+    """The TrainingJob example whose registration moves the alias `models:/<model>@<alias>` names (None: not an
+    alias, or a registered model no example trains)."""
+    if not model_uri.startswith("models:/") or "@" not in model_uri:
+        return None
+    model, alias = model_uri.removeprefix("models:/").split("@", 1)
+    for path in EXAMPLES:
+        for doc in documents(path):
+            register = (doc.get("spec") or {}).get("register") or {}
+            if doc["kind"] == "TrainingJob" and (register.get("model"), register.get("alias")) == (model, alias):
+                return path
+    return None
+
+
+def mlflow_call(services: backing.BackingServices, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    return httpx.request(method, f"{services.mlflow_url}/api/2.0/mlflow/{path}", timeout=30, trust_env=False, **kwargs)
+
+
 def get(cluster: Cluster, namespace: str, kind: str, name: str) -> dict[str, Any]:
     result = cluster.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
     return dict(json.loads(result.stdout)) if result.returncode == 0 else {}
@@ -147,6 +165,10 @@ def apply(cluster: Cluster, namespace: str, path: Path, services: backing.Backin
             for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
                 for item in page.get("Contents", []):
                     s3.delete_object(Bucket=bucket, Key=item["Key"])
+            # Likewise its registered model: versions an earlier run registered name exports deleted just now.
+            register = doc["spec"].get("register") or {}
+            if register:
+                mlflow_call(services, "DELETE", "registered-models/delete", json={"name": register["model"]})
     cluster.kubectl("apply", "-n", namespace, "-f", str(path))
 
 
@@ -199,16 +221,34 @@ def check_training_job(
         listed = services.s3_client().list_objects_v2(Bucket=bucket, Prefix=key + "/")
         names = {item["Key"].rsplit("/", 1)[-1] for item in listed.get("Contents", [])}
         assert {"adapter_config.json", "adapter_model.safetensors"} <= names, names
+    register = spec.get("register")
+    if register:
+        # Registered: one version of the model, the job's run, its alias moved to it.
+        registered = wait_for(cluster, ns, "trainingjob", name,
+                              lambda o: (o.get("status") or {}).get("registeredModel", {}).get("version"), operator)
+        version = registered["status"]["registeredModel"]["version"]
+        found = mlflow_call(services, "GET", "registered-models/alias",
+                            params={"name": register["model"], "alias": register["alias"]})
+        assert found.status_code == 200, found.text
+        assert found.json()["model_version"]["version"] == version
+        assert found.json()["model_version"]["run_id"] == run_id
+        assert found.json()["model_version"]["source"] == f"{prefix}/final"
 
 
-def check_inference_service(cluster: Cluster, ns: str, doc: dict[str, Any], operator: InClusterOperator) -> None:
+def check_inference_service(
+    cluster: Cluster, ns: str, doc: dict[str, Any], operator: InClusterOperator, version: str | None = None
+) -> None:
+    """Ready and answering; `version`: the model version it must serve (and answer with)."""
     name, spec = doc["metadata"]["name"], doc["spec"]
 
     def ready(obj: dict[str, Any]) -> bool:
         conds = conditions(obj)
-        return bool(conds.get("Ready", {}).get("status") == "True" and obj["status"].get("phase") == "Ready")
+        up = conds.get("Ready", {}).get("status") == "True" and obj["status"].get("phase") == "Ready"
+        return bool(up and (version is None or obj["status"].get("modelVersion") == version))
 
-    wait_for(cluster, ns, "inferenceservice", name, ready, operator)
+    obj = wait_for(cluster, ns, "inferenceservice", name, ready, operator)
+    if version is not None and spec["model"].get("mlflow"):
+        assert obj["status"]["alias"]["version"] == version, obj["status"]["alias"]
     if spec.get("routing"):
         # Its endpoint picker takes the Service once the picker is Ready: the requests below go through it.
         wait_for(cluster, ns, "service", name, lambda svc: svc["spec"]["selector"].get(
@@ -225,6 +265,8 @@ def check_inference_service(cluster: Cluster, ns: str, doc: dict[str, Any], oper
     )
     assert response.status_code == 200, response.text
     assert isinstance(response.json()["text_output"], str) and response.json()["text_output"]
+    if version is not None:
+        assert response.json()["model_version"] == version
     if spec.get("runtime") == "vllm":
         check_openai_stream(f"http://{service_address(name, ns, AGENT_STATE_DIR)}:80/v1", name)
 
@@ -355,6 +397,7 @@ def test_example_runs(
         out = cluster.kubectl("apply", "--dry-run=server", "-n", ns, "-f", str(path), "-o", "name").stdout
         assert out.split() == [f"{d['kind'].lower()}.loom.dev/{d['metadata']['name']}" for d in docs]
         return
+    trainers: dict[str, Path] = {}  # InferenceService -> the TrainingJob example whose registration it serves
     for doc in docs:
         source = ((doc.get("spec") or {}).get("model") or {}).get("fromTrainingJob")
         if doc["kind"] == "InferenceService" and source:
@@ -364,12 +407,23 @@ def test_example_runs(
         if doc["kind"] == "TrainingJob" and base:
             # Fine-tuning a TrainingJob example's model: that example is applied too, as its comment says.
             apply(cluster, ns, example_defining("TrainingJob", base["name"]), services)
+        registering = example_registering(((doc.get("spec") or {}).get("model") or {}).get("mlflow") or "")
+        if doc["kind"] == "InferenceService" and registering is not None:
+            # Following the alias a TrainingJob example's registration moves: that example is applied too.
+            apply(cluster, ns, registering, services)
+            trainers[doc["metadata"]["name"]] = registering
     apply(cluster, ns, path, services)
     for doc in docs:
         if doc["kind"] == "TrainingJob":
             check_training_job(cluster, ns, doc, services, operator)
         elif doc["kind"] == "InferenceService":
-            check_inference_service(cluster, ns, doc, operator)
+            version = None
+            if doc["metadata"]["name"] in trainers:
+                (job,) = documents(trainers[doc["metadata"]["name"]])
+                check_training_job(cluster, ns, job, services, operator)
+                trained = get(cluster, ns, "trainingjob", job["metadata"]["name"])
+                version = trained["status"]["registeredModel"]["version"]
+            check_inference_service(cluster, ns, doc, operator, version)
             if (doc["spec"].get("autoscaling") or {}).get("minReplicas") == 0:
                 check_idles_to_zero_on_its_metric(cluster, ns, doc, operator)
         else:

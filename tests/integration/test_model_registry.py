@@ -170,3 +170,49 @@ async def test_rejection_tag_and_promotion_alias(mlflow: MLflowEndpoint) -> None
         raw = client.get("/api/2.0/mlflow/model-versions/get", params={"name": name, "version": "3"}).json()
     tags = {t["key"]: t["value"] for t in raw["model_version"]["tags"]}
     assert tags[REJECTED_TAG] == "CheckFailed: errors: canary 0.25 > max 0.02"
+
+
+async def test_a_rejected_candidate_of_the_followed_alias_gives_it_back_to_the_serving_version(
+    mlflow: MLflowEndpoint,
+) -> None:
+    """A service following `champion` (its promotion alias) reads a move of it as a candidate: rejected, `champion`
+    names the version that serves again; a service following another alias (or a newer move) is left alone."""
+    from loom.operator.kinds.inferenceservice.alias import registry_writes
+    from loom.operator.kinds.inferenceservice.analysis_api import RejectedVersion, RolloutStatus
+    from loom.operator.kinds.inferenceservice.model import ModelRef
+
+    name = f"restore-{uuid.uuid4().hex[:6]}"
+    async with Registry(mlflow.url) as registry:
+        await registry.ensure_model(name)
+        for _ in range(4):
+            await registry.create_version(name, source="s3://m/x", run_id=new_run(mlflow), tags={})
+
+    def ref(version: str) -> ModelRef:
+        return ModelRef(storage_uri=f"models:/{name}/{version}", storage_kind="mlflow", handler="mlflow-pyfunc",
+                        version=version, tracking_uri=mlflow.url)
+
+    def rejecting(version: str) -> RolloutStatus:
+        return RolloutStatus(rejected=[RejectedVersion(model_version=version, model_key=f"k{version}",
+                                                       reason="CheckFailed", message="errors")])
+
+    async def champion() -> str | None:
+        async with Registry(mlflow.url) as registry:
+            found = await registry.by_alias(name, "champion")
+        return found.version if found else None
+
+    async with Registry(mlflow.url) as registry:
+        await registry.set_alias(name, "champion", "3")
+    # Following challenger while promoting champion: champion is not the candidate's alias, nothing moves.
+    done = await registry_writes(rejecting("3"), ref("3"), promote_alias="champion", promoted=False,
+                                 followed_alias="challenger", stable=ref("2"))
+    assert done.rejected[0].tagged and await champion() == "3"
+    # Following champion: it goes back to version 2, which serves.
+    done = await registry_writes(rejecting("3"), ref("3"), promote_alias="champion", promoted=False,
+                                 followed_alias="champion", stable=ref("2"))
+    assert done.rejected[0].tagged and await champion() == "2"
+    # Moved on since (to version 4): the newer move stands.
+    async with Registry(mlflow.url) as registry:
+        await registry.set_alias(name, "champion", "4")
+    await registry_writes(rejecting("3"), ref("3"), promote_alias="champion", promoted=False,
+                          followed_alias="champion", stable=ref("2"))
+    assert await champion() == "4"

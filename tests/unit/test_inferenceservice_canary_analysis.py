@@ -143,6 +143,8 @@ async def test_abort_rejects_the_version_for_good_and_retry_brings_it_back(clust
     assert "loom.dev/canary" not in (api.isvc()["metadata"].get("annotations") or {})  # consumed
     assert ("Warning", "CanaryRolledBack") in api.events
     assert api.model("gpt") == "v1"
+    # The rejected canary leaves at once (its share back to the stable replicas), the stable track grows back.
+    assert api.deployment("gpt-canary") is None and replicas(api) == (5, 0)
     api.settle("gpt")
     await clock.tick(api, 1)
     assert api.deployment("gpt-canary") is None

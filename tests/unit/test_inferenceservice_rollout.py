@@ -142,6 +142,21 @@ def test_rollback_sets_the_spec_back_and_removes_the_canary() -> None:
     assert full.canary_action == "retire"
 
 
+def test_a_rejected_canary_leaves_at_once_while_a_stable_replica_serves() -> None:
+    stable, canary = deployment(ref("v1"), 4), deployment(ref("v2"), 1)
+    plan = plan_rollout(spec(canary=20), ref("v1"), stable, canary, 5, None, reject_canary=True)
+    assert (plan.mode, plan.stable_replicas, plan.canary_action) == ("rollingBack", 5, "retire")
+    # No stable replica available (its template still rolling): the canary keeps serving until one is.
+    rolling = deployment(ref("v1"), 4, done=False)
+    rolling["status"]["updatedReplicas"] = 0
+    plan = plan_rollout(spec(canary=20), ref("v1"), rolling, canary, 5, None, reject_canary=True)
+    assert plan.canary_action == "keep"
+    # A promotion is never cut short by it.
+    plan = plan_rollout(spec(canary=20), ref("v2"), deployment(ref("v2"), 4, done=False), canary, 5, None,
+                        reject_canary=True)  # fmt: skip
+    assert (plan.mode, plan.canary_action) == ("promoting", "keep")
+
+
 def test_a_third_version_replaces_the_canary_not_the_stable() -> None:
     plan = plan_rollout(spec(canary=20), ref("v3"), deployment(ref("v1"), 4), deployment(ref("v2"), 1), 5)
     assert (plan.stable_ref, plan.canary_ref, plan.canary_action) == (ref("v1"), ref("v3"), "apply")

@@ -94,10 +94,22 @@ def _mlflow_version(ref: ModelRef) -> tuple[str, str] | None:
 
 
 async def registry_writes(
-    rollout: RolloutStatus, desired: ModelRef, *, promote_alias: str | None, promoted: bool
+    rollout: RolloutStatus,
+    desired: ModelRef,
+    *,
+    promote_alias: str | None,
+    promoted: bool,
+    followed_alias: str | None = None,
+    stable: ModelRef | None = None,
 ) -> RolloutStatus:
     """Tag the rejected version (once) and move the promotion alias (once); what was done goes into status, what
-    failed is tried again by the next pass."""
+    failed is tried again by the next pass.
+
+    A service that follows the alias it promotes (`champion`, say) reads a move of that alias as a candidate to
+    judge. When the candidate is rejected the alias goes back to the version that serves (`stable`), so the
+    registry never names a rejected version as the one in production (and a service created later does not serve
+    it unjudged). Only while the alias still names the rejected version: a newer move is left alone.
+    """
     target = _mlflow_version(desired)
     if target is None or desired.tracking_uri is None:
         return rollout
@@ -107,10 +119,15 @@ async def registry_writes(
     to_move = promoted and promote_alias is not None and rollout.promoted_alias != f"{promote_alias}={version}"
     if not untagged and not to_move:
         return rollout  # nothing to write: no connection to MLflow
+    restore = _restore_target(name, followed_alias, promote_alias, stable)
     try:
         async with Registry(desired.tracking_uri) as registry:
             for i, entry in enumerate(rejected):
                 if entry.model_version == version and not entry.tagged:
+                    if restore is not None:  # before the tag: a failure here leaves both to the next pass
+                        current = await registry.by_alias(name, restore[0])
+                        if current is not None and current.version == version:
+                            await registry.set_alias(name, restore[0], restore[1])
                     await registry.set_version_tag(name, version, REJECTED_TAG, f"{entry.reason}: {entry.message}")
                     rejected[i] = entry.model_copy(update={"tagged": True})
             moved = f"{promote_alias}={version}"
@@ -120,3 +137,16 @@ async def registry_writes(
     except RegistryError:
         pass  # not recorded: the next pass tries again
     return rollout.model_copy(update={"rejected": rejected})
+
+
+def _restore_target(
+    name: str, followed_alias: str | None, promote_alias: str | None, stable: ModelRef | None
+) -> tuple[str, str] | None:
+    """(alias, version) to move the followed alias back to on a rejection: only when it is the promotion alias and
+    the stable version is a version of the same registered model."""
+    if followed_alias is None or followed_alias != promote_alias or stable is None:
+        return None
+    serving = _mlflow_version(stable)
+    if serving is None or serving[0] != name:
+        return None
+    return followed_alias, serving[1]

@@ -94,6 +94,7 @@ class Judgement:
     rejected_now: RejectedVersion | None = None
     consumed_override: bool = False
     retried: bool = False
+    rejecting: bool = False  # the canary's model is rejected: it leaves at once (rollout.plan_rollout)
 
 
 def judge_canary(analysis: Analysis, seen: AnalysisInput) -> Judgement:
@@ -107,7 +108,8 @@ def judge_canary(analysis: Analysis, seen: AnalysisInput) -> Judgement:
     if seen.key in rejections:
         # Rolled back before: never tried again (until loom.dev/canary: retry); the stable version keeps serving.
         status = previous.model_copy(update={"rejected": list(rejections.entries)})
-        return Judgement(run=seen.stable_ref, percent=None, status=status, consumed_override=seen.override is not None)
+        return Judgement(run=seen.stable_ref, percent=None, status=status, consumed_override=seen.override is not None,
+                         rejecting=True)  # fmt: skip
     state = previous.analysis
     if retried and state is not None and state.model_key == seen.key:
         state = None  # a fresh analysis for a version asked to be retried
@@ -133,7 +135,7 @@ def judge_canary(analysis: Analysis, seen: AnalysisInput) -> Judgement:
     )
     return Judgement(
         run=run, percent=percent_or_none, status=status, outcome=outcome, rejected_now=outcome.rejected,
-        consumed_override=seen.override is not None, retried=retried,
+        consumed_override=seen.override is not None, retried=retried, rejecting=outcome.action == "rollback",
     )  # fmt: skip
 
 
@@ -204,13 +206,17 @@ def held_percent(spec: InferenceServiceSpec, body: Manifest, canary: Manifest | 
     return min(state.weight if state is not None else spec.rollout.analysis.steps[0].weight, 99)
 
 
-async def persist_rollout(ctx: Pass[Any], judged: Judgement, desired: ModelRef, analysis: Analysis | None) -> None:
+async def persist_rollout(
+    ctx: Pass[Any], judged: Judgement, seen: AnalysisInput, analysis: Analysis | None, followed_alias: str | None
+) -> None:
     """status.rollout, the analysis' events and the consumed override: written before the pass acts; with the
-    registry's part of the verdict (the rejection tag, the promotion alias) for a model from MLflow."""
+    registry's part of the verdict (the rejection tag, the promotion alias, the followed alias restored) for a
+    model from MLflow."""
     promoted = judged.outcome is not None and judged.outcome.action == "promote"
     judged.status = await registry_writes(
-        judged.status, desired, promote_alias=analysis.promote_alias if analysis else None, promoted=promoted
-    )
+        judged.status, seen.desired, promote_alias=analysis.promote_alias if analysis else None, promoted=promoted,
+        followed_alias=followed_alias, stable=seen.stable_ref,
+    )  # fmt: skip
     before = (ctx.body.get("status") or {}).get("rollout") or {}
     patch = status_patch({"rollout": before}, {"rollout": judged.status.to_wire()})
     if patch is not None:

@@ -266,7 +266,7 @@ class ServiceReconciler:
             return Plan(plan_rollout(spec, None, stable, canary, total, held), invalid, None, admission)
         if spec.rollout.analysis is not None and observed.analysis is not None:
             judged = judge_canary(spec.rollout.analysis, observed.analysis)
-            rollout = plan_rollout(spec, judged.run, stable, canary, total, judged.percent)
+            rollout = plan_rollout(spec, judged.run, stable, canary, total, judged.percent, judged.rejecting)
             return Plan(rollout, None, judged, admission)
         return Plan(plan_rollout(spec, observed.desired, stable, canary, total, held), None, None, admission)
 
@@ -278,7 +278,9 @@ class ServiceReconciler:
             # The verdict is written before anything acts on it: killed in between, the next pass reads it back
             # (a rolled-back version stays rejected, a step once started keeps its start).
             assert observed.analysis is not None
-            await persist_rollout(ctx, judged, observed.analysis.desired, ctx.spec.spec.rollout.analysis)
+            target = followed(ctx.spec.spec.model)
+            await persist_rollout(ctx, judged, observed.analysis, ctx.spec.spec.rollout.analysis,
+                                  target[1] if target else None)  # fmt: skip
         weight = judged.outcome.state.weight if judged is not None and judged.outcome is not None else None
         placement = observed.queue.admitted_flavors() if observed.queue is not None else None
         if plan.invalid is None and observed.features_error is None and plan.rollout.stable_ref is not None:

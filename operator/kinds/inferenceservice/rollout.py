@@ -86,6 +86,16 @@ def rolled_out(deployment: Manifest | None) -> bool:
     )
 
 
+def available(deployment: Manifest | None) -> int:
+    """Replicas of the Deployment's current template available now (0 while it rolls to another template)."""
+    if deployment is None:
+        return 0
+    status = deployment.get("status") or {}
+    if int(status.get("observedGeneration", 0)) < int(deployment.get("metadata", {}).get("generation", 0)):
+        return 0
+    return min(int(status.get("availableReplicas", 0)), int(status.get("updatedReplicas", 0)))
+
+
 @dataclass(frozen=True)
 class RolloutPlan:
     """What to apply. `stable_ref` None: nothing can be rendered yet (no model resolved, nothing running)."""
@@ -113,11 +123,14 @@ def plan_rollout(
     canary: Manifest | None,
     total: int,
     percent: int | Literal["spec"] | None = "spec",
+    reject_canary: bool = False,
 ) -> RolloutPlan:
     """Decide the tracks. `desired` None: the spec's model cannot be resolved now; keep what runs.
 
     `percent`: the canary's share; "spec" reads canaryPercent, the canary analysis passes its step's share (None
-    once it promotes or rolls back)."""
+    once it promotes or rolls back). `reject_canary`: the canary analysis rejected the canary's model, so it
+    leaves at once while a stable replica serves (the stable track grows back alongside), instead of taking its
+    share of requests until the stable track is whole again."""
     stable_ref = model_of(stable)
     canary_ref = model_of(canary)
     if desired is None:
@@ -151,6 +164,8 @@ def plan_rollout(
         and int(stable.get("spec", {}).get("replicas", 1)) == total
         and rolled_out(stable)
     )
+    if reject_canary and not promoting and desired == current and available(stable) > 0:
+        stable_done = True
     return RolloutPlan(
         stable_ref=desired,
         stable_replicas=total,
