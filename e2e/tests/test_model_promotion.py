@@ -178,8 +178,11 @@ def test_a_trained_model_is_promoted_and_a_broken_one_rolled_back(
             "rollout": {
                 "minReadySeconds": 0,
                 "analysis": {
-                    # Short pauses and windows: the test's; the defaults are minutes.
-                    "steps": [{"weight": 25, "pauseSeconds": 10}, {"weight": 50, "pauseSeconds": 10}],
+                    # Short windows: the test's; the defaults are minutes. Each step pauses long enough for the
+                    # test's own look at it (its pods settle after a drain, then a burst judged for the exact share):
+                    # with 10 s the canary walked both steps and was promoted while the test was still judging
+                    # step 1, on a machine at load 3.
+                    "steps": [{"weight": 25, "pauseSeconds": 60}, {"weight": 50, "pauseSeconds": 60}],
                     "intervalSeconds": 5,
                     "windowSeconds": 10,
                     "missingDataSeconds": 60,
