@@ -249,7 +249,8 @@ def test_a_trained_model_is_promoted_and_a_broken_one_rolled_back(
         for index, (canary_replicas, share) in enumerate([(1, 25), (2, 50)], start=1):
             def running(index: int = index) -> dict[str, Any] | None:
                 analysis = (service_status().get("rollout") or {}).get("analysis") or {}
-                on_step = analysis.get("step") == f"{index}/2" and analysis.get("verdict") == "Analyzing"
+                # Holding is a running step too: the canary's new pod has no series yet (its {{pods}} query).
+                on_step = analysis.get("step") == f"{index}/2" and analysis.get("verdict") in ("Analyzing", "Holding")
                 return analysis if on_step and analysis.get("modelVersion") == "2" else None
 
             analysis = until(running, f"step {index} of the canary of version 2 to run")
