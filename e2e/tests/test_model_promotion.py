@@ -202,7 +202,9 @@ def test_a_trained_model_is_promoted_and_a_broken_one_rolled_back(
         return AssertionError(
             f"{error}\nservice: {json.dumps(get(cluster, ns, 'inferenceservice', 'scorer').get('status'), indent=1)}\n"
             f"job: {json.dumps(get(cluster, ns, 'trainingjob', 'trainer').get('status'), indent=1)}\n"
-            f"{cluster.kubectl('get', 'pods', '-n', ns, '-o', 'wide', check=False).stdout}\n{operator.log_tail(80)}"
+            f"{cluster.kubectl('get', 'pods', '-n', ns, '-o', 'wide', check=False).stdout}\n"
+            f"{cluster.kubectl('get', 'events', '-n', ns, '--sort-by=.lastTimestamp', check=False).stdout}\n"
+            f"{operator.log_tail(80)}"
         )
 
     def until(check: Any, what: str, timeout: float = 300) -> Any:
