@@ -182,9 +182,21 @@ def condition_events(old: list[Condition], new: list[Condition], warnings: Colle
 
 
 def status_patch(old: Manifest, new: Manifest) -> Manifest | None:
-    """The merge patch turning status `old` into `new` (None when equal); cleared fields become null."""
+    """The merge patch turning status `old` into `new` (None when equal); cleared fields become null at any depth.
+    A merge patch merges objects key by key, so a field left out of a nested object is kept, not cleared: the
+    canary analysis' `stepStartedAt`, cleared when a step advanced, stayed, and every later step's pause counted
+    from the first step's start (its e2e test saw the last step promoted about 20 s after it began, not 60)."""
     if old == new:
         return None
+    return _merge_patch(old, new)
+
+
+def _merge_patch(old: Manifest, new: Manifest) -> Manifest:
     patch: Manifest = {key: None for key in old if key not in new}
-    patch.update(new)
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            patch[key] = _merge_patch(before, value)
+        else:
+            patch[key] = value  # lists and values are replaced whole, as a merge patch does
     return patch

@@ -587,3 +587,26 @@ def test_status_patch_nulls_cleared_fields_and_skips_no_ops() -> None:
     assert patch["startTime"] == "2026-03-01T12:00:00Z"
     cleared = status_patch({"phase": "Running", "startTime": "x"}, {"phase": "Suspended"})
     assert cleared == {"phase": "Suspended", "startTime": None}
+
+
+def test_status_patch_nulls_fields_cleared_inside_nested_objects() -> None:
+    """A merge patch keeps what it leaves out of a nested object: a field cleared there must be sent as null."""
+    old = {"rollout": {"analysis": {"step": "1/2", "stepStartedAt": "t1", "lastEvaluatedAt": "t2"}, "x": [1, 2]}}
+    new = {"rollout": {"analysis": {"step": "2/2"}, "x": [1]}}
+    patch = status_patch(old, new)
+    assert patch == {"rollout": {"analysis": {"step": "2/2", "stepStartedAt": None, "lastEvaluatedAt": None},
+                                 "x": [1]}}
+    assert _apply_merge_patch(old, patch) == new
+
+
+def _apply_merge_patch(target: object, patch: object) -> object:
+    """RFC 7386, as the API server applies a merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _apply_merge_patch(result.get(key), value)
+    return result
