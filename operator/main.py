@@ -14,6 +14,7 @@ from .admission import handlers as admission_handlers
 from .admission.server import webhook_server
 from .api import KINDS
 from .core import leadership, observability
+from .core.namespace_watch import notice_namespaces_listed_by_the_watch
 from .settings import FINALIZER, PREFIX, OperatorSettings
 
 log = logging.getLogger("loom.operator")
@@ -57,6 +58,7 @@ def run(settings: OperatorSettings | None = None) -> None:
         admission_handlers.register(ours)
     observability.register_phase_indices((kind.kind, kind.plural) for kind in KINDS)
     observability.count_watch_restarts()
+    notice_namespaces_listed_by_the_watch()
     identity, priority = leadership.identity_of(ours), leadership.priority_of(ours)
     leadership.LEADERSHIP.configure(ours.peering_name, identity, priority, lifetime_s=ours.peering_lifetime_s)
 

@@ -4,20 +4,17 @@ Importing Feast (feast/metrics.py) sets PROMETHEUS_MULTIPROC_DIR for the whole p
 picks its value class once, at its own first import: imported after Feast, every metric of every later test
 (the model server's, the router's) shares its values through files across registries, and counts leak from
 one test into another. Importing prometheus_client first, before any test module, keeps the in-process
-value class; the fixtures keep the variable out of every test's environment (subprocesses included), at each
-scope, as a fixture of a wider scope runs before those of narrower ones: the session-scoped one for the servers
-started once per session (collection imports Feast before any fixture runs: CI's MLflow server was started with a
-multiprocess directory and failed on it), the module-scoped one for module fixtures (the two vLLM replicas of
-test_picker_vllm, started with it after the Feast tests had run, shared one multiprocess directory with every
-earlier process, so both engines reported the same counters ([1024, 1024] prefix-cache hits) and their /metrics
-took seconds to read), the function-scoped one for a test that imports Feast itself.
+value class; the hooks below keep the variable out of every fixture's and every test's environment (subprocesses
+included), whatever the fixture's scope: collection imports Feast before any fixture runs (CI's session-scoped
+MLflow server was once started with a multiprocess directory and failed on it), and the two vLLM replicas of
+test_picker_vllm, module-scoped, started with it after the Feast tests had run, shared one multiprocess directory
+with every earlier process, so both engines reported the same counters ([1024, 1024] prefix-cache hits).
 The Feast pods themselves are untouched: `feast serve` runs in its own process and sets what it needs.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import prometheus_client  # noqa: F401  (fixes the value class before any test module can import Feast)
 import pytest
@@ -25,27 +22,25 @@ import pytest
 _MULTIPROCESS_VARIABLES = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
 
 
-def _cleared(monkeypatch: pytest.MonkeyPatch) -> None:
+class _NoMultiprocessDirectory:
+    """Hooks of a registered plugin, not of this conftest: a conftest's hooks reach only the nodes below its
+    folder, and a session-scoped fixture is set up on the session node, above it."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_fixture_setup(self) -> None:
+        """Before every fixture of any scope: the processes fixtures start never inherit the variable."""
+        _clear()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_call(self) -> None:
+        """And before every test body, for a module that imported Feast during an earlier test."""
+        _clear()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_NoMultiprocessDirectory(), "loom-no-prometheus-multiprocess-directory")
+
+
+def _clear() -> None:
     for name in _MULTIPROCESS_VARIABLES:
-        if name in os.environ:
-            monkeypatch.delenv(name)
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _no_prometheus_multiprocess_mode_in_session_fixtures() -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        _cleared(monkeypatch)
-        yield
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _no_prometheus_multiprocess_mode_in_module_fixtures() -> Iterator[None]:
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        _cleared(monkeypatch)
-        yield
-
-
-@pytest.fixture(autouse=True)
-def _no_prometheus_multiprocess_mode(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    _cleared(monkeypatch)
-    yield
+        os.environ.pop(name, None)
