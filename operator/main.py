@@ -13,6 +13,7 @@ from . import controllers
 from .admission import handlers as admission_handlers
 from .admission.server import webhook_server
 from .api import KINDS
+from .core import client as kube
 from .core import leadership, observability
 from .core.namespace_watch import notice_namespaces_listed_by_the_watch
 from .settings import FINALIZER, PREFIX, OperatorSettings
@@ -72,6 +73,10 @@ def run(settings: OperatorSettings | None = None) -> None:
             endpoint(ours.metrics_host, ours.metrics_port, "/metrics"),
             endpoint(ours.health_host, ours.health_port, "/healthz"),
         )
+
+    @kopf.on.cleanup()
+    async def _cleanup(**_: Any) -> None:
+        await kube.close()
 
     asyncio.run(
         kopf.operator(

@@ -1,28 +1,24 @@
 """The only place that talks to the API server.
 
 Children are written with server-side apply under one field manager, so re-running a handler is a no-op
-and a human edit to a field Loom owns is corrected. Calls are the sync `kubernetes` client run in a thread,
-so Kopf's event loop never blocks.
+and a human edit to a field Loom owns is corrected. Calls go through `kubernetes_asyncio` on Kopf's event loop
+(aiohttp, which Kopf already runs on): no thread pool for a pass to queue for, and every request has a deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import functools
 import hashlib
 import json
 import logging
 import re
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-import kubernetes
-import urllib3
-from kubernetes.client.exceptions import ApiException
+import aiohttp
+import kubernetes_asyncio
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from ..settings import FIELD_MANAGER
 from .kit import MANAGED_BY
@@ -31,26 +27,15 @@ from .watch_cache import WatchCache, key_of, version_of
 
 log = logging.getLogger("loom.kube")
 
-# Every request has a deadline: without one a request the API server never answers holds its thread forever, and
-# the pass that made it can only be abandoned (by the runner's pass timeout), never finished. Reads of a few
-# hundred objects take well under a second; the read bound is for an API server under heavy load.
+# Every request has a deadline: without one a request the API server never answers holds its pass forever, and
+# the pass can only be abandoned (by the runner's pass timeout), never finished. Reads of a few hundred objects
+# take well under a second; the read bound is for an API server under heavy load.
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 30.0
-# The calls run the sync client in worker threads that mostly wait on the API server. asyncio's default pool has
-# cores + 4 threads (6 on a 2-core node): passes for a dozen objects, each a chain of calls, then queue behind each
-# other; under load a pass spent its whole timeout waiting for threads, was abandoned before its status write, and
-# its object never showed a status (the operator-churn chaos test, in CI). A pool of its own, wide enough for the
-# passes that run at once.
-KUBE_THREADS = 32
-_threads = ThreadPoolExecutor(max_workers=KUBE_THREADS, thread_name_prefix="loom-kube")
-T = TypeVar("T")
-
-
-async def _in_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-    """`fn(*args, **kwargs)` in the kube pool, with this task's context (the object a log line names)."""
-    context = contextvars.copy_context()
-    call = functools.partial(context.run, fn, *args, **kwargs)
-    return await asyncio.get_running_loop().run_in_executor(_threads, call)
+# Connections to the API server held open at once. The calls of many passes run together on the event loop (the
+# sync client's threads once made them queue: under load a pass spent its whole timeout waiting for a thread, was
+# abandoned before its status write, and its object never showed a status; the operator-churn chaos test, in CI).
+KUBE_CONNECTIONS = 32
 
 
 @dataclass(frozen=True)
@@ -160,7 +145,7 @@ class Conflict(Exception):
 
 # What a request may fail with besides NotFound and Conflict: the API server's other answers (503 from an
 # aggregated API that is down, 403) and the transport's errors (a deadline passed, a connection refused).
-REQUEST_ERRORS: tuple[type[BaseException], ...] = (ApiException, urllib3.exceptions.HTTPError)
+REQUEST_ERRORS: tuple[type[BaseException], ...] = (ApiException, aiohttp.ClientError, TimeoutError)
 
 
 class OwnerGone(Exception):
@@ -168,22 +153,44 @@ class OwnerGone(Exception):
     the child read its owner before the owner was deleted, and must stop applying (the runner ends it quietly)."""
 
 
-_client: kubernetes.client.ApiClient | None = None
+# One client per event loop: its aiohttp session belongs to the loop it was made on (the operator has one; a test
+# process makes a loop per test).
+_clients: dict[asyncio.AbstractEventLoop, kubernetes_asyncio.client.ApiClient] = {}
 
 
-def api_client() -> kubernetes.client.ApiClient:
-    """One shared client: in-cluster config inside a pod, the current kubeconfig elsewhere."""
-    global _client
-    if _client is None:
-        try:
-            kubernetes.config.load_incluster_config()
-        except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config()
-        _client = kubernetes.client.ApiClient()
-    return _client
+async def api_client() -> kubernetes_asyncio.client.ApiClient:
+    """The loop's shared client: in-cluster config inside a pod (its token re-read as the kubelet rotates it), the
+    current kubeconfig elsewhere."""
+    loop = asyncio.get_running_loop()
+    if loop in _clients:
+        return _clients[loop]
+    configuration = kubernetes_asyncio.client.Configuration()
+    try:
+        kubernetes_asyncio.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except kubernetes_asyncio.config.ConfigException:
+        await kubernetes_asyncio.config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = KUBE_CONNECTIONS
+    for gone in [other for other in _clients if other.is_closed()]:
+        del _clients[gone]  # a finished test's loop: its session cannot be closed from this one
+    made = kubernetes_asyncio.client.ApiClient(configuration)
+    shared = _clients.setdefault(loop, made)
+    if shared is not made:
+        await made.close()  # another pass made the loop's client while this one read the configuration
+    return shared
 
 
-def _call(
+async def close() -> None:
+    """Close the running loop's client (the operator's clean-up, so aiohttp has no open session left at exit)."""
+    made = _clients.pop(asyncio.get_running_loop(), None)
+    if made is not None:
+        await made.close()
+
+
+# Every answer is JSON (an object, a list, a Status) or empty: deserialized as a plain `object`, not a model.
+_ANSWERS = {status: "object" for status in (200, 201, 202)}
+
+
+async def _call(
     method: str,
     path: str,
     *,
@@ -191,18 +198,20 @@ def _call(
     query: list[tuple[str, Any]] | None = None,
     content_type: str = "application/json",
 ) -> Manifest | None:
-    client = api_client()
+    client = await api_client()
     try:
-        response = client.call_api(
+        data = await client.call_api(
             path,
             method,
             query_params=query or [],
             header_params={"Content-Type": content_type, "Accept": "application/json"},
             body=body,
             auth_settings=["BearerToken"],
-            _preload_content=False,
+            response_types_map=_ANSWERS,
             _return_http_data_only=True,
-            _request_timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S),
+            _request_timeout=aiohttp.ClientTimeout(
+                connect=CONNECT_TIMEOUT_S, sock_connect=CONNECT_TIMEOUT_S, sock_read=READ_TIMEOUT_S
+            ),
         )
     except ApiException as exc:
         if exc.status == 404:
@@ -210,11 +219,10 @@ def _call(
         if exc.status == 409:
             raise Conflict(path) from exc
         raise
-    data = response.data
-    return json.loads(data) if data else None
+    return data if isinstance(data, dict) else None
 
 
-# A parameter keeps the kubernetes client from re-encoding the body (it json.dumps anything sent as exactly
+# A parameter keeps the client from re-encoding the body (it json.dumps anything sent as exactly
 # application/apply-patch+yaml); the API server ignores it.
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml; charset=utf-8"
 # A JSON surrogate pair, not preceded by an escaped backslash.
@@ -242,10 +250,10 @@ def _controller(manifest: Manifest) -> Manifest | None:
     return None
 
 
-def _owner_exists(namespace: str | None, ref: Manifest) -> bool:
-    """The controlling owner `ref` still exists with the same uid (a blocking call: run it in a worker thread)."""
+async def _owner_exists(namespace: str | None, ref: Manifest) -> bool:
+    """The controlling owner `ref` still exists with the same uid."""
     try:
-        owner = _call("GET", resource(ref["apiVersion"], ref["kind"]).path(namespace, ref["name"]))
+        owner = await _call("GET", resource(ref["apiVersion"], ref["kind"]).path(namespace, ref["name"]))
     except NotFound:
         return False
     return owner is not None and owner["metadata"].get("uid") == ref["uid"]
@@ -257,11 +265,10 @@ async def apply(manifest: Manifest, *, subresource: str | None = None, force: bo
     A child (a manifest with a controlling ownerReference) is applied only while its owner still exists, same uid:
     a pass reads its object once, then may take seconds to reach its applies, and an apply after the owner's
     deletion re-creates a child the garbage collector had just removed (found by the operator-churn chaos test).
-    Raises OwnerGone instead. The check and the PATCH run back to back in one worker thread: between two separate
-    thread calls an apply could queue for a thread again while every one was busy, and the owner's deletion and
-    the garbage collector fit in that wait (found at report scale: 3 of 347 children under load 15). The window
-    left is one round trip (an owner deleted between the GET and the PATCH); the garbage collector closes it,
-    removing a child whose owner's uid is gone."""
+    Raises OwnerGone instead. The check and the PATCH go out back to back (with the sync client's thread pool an
+    apply once queued for a thread between them, and the owner's deletion and the garbage collector fit in that
+    wait: 3 of 347 children at report scale, load 15). The window left is one round trip (an owner deleted between
+    the GET and the PATCH); the garbage collector closes it, removing a child whose owner's uid is gone."""
     res = resource(manifest["apiVersion"], manifest["kind"])
     owner = None if subresource else _controller(manifest)
     meta = manifest["metadata"]
@@ -276,12 +283,9 @@ async def apply(manifest: Manifest, *, subresource: str | None = None, force: bo
         if unchanged is not None:
             return unchanged
 
-    def check_and_apply() -> Manifest | None:
-        if owner is not None and not _owner_exists(meta.get("namespace"), owner):
-            raise OwnerGone(f"{owner['kind']} {meta.get('namespace')}/{owner['name']} uid {owner['uid']}")
-        return _call("PATCH", path, body=body, query=query, content_type=APPLY_CONTENT_TYPE)
-
-    result = await _in_thread(check_and_apply)
+    if owner is not None and not await _owner_exists(meta.get("namespace"), owner):
+        raise OwnerGone(f"{owner['kind']} {meta.get('namespace')}/{owner['name']} uid {owner['uid']}")
+    result = await _call("PATCH", path, body=body, query=query, content_type=APPLY_CONTENT_TYPE)
     assert result is not None
     if subresource is not None:
         WATCHED.wrote(key_of(manifest), version_of(result), time.monotonic())
@@ -305,7 +309,7 @@ async def get(
         if WATCHED.is_absent(key, time.monotonic()):
             return None
     try:
-        return await _in_thread(_call, "GET", resource(api_version, kind).path(namespace, name, subresource))
+        return await _call("GET", resource(api_version, kind).path(namespace, name, subresource))
     except NotFound:
         if cached and (api_version, kind) in KNOWN_ABSENT:
             WATCHED.absent(key, time.monotonic())
@@ -321,7 +325,7 @@ async def list_objects(
     api_version: str, kind: str, namespace: str | None, label_selector: str | None = None
 ) -> list[Manifest]:
     query = [("labelSelector", label_selector)] if label_selector else []
-    result = await _in_thread(_call, "GET", resource(api_version, kind).path(namespace), query=query)
+    result = await _call("GET", resource(api_version, kind).path(namespace), query=query)
     return list((result or {}).get("items", []))
 
 
@@ -342,7 +346,7 @@ async def delete(
         body["preconditions"] = {"uid": uid}
     WATCHED.forget((api_version, kind, namespace or "", name))
     try:
-        await _in_thread(_call, "DELETE", resource(api_version, kind).path(namespace, name), body=body)
+        await _call("DELETE", resource(api_version, kind).path(namespace, name), body=body)
     except (NotFound, Conflict):
         return False
     return True
@@ -351,9 +355,7 @@ async def delete(
 async def patch_status(api_version: str, kind: str, namespace: str, name: str, status: Manifest) -> None:
     """Merge-patch the status subresource (used outside Kopf handlers, e.g. by background daemons)."""
     path = resource(api_version, kind).path(namespace, name, "status")
-    result = await _in_thread(
-        _call, "PATCH", path, body={"status": status}, content_type="application/merge-patch+json"
-    )
+    result = await _call("PATCH", path, body={"status": status}, content_type="application/merge-patch+json")
     # Until the watch brings this write back, a pass reads the object from the API server (watch_cache.py).
     WATCHED.wrote((api_version, kind, namespace, name), version_of(result), time.monotonic())
 
@@ -371,8 +373,7 @@ async def merge_patch(
     """Merge-patch the object or one of its subresources (scale, status). A metadata.resourceVersion in `body`
     makes it conditional: Conflict when the object changed since it was read."""
     path = resource(api_version, kind).path(namespace, name, subresource)
-    result = await _in_thread(
-        _call,
+    result = await _call(
         "PATCH",
         path,
         body=body,

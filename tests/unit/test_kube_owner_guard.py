@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -37,7 +35,7 @@ class FakeServer:
         self.objects: dict[str, Any] = {OWNER_PATH: OWNER}
         self.calls: list[tuple[str, str]] = []
 
-    def __call__(self, method: str, path: str, **_: Any) -> Any:
+    async def __call__(self, method: str, path: str, **_: Any) -> Any:
         self.calls.append((method, path))
         if method == "GET":
             if path not in self.objects:
@@ -113,60 +111,29 @@ async def test_a_pass_whose_object_is_deleted_midway_ends_quietly(
     assert "deleted during its pass" in runner_lines[0].getMessage()
 
 
-async def test_no_deletion_gets_between_the_owner_check_and_the_apply_while_threads_are_scarce(
+async def test_no_deletion_gets_between_the_owner_check_and_the_apply(
     server: FakeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Found at report scale (churn, 100 objects, load 15): with every worker thread busy, an apply that had checked
-    its owner queued for a thread again before its PATCH, long enough for the owner's deletion and the garbage
-    collector to come in between. Here: one worker thread, and a deletion queued while the owner check runs."""
+    """Found at report scale (churn, 100 objects, load 15): with the sync client's worker threads all busy, an apply
+    that had checked its owner queued for a thread again before its PATCH, long enough for the owner's deletion and
+    the garbage collector to come in between. Here: a deletion made ready the moment the owner check answers; the
+    apply's PATCH goes out before it runs."""
     loop = asyncio.get_running_loop()
-    scarce = ThreadPoolExecutor(max_workers=1)
-    monkeypatch.setattr(client, "_threads", scarce)
-    checking, deletion_queued = threading.Event(), threading.Event()
-
-    def call(method: str, path: str, **kw: Any) -> Any:
-        if method == "GET":
-            checking.set()
-            assert deletion_queued.wait(10)
-        return server(method, path, **kw)
-
-    monkeypatch.setattr(client, "_call", call)
 
     def delete_owner_and_children() -> None:
         server.objects.pop(OWNER_PATH, None)
         server.objects.pop("/api/v1/namespaces/ml/configmaps/bot-config", None)  # the garbage collector
         server.calls.append(("DELETE", OWNER_PATH))
 
-    applying = asyncio.ensure_future(kube.apply(child("bot-config")))
-    while not checking.is_set():  # the owner check holds the only worker thread
-        await asyncio.sleep(0.01)
-    deleting = loop.run_in_executor(scarce, delete_owner_and_children)
-    deletion_queued.set()
-    await applying
-    await deleting
+    async def call(method: str, path: str, **kw: Any) -> Any:
+        answer = await server(method, path, **kw)
+        if method == "GET":
+            loop.call_soon(delete_owner_and_children)  # runs as soon as the apply lets the loop turn
+        return answer
+
+    monkeypatch.setattr(client, "_call", call)
+    await kube.apply(child("bot-config"))
+    await asyncio.sleep(0)
     # The child was applied before the deletion (and collected with its owner), never after it.
     assert server.calls[-1] == ("DELETE", OWNER_PATH), server.calls
     assert "/api/v1/namespaces/ml/configmaps/bot-config" not in server.objects
-
-
-async def test_a_pass_whose_object_is_gone_at_its_status_write_ends_quietly(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    from loom.operator.core.reconcile import write_status
-    from loom.operator.kinds.inferenceservice.api import InferenceServiceStatus
-
-    async def gone(api_version: str, kind: str, namespace: str, name: str, patch: Any) -> None:
-        raise client.NotFound(f"/apis/loom.dev/v1alpha1/namespaces/{namespace}/inferenceservices/{name}/status")
-
-    monkeypatch.setattr(client, "patch_status", gone)
-    body = {**OWNER, "metadata": {"name": "bot", "namespace": "ml", "uid": "u1"}}
-
-    async def one_pass(namespace: str, name: str) -> None:
-        await write_status("InferenceService", body, InferenceServiceStatus(phase="Pending"), [])
-
-    runner = Runner("InferenceService", one_pass, interval_s=3600, timeout_s=30)
-    with caplog.at_level(logging.DEBUG, logger="loom.operator.runner"):
-        await runner.trigger("ml", "bot")
-    runner_lines = [r for r in caplog.records if r.name == "loom.operator.runner"]
-    assert [r.levelno for r in runner_lines] == [logging.INFO]  # no ERROR with a traceback for a deletion
-    assert "deleted during its pass" in runner_lines[0].getMessage()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from kubernetes.client.exceptions import ApiException
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from loom.operator.core.client import refusal
 from loom.operator.core.refusal import refused_status

@@ -86,7 +86,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     state = {"version": 10}
     monkeypatch.setattr(kube, "WATCHED", WatchCache())
 
-    def call(method: str, path: str, **_: Any) -> dict[str, Any] | None:
+    async def call(method: str, path: str, **_: Any) -> dict[str, Any] | None:
         requests.append((method, path))
         if method == "PATCH":
             state["version"] += 1
@@ -152,7 +152,7 @@ def test_a_get_that_found_nothing_holds_until_the_watch_brings_the_object() -> N
 
 
 async def test_a_missing_canary_is_asked_for_once(api: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
-    def not_found(method: str, path: str, **_: Any) -> None:
+    async def not_found(method: str, path: str, **_: Any) -> None:
         api.append((method, path))
         raise kube.NotFound(path)
 
