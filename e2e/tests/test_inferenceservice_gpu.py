@@ -78,7 +78,10 @@ def wait_serving(cluster: Cluster, op: OperatorProcess, ns: str, name: str, vers
     except TimeoutError as error:
         pods = cluster.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False).stdout
         status = json.dumps(get(cluster, ns, "inferenceservice", name).get("status"), indent=1)
-        raise AssertionError(f"{error}\n{status}\n{pods}\n{op.log_tail()}") from None
+        # What the operator judges the rollout by: the Deployments' and ReplicaSets' own status (CI once saw both
+        # pods ready and the service RollingOut for 3 minutes, with no Deployment change reaching the operator).
+        sets = cluster.kubectl("get", "deployments,replicasets", "-n", ns, "-o", "yaml", check=False).stdout
+        raise AssertionError(f"{error}\n{status}\n{pods}\n{sets}\n{op.log_tail()}") from None
 
 
 def patch(cluster: Cluster, ns: str, name: str, body: Any, kind: str = "merge") -> None:
