@@ -9,6 +9,12 @@ its audit log (devstack/cluster/components.py, audit_policy), so the count is th
 work, not per-pass reads.
 
     python bench/bench_steady_requests.py [--objects 50] [--quiet-s 60]
+    python bench/bench_steady_requests.py --trainingjobs 1000 --inferenceservices 1000
+
+The second form is the scale figure: that many TrainingJobs and InferenceServices (no graphs), the kwok nodes
+raised to hold their 2 pods each for the run (and put back after). Printed besides the requests: the time from
+the first create to every object settled, the operator's CPU seconds until then and over the quiet window, and
+its peak resident memory (VmHWM).
 
 Needs the stack (`loom dev up`, or it is started here). Prints numbers; asserts nothing.
 """
@@ -16,25 +22,67 @@ Needs the stack (`loom dev up`, or it is started here). Prints numbers; asserts 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from loom.devstack.cluster import StackConfig, current, up
 from loom.devstack.cluster.components import kubeconfig_path
+from loom.devstack.cluster.nodes import NodeShape, ensure_nodes, wait_nodes_ready
 from loom.devstack.cluster.paths import AUDIT_LOG
 from loom.e2e.audit import audit_offset, operator_requests, what
-from loom.e2e.chaos.churn import _namespace, create, loom_objects, mixed_objects, settled
+from loom.e2e.chaos.churn import (
+    _namespace,
+    create,
+    inference_service,
+    loom_objects,
+    mixed_objects,
+    settled,
+    training_job,
+)
 from loom.e2e.chaos.kwok_only import kwok_only
 from loom.e2e.pytest_operator import apply_crds, operator_process
 from loom.operator.settings import OperatorSettings
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def peak_memory_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@contextlib.contextmanager
+def kwok_room(api: Any, pods: int) -> Iterator[None]:
+    """The stack's kwok nodes hold 440 pods; for more, raise their pod capacity for the block, then put it back."""
+    default = NodeShape()
+    if pods <= default.count * int(default.pods) * 0.9:
+        yield
+        return
+    wait_nodes_ready(api, ensure_nodes(api, NodeShape(pods=str(pods // default.count + 100))), 60)
+    try:
+        yield
+    finally:
+        ensure_nodes(api, default)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--objects", type=int, default=50)
     parser.add_argument("--quiet-s", type=float, default=60.0)
+    parser.add_argument("--trainingjobs", type=int, help="instead of --objects: this many TrainingJobs ...")
+    parser.add_argument("--inferenceservices", type=int, default=0, help="... and this many InferenceServices")
+    parser.add_argument("--settle-timeout-s", type=float, default=900.0)
     args = parser.parse_args()
     cluster = current() or up(StackConfig())
     apply_crds(cluster)
@@ -47,21 +95,32 @@ def main() -> None:
         "LOOM_NODE_LOST_GRACE_S": str(defaults["node_lost_grace_s"].default),
     }
     prefix = "lsteady"
-    objects = mixed_objects(args.objects, "q")
+    if args.trainingjobs is not None:
+        objects = [training_job(f"qtj{i}") for i in range(args.trainingjobs)]
+        objects += [inference_service(f"qis{i}") for i in range(args.inferenceservices)]
+        args.objects = len(objects)
+    else:
+        objects = mixed_objects(args.objects, "q")
     with (
         cluster.api_client() as api,
+        kwok_room(api, 2 * len(objects)),
         _namespace(cluster, prefix) as ns,
         kwok_only(api, ns),
         operator_process(cluster, workdir / "operator.log", env, prefix=prefix) as op,
     ):
+        pid = op.process.pid
+        cpu_at_start = cpu_seconds(pid)
         started = time.monotonic()
         for obj in objects:
             create(api, ns, obj)
-        settled(api, ns, [o["metadata"]["name"] for o in objects], quiet_s=10, timeout=900)
+        settled(api, ns, [o["metadata"]["name"] for o in objects], quiet_s=10, timeout=args.settle_timeout_s)
         converged_s = time.monotonic() - started
+        cpu_to_converge = cpu_seconds(pid) - cpu_at_start
         offset = audit_offset()
+        cpu_at_quiet = cpu_seconds(pid)
         time.sleep(args.quiet_s)
         requests = operator_requests(offset)
+        cpu_quiet, peak_mib = cpu_seconds(pid) - cpu_at_quiet, peak_memory_mib(pid)
         phases = Counter(str((o.get("status") or {}).get("phase")) for o in loom_objects(api, ns).values())
         print(f"operator log: {op.log}")
     if not AUDIT_LOG.exists():
@@ -72,6 +131,9 @@ def main() -> None:
     minutes = args.quiet_s / 60
     print(f"{args.objects} objects ({dict(Counter(o['kind'] for o in objects))}) settled in {converged_s:.0f}s; "
           f"phases {dict(phases)}")
+    print(f"operator: {cpu_to_converge:.1f} CPU seconds from the first create to settled "
+          f"({cpu_to_converge / args.objects * 1000:.1f} ms per object), {cpu_quiet:.1f} over the quiet window "
+          f"({cpu_quiet / args.quiet_s * 100:.1f}% of a core); peak resident memory {peak_mib:.0f} MiB")
     print(f"quiet window {args.quiet_s:.0f}s: {len(requests)} operator requests "
           f"({len(requests) / args.quiet_s:.2f}/s), of them {len(watches)} watch (re)connections")
     for (verb, resource), n in per_pass.most_common():

@@ -136,6 +136,11 @@ NODE_MODULES: tuple[GoModule, ...] = (
 )
 
 
+# Built only by the benchmarks that run other operators beside Loom's (bench/bench_kubeflow_p1.py): Kubeflow's
+# training-operator, at the version those figures name. Never part of `make test` or the stack's digest.
+BENCH_MODULES: tuple[GoModule, ...] = (GoModule("kubeflow", ("training-operator.v1",)),)
+
+
 def stack_bin_dir() -> Path:
     """The one directory with every binary of the stack (links into the per-module caches)."""
     combined = hashlib.sha256("".join(m.digest() for m in MODULES).encode()).hexdigest()[:16]
@@ -268,6 +273,21 @@ def build_node(progress: Progress = print) -> Path:
         bin_dir = node_bin_dir() if node_is_built() else _link_bin_dir(node_bin_dir(), NODE_MODULES)
         progress(f"real node binaries ready in {bin_dir} ({time.monotonic() - started:.1f}s)")
         return bin_dir
+
+
+def build_bench(progress: Progress = print) -> Path:
+    """Build the benchmarks' other operators not cached yet; return the directory holding them."""
+    with _build_lock():
+        for module in BENCH_MODULES:
+            if module.is_built():
+                progress(f"{module.name}: cached at {module.bin_dir()}")
+            else:
+                _build_module(module, progress)
+        combined = hashlib.sha256("".join(m.digest() for m in BENCH_MODULES).encode()).hexdigest()[:16]
+        target = cache_root() / f"bench-bin-{combined}"
+        if not all((target / name).exists() for m in BENCH_MODULES for name in m.binaries):
+            _link_bin_dir(target, BENCH_MODULES)
+        return target
 
 
 def require_built() -> Path:
