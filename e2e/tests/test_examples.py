@@ -227,8 +227,12 @@ def check_training_job(
         registered = wait_for(cluster, ns, "trainingjob", name,
                               lambda o: (o.get("status") or {}).get("registeredModel", {}).get("version"), operator)
         version = registered["status"]["registeredModel"]["version"]
-        found = mlflow_call(services, "GET", "registered-models/alias",
-                            params={"name": register["model"], "alias": register["alias"]})
+        if register.get("alias"):
+            found = mlflow_call(services, "GET", "registered-models/alias",
+                                params={"name": register["model"], "alias": register["alias"]})
+        else:  # registered with no alias (the LoRA fine-tune): the version the status names
+            found = mlflow_call(services, "GET", "model-versions/get",
+                                params={"name": register["model"], "version": version})
         assert found.status_code == 200, found.text
         assert found.json()["model_version"]["version"] == version
         assert found.json()["model_version"]["run_id"] == run_id
