@@ -254,6 +254,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--only", choices=["Loom", "Kubeflow"], help="run one contender's rounds (a before/after)")
     args = parser.parse_args()
     cluster = current() or up(StackConfig())
     apply_crds(cluster)
@@ -266,6 +267,7 @@ def main() -> None:
         Contender("Loom", *loom, tuned=True),
         Contender("Kubeflow", *kubeflow, tuned=True),
     ]
+    contenders = [who for who in contenders if args.only in (None, who.name)]
     workdir = Path(tempfile.mkdtemp(prefix="bench-p1-"))
     results: dict[tuple[str, bool], list[dict[str, float]]] = {}
     for repeat in range(args.repeats):
@@ -281,6 +283,10 @@ def main() -> None:
     print(f"\n{args.jobs} jobs x 2 pods; best of {args.repeats} rounds each; logs in {workdir}")
     for tuned in (False, True):
         label = "tuned" if tuned else "defaults"
+        if args.only:
+            for key in ("total", "p50", "p99", "cpu_per_job"):
+                print(f"{label:8} {key:12} {args.only} {best(args.only, tuned, key):8.3f}")
+            continue
         for key in ("total", "p50", "p99", "cpu_per_job"):
             loom_value, kubeflow_value = best("Loom", tuned, key), best("Kubeflow", tuned, key)
             print(f"{label:8} {key:12} Loom {loom_value:8.3f}  Kubeflow {kubeflow_value:8.3f}  "
