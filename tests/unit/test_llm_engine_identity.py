@@ -25,23 +25,28 @@ from loom.workloads.llm.config import LlmServerConfig
 from loom.workloads.llm.engine import EngineUnavailable, VllmEngine, engine_environment
 
 
-def stranger_app(seen: list[str]) -> Starlette:
-    """What another vLLM engine with its own key looks like: /health open, /v1 guarded."""
+def stranger_app(seen: list[str], guarded: bool) -> Starlette:
+    """What another vLLM engine with its own key looks like (guarded: /health open, /v1 refused), or a server that
+    ignores the key and answers every GET with 200 (unguarded: an operator's metrics server, prometheus_client's,
+    on 127.0.0.1:8081, which CI once found on the engine's port)."""
 
     async def health(_: Request) -> PlainTextResponse:
         return PlainTextResponse("")
 
-    async def models(request: Request) -> JSONResponse:
+    async def models(request: Request) -> PlainTextResponse | JSONResponse:
         seen.append(request.headers.get("authorization", ""))
+        if not guarded:
+            return PlainTextResponse("# HELP python_info Python platform information\n")
         return JSONResponse({"error": "Unauthorized"}, status_code=401)
 
     return Starlette(routes=[Route("/health", health), Route("/v1/models", models)])
 
 
-@pytest.fixture
-def stranger() -> Iterator[tuple[int, list[str]]]:
+@pytest.fixture(params=[True, False], ids=["guarded", "ignores-the-key"])
+def stranger(request: pytest.FixtureRequest) -> Iterator[tuple[int, list[str]]]:
     port, seen = free_port(), []
-    server = uvicorn.Server(uvicorn.Config(stranger_app(seen), host="127.0.0.1", port=port, log_level="warning"))
+    app = stranger_app(seen, guarded=request.param)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:

@@ -146,12 +146,25 @@ class VllmEngine:
         raise EngineUnavailable(f"the vLLM engine was not ready within {self.config.engine_start_timeout_s:g} s")
 
     async def _is_own(self) -> bool:
-        """True when what answers on the engine's port takes this front's key: the engine it started."""
-        status = (await self.client.get("/v1/models", timeout=5.0)).status_code
-        if status == 401:
+        """True when what answers on the engine's port takes this front's key and serves this front's model: the
+        engine it started. Not a server that ignores the key and answers any GET (CI: an operator's metrics server
+        on 127.0.0.1:8081, prometheus_client's, answered /health and /v1/models with 200 and POSTs with 405)."""
+        answer = await self.client.get("/v1/models", timeout=5.0)
+        if answer.status_code == 401:
             log.warning("another process answers on 127.0.0.1:%d (it refuses this front's engine key); waiting for "
                         "the engine this front started", self.config.engine_port)
-        return status == 200
+            return False
+        if answer.status_code != 200:
+            return False
+        try:
+            served = {str(entry.get("id")) for entry in answer.json().get("data") or [] if isinstance(entry, dict)}
+        except (ValueError, AttributeError):
+            served = set()
+        if self.config.model_name not in served:
+            log.warning("another process answers on 127.0.0.1:%d (its /v1/models does not list %s); waiting for "
+                        "the engine this front started", self.config.engine_port, self.config.model_name)
+            return False
+        return True
 
     async def healthy(self) -> bool:
         if not self.running:
