@@ -161,9 +161,16 @@ def wait_ready(url: str, timeout: float, tick: Callable[[], None] = lambda: None
     raise TimeoutError(f"{url} not ready after {timeout}s")
 
 
+@dataclass(frozen=True)
+class Running:
+    """A started operator, shaped like `operator_process`'s handle: what a round reads is its process."""
+
+    process: subprocess.Popen[bytes]
+
+
 @contextmanager
-def kubeflow_operator(cluster: Cluster, binary: Path, tuned: bool, log: Path) -> Iterator[int]:
-    """training-operator v1.9.3 for PyTorchJobs, at its defaults or tuned; yields its pid once it is ready."""
+def kubeflow_operator(cluster: Cluster, binary: Path, tuned: bool, log: Path) -> Iterator[Running]:
+    """training-operator v1.9.3 for PyTorchJobs, at its defaults or tuned; yields it once it is ready."""
     probe = free_port()
     args = [str(binary), "--enable-scheme=pytorchjob", f"--metrics-bind-address=127.0.0.1:{free_port()}",
             f"--health-probe-bind-address=127.0.0.1:{probe}", f"--webhook-server-port={free_port()}"]  # fmt: skip
@@ -184,7 +191,7 @@ def kubeflow_operator(cluster: Cluster, binary: Path, tuned: bool, log: Path) ->
         process = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
             wait_ready(f"http://127.0.0.1:{probe}/readyz", 120, mount_certificates)
-            yield process.pid
+            yield Running(process)
         finally:
             process.terminate()
             try:
@@ -211,7 +218,7 @@ def one_round(cluster: Cluster, who: Contender, jobs: int, binary: Path, workdir
     else:
         operator = kubeflow_operator(cluster, binary, who.tuned, log)
     with operator as handle:
-        pid = handle.process.pid if who.name == "Loom" else handle
+        pid = handle.process.pid
         cluster.kubectl("create", "namespace", namespace)
         while cluster.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode != 0:
             time.sleep(0.25)
