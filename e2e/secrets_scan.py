@@ -82,9 +82,11 @@ def scan(texts: Iterable[tuple[str, str]], secrets: Iterable[str]) -> list[Findi
 def log_texts(*roots: Path) -> Iterator[tuple[str, str]]:
     """Every regular file under the folders whose name ends in .log (the stack's and agent's logs, operators')."""
     for root in roots:
-        if not root.exists():
-            continue
-        for path in sorted(root.rglob("*.log")):
+        try:
+            paths = sorted(root.rglob("*.log"))
+        except OSError:
+            continue  # the node agent reaped a deleted pod's log folder while we listed it
+        for path in paths:
             try:
                 if path.is_file():
                     yield str(path), path.read_text(errors="replace")

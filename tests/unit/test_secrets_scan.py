@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from loom.e2e.secrets_scan import Finding, hint, log_texts, scan, secret_values
 
@@ -45,3 +48,21 @@ def test_log_texts_reads_every_log_file_below_the_folders(tmp_path: Path) -> Non
     (tmp_path / "data.json").write_text("not a log")
     found = dict(log_texts(tmp_path, tmp_path / "missing"))
     assert found == {str(tmp_path / "a" / "c" / "0.log"): "zero", str(tmp_path / "top.log"): "top"}
+
+
+def test_log_texts_skips_a_folder_removed_while_it_is_listed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The node agent reaps a deleted pod's log folder at any moment; in CI one vanished between the walk's
+    # listing of its parent and of the folder itself, and rglob raised FileNotFoundError.
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "0.log").write_text("kept")
+    reaped = tmp_path / "reaped"
+    reaped.mkdir()
+    real_rglob = Path.rglob
+
+    def rglob(self: Path, pattern: str) -> Any:
+        if self == reaped:
+            raise FileNotFoundError(2, "No such file or directory", str(self / "pod"))
+        return real_rglob(self, pattern)
+
+    monkeypatch.setattr(Path, "rglob", rglob)
+    assert dict(log_texts(reaped, tmp_path / "kept")) == {str(tmp_path / "kept" / "0.log"): "kept"}
