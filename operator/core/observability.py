@@ -160,7 +160,7 @@ def register_phase_indices(kinds: Iterable[tuple[str, str]], registry: Collector
     for kind_name, plural in kinds:
         index_id = f"loom_phases_{plural}"
 
-        def phase(
+        async def phase(
             namespace: str | None,
             name: str | None,
             status: Mapping[str, Any],

@@ -198,10 +198,10 @@ def own_kind_handlers(
         if deleted is not None:
             await deleted(str(namespace), name, spec)
 
+    # Every handler is async, indexes too, though pure: Kopf runs a sync one in a worker thread per event (a thread
+    # hop and a context copy; unit test test_every_handler_runs_on_the_event_loop).
     @kopf.index(GROUP, VERSION, plural, id=index_id)
-    def index(namespace: str | None, name: str | None, body: kopf.Body, **_: Any) -> dict[Key, bool]:
-        # No `runner.resync` here: Kopf runs sync index handlers in a worker thread, which has no event loop
-        # (the call raised, and the object went unindexed). `changed` starts the resync for every object.
+    async def index(namespace: str | None, name: str | None, body: kopf.Body, **_: Any) -> dict[Key, bool]:
         return {(str(namespace), str(name)): True if due is None else due(body)}
 
 
@@ -295,7 +295,7 @@ def register_pod_index(kind_label: str, index_id: str) -> None:
     """Index the pods of one kind's objects by (namespace, owner name); Kopf passes it as the kwarg `index_id`."""
     owner_label = f"loom.dev/{kind_label}"
 
-    def pods(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]] | None:
+    async def pods(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]] | None:
         owner = (body.metadata.labels or {}).get(owner_label)
         if not owner or not body.metadata.namespace:
             return None

@@ -176,7 +176,7 @@ def register(settings: OperatorSettings) -> None:
 
     # (namespace, InferenceService) -> names of the graphs whose steps name it.
     @kopf.index(GROUP, VERSION, PLURAL, id=BY_SERVICE_INDEX_ID)
-    def _by_service(namespace: str | None, name: str | None, spec: Any, **_: Any) -> dict[tuple[str, str], str]:
+    async def _by_service(namespace: str | None, name: str | None, spec: Any, **_: Any) -> dict[tuple[str, str], str]:
         return {(str(namespace), service): str(name) for service in services_named(dict(spec or {}))}
 
     # The router's rollout and readiness come with its Deployment's status.

@@ -400,7 +400,9 @@ def register(settings: OperatorSettings) -> None:
     # Explicit ids: Kopf passes each index to handlers as a kwarg named by it (nested functions' default
     # ids would carry "register.<locals>.").
     @kopf.index("pods", labels={render.JOB_LABEL: kopf.PRESENT}, id=POD_INDEX)
-    def loom_training_pods(body: kopf.Body, **_: Any) -> dict[tuple[str, str], tuple[WorkerView, str | None]] | None:
+    async def loom_training_pods(
+        body: kopf.Body, **_: Any
+    ) -> dict[tuple[str, str], tuple[WorkerView, str | None]] | None:
         view = observe_pod(dict(body))
         if view is None:
             return None
@@ -408,7 +410,7 @@ def register(settings: OperatorSettings) -> None:
         return {key: (view, body.status.get("podIP"))}
 
     @kopf.index("nodes", id=NODE_INDEX)
-    def loom_training_nodes(body: kopf.Body, **_: Any) -> dict[str, NodeView]:
+    async def loom_training_nodes(body: kopf.Body, **_: Any) -> dict[str, NodeView]:
         return {str(body.metadata.name): observe_node(dict(body))}
 
     @kopf.on.event("pods", labels={render.JOB_LABEL: kopf.PRESENT})
