@@ -49,32 +49,23 @@ from loom.devstack.cluster import StackConfig, current, up
 from loom.devstack.cluster.build import build_bench
 from loom.devstack.cluster.gomod import module_dir
 from loom.devstack.cluster.handle import Cluster
-from loom.devstack.cluster.nodes import KWOK_TOLERATION
+from loom.devstack.cluster.nodes import kwok_placement
 from loom.devstack.servers import free_port
 from loom.e2e.pytest_operator import apply_crds, operator_process
+from loom.e2e.scale_specs import training_job
 
 KUBEFLOW_MODULE, KUBEFLOW_VERSION = "github.com/kubeflow/training-operator", "v1.9.3"
 CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
-KWOK = {"nodeSelector": {"type": "kwok"}, "tolerations": [KWOK_TOLERATION]}
-
-
-def loom_job(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "loom.dev/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "engine": "fsdp",
-            "entrypoint": {"module": "loom.workloads.trainer.examples.chargpt:task"},
-            "workers": {"replicas": 2, **KWOK},
-        },
-    }
 
 
 def pytorch_job(name: str) -> dict[str, Any]:
     def replica() -> dict[str, Any]:
         container = {"name": "pytorch", "image": "loom/trainer:0.1.0", "command": ["torchrun"]}
-        return {"replicas": 1, "restartPolicy": "OnFailure", "template": {"spec": {"containers": [container], **KWOK}}}
+        return {
+            "replicas": 1,
+            "restartPolicy": "OnFailure",
+            "template": {"spec": {"containers": [container], **kwok_placement()}},
+        }
 
     return {
         "apiVersion": "kubeflow.org/v1",
@@ -266,7 +257,7 @@ def main() -> None:
     cluster = current() or up(StackConfig())
     apply_crds(cluster)
     binary = install_kubeflow(cluster)
-    loom = ("trainingjobs", "loom.dev", "v1alpha1", "loom.dev/trainingjob", loom_job)
+    loom = ("trainingjobs", "loom.dev", "v1alpha1", "loom.dev/trainingjob", training_job)
     kubeflow = ("pytorchjobs", "kubeflow.org", "v1", "training.kubeflow.org/job-name", pytorch_job)
     contenders = [
         Contender("Loom", *loom, tuned=False),

@@ -23,8 +23,8 @@ import yaml
 
 from loom.devstack.cluster import StackConfig, current, up
 from loom.devstack.cluster.handle import Cluster
-from loom.devstack.cluster.nodes import KWOK_TOLERATION
 from loom.e2e.pytest_operator import apply_crds, operator_process
+from loom.e2e.scale_specs import plain_pod, training_job
 
 WORKERS = 2
 
@@ -51,38 +51,6 @@ def wait_count(cluster: Cluster, expected: int, probe: Any, timeout: float = 180
     return time.monotonic()
 
 
-def job(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "loom.dev/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "engine": "fsdp",
-            "entrypoint": {"module": "loom.workloads.trainer.examples.chargpt:task"},
-            "workers": {
-                "replicas": WORKERS,
-                # CPU workers: the stack's 4 kwok nodes have 32 GPUs, far fewer than 400 workers.
-                "nodeSelector": {"type": "kwok"},
-                "tolerations": [KWOK_TOLERATION],
-            },
-        },
-    }
-
-
-def plain_pod(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"bench": "baseline"}},
-        "spec": {
-            "restartPolicy": "Never",
-            "nodeSelector": {"type": "kwok"},
-            "tolerations": [KWOK_TOLERATION],
-            "containers": [{"name": "c", "image": "loom/trainer:0.1.0", "command": ["torchrun"]}],
-        },
-    }
-
-
 def apply_all(cluster: Cluster, namespace: str, objects: list[dict[str, Any]]) -> float:
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:
         yaml.safe_dump_all(objects, handle)
@@ -107,7 +75,9 @@ def main() -> None:
             while cluster.kubectl("get", "serviceaccount", "default", "-n", ns, check=False).returncode != 0:
                 time.sleep(0.25)
         try:
-            start = apply_all(cluster, baseline_ns, [plain_pod(f"p-{i}") for i in range(pods_wanted)])
+            start = apply_all(
+                cluster, baseline_ns, [plain_pod(f"p-{i}", {"bench": "baseline"}) for i in range(pods_wanted)]
+            )
             base_created = wait_count(cluster, pods_wanted, lambda: count(cluster, baseline_ns, "pods")) - start
             base_running = (
                 wait_count(cluster, pods_wanted, lambda: count(cluster, baseline_ns, "pods", phase="Running")) - start
@@ -117,7 +87,7 @@ def main() -> None:
             while count(cluster, baseline_ns, "pods"):
                 time.sleep(0.5)
 
-            start = apply_all(cluster, jobs_ns, [job(f"tj-{i}") for i in range(args.jobs)])
+            start = apply_all(cluster, jobs_ns, [training_job(f"tj-{i}", WORKERS) for i in range(args.jobs)])
             selector = "app.kubernetes.io/component=worker"
             created = wait_count(cluster, pods_wanted, lambda: count(cluster, jobs_ns, "pods", selector)) - start
             running = (

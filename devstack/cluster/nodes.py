@@ -16,6 +16,12 @@ GPU_RESOURCE = "nvidia.com/gpu"
 KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
 
 
+def kwok_placement() -> dict[str, Any]:
+    """A pod spec's (or a Loom spec's workers') nodeSelector and tolerations for kwok's simulated nodes, fresh each
+    call so that a caller may change its copy."""
+    return {"nodeSelector": {"type": "kwok"}, "tolerations": [dict(KWOK_TOLERATION)]}
+
+
 @dataclass(frozen=True)
 class NodeShape:
     count: int = 4

@@ -32,7 +32,7 @@ from typing import Any
 from kubernetes import client, watch
 
 from loom.devstack.cluster.handle import wait_until
-from loom.devstack.cluster.nodes import KWOK_TOLERATION
+from loom.devstack.cluster.nodes import kwok_placement
 from loom.operator.core.model import GROUP, VERSION
 
 from .kwok_only import kwok_only
@@ -49,8 +49,7 @@ def training_job(name: str) -> dict[str, Any]:
             "engine": "fsdp",
             "entrypoint": {"module": "loom.workloads.trainer.examples.chargpt:task"},
             "maxSteps": 100,
-            "workers": {"replicas": 2, "gpusPerWorker": 0, "nodeSelector": {"type": "kwok"},
-                        "tolerations": [KWOK_TOLERATION]},
+            "workers": {"replicas": 2, "gpusPerWorker": 0, **kwok_placement()},
             "checkpoint": {"uri": "s3://loom-chaos/ckpt", "secretRef": {"name": "s3-credentials"}},
         },
     }  # fmt: skip
@@ -60,7 +59,7 @@ def inference_service(name: str) -> dict[str, Any]:
     return {
         "apiVersion": LOOM_API, "kind": "InferenceService", "metadata": {"name": name},
         "spec": {"model": {"uri": f"s3://models/{name}/v1"}, "handler": "noop", "replicas": 2,
-                 "nodeSelector": {"type": "kwok"}, "tolerations": [KWOK_TOLERATION]},
+                 **kwok_placement()},
     }  # fmt: skip
 
 

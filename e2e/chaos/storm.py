@@ -15,7 +15,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from loom.devstack.cluster.handle import wait_until
-from loom.devstack.cluster.nodes import KWOK_TOLERATION
+from loom.devstack.cluster.nodes import KWOK_TOLERATION, kwok_placement
 from loom.operator.core.model import GROUP, VERSION
 
 from .admission import Outcome, submit, submit_all
@@ -34,7 +34,7 @@ def sentinel_case() -> Case:
             "engine": "fsdp",
             "entrypoint": {"module": "loom.workloads.trainer.examples.chargpt:task"},
             "maxSteps": 100,
-            "workers": {"replicas": 2, "nodeSelector": {"type": "kwok"}, "tolerations": [KWOK_TOLERATION]},
+            "workers": {"replicas": 2, **kwok_placement()},
             "checkpoint": {"uri": "s3://loom-chaos/sentinel", "secretRef": {"name": SENTINEL_SECRET}},
         },
         None,

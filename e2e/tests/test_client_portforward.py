@@ -25,7 +25,7 @@ from kubernetes import client
 from loom.client import Client, PortForward
 from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
-from loom.devstack.cluster.nodes import KWOK_TOLERATION
+from loom.devstack.cluster.nodes import kwok_placement
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -71,8 +71,7 @@ def kwok_pod_behind_a_service(kube_api: client.ApiClient, namespace: str) -> str
             "kind": "Pod",
             "metadata": {"name": "echo-0", "labels": {"app": "echo"}},
             "spec": {
-                "nodeSelector": {"type": "kwok"},
-                "tolerations": [KWOK_TOLERATION],
+                **kwok_placement(),
                 "containers": [
                     {
                         "name": "echo",

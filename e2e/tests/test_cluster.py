@@ -17,7 +17,7 @@ from kubernetes.client.rest import ApiException
 from loom.devstack.cluster import Cluster, KubectlError
 from loom.devstack.cluster.build import KUBERNETES_VERSION
 from loom.devstack.cluster.handle import wait_until
-from loom.devstack.cluster.nodes import GPU_RESOURCE, KWOK_TOLERATION
+from loom.devstack.cluster.nodes import GPU_RESOURCE, KWOK_TOLERATION, kwok_placement
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -35,8 +35,7 @@ def _deployment(name: str, image: str, replicas: int) -> dict[str, Any]:
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    "nodeSelector": {"type": "kwok"},
-                    "tolerations": [KWOK_TOLERATION],
+                    **kwok_placement(),
                     "containers": [{"name": "main", "image": image, "resources": {"requests": {"cpu": "100m"}}}],
                 },
             },

@@ -24,7 +24,7 @@ import yaml
 
 from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
-from loom.devstack.cluster.nodes import KWOK_TOLERATION
+from loom.devstack.cluster.nodes import kwok_placement
 from loom.devstack.cluster.pki import AGENT_NODE_NAME
 from loom.devstack.images import WORKLOADS
 from loom.devstack.servers import MLflowEndpoint, S3Endpoint
@@ -73,8 +73,7 @@ def training_job(name: str) -> dict[str, Any]:
             "workers": {
                 "replicas": 2,
                 "gpusPerWorker": 1,
-                "nodeSelector": {"type": "kwok"},
-                "tolerations": [KWOK_TOLERATION],
+                **kwok_placement(),
             },
         },
     }

@@ -19,7 +19,7 @@ import yaml
 
 from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
-from loom.devstack.cluster.nodes import KWOK_TOLERATION
+from loom.devstack.cluster.nodes import kwok_placement
 from loom.e2e.pytest_operator import apply_crds, operator_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -97,8 +97,7 @@ def test_killed_operator_resumes_a_canary_and_a_promotion(
             "model": {"uri": "s3://models/svc/v1"},
             "handler": "noop",
             "replicas": 5,
-            "nodeSelector": {"type": "kwok"},
-            "tolerations": [KWOK_TOLERATION],
+            **kwok_placement(),
             "rollout": {"minReadySeconds": 1},
         },
     }

@@ -16,7 +16,7 @@ import yaml
 
 from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
-from loom.devstack.cluster.nodes import KWOK_TOLERATION
+from loom.devstack.cluster.nodes import KWOK_TOLERATION, kwok_placement
 from loom.e2e.pytest_operator import OperatorProcess, operator_process
 from loom.workloads.trainer.config import TrainerConfig
 
@@ -31,8 +31,7 @@ def training_job(name: str, **spec: Any) -> dict[str, Any]:
         "workers": {
             "replicas": 2,
             "gpusPerWorker": 1,
-            "nodeSelector": {"type": "kwok"},
-            "tolerations": [KWOK_TOLERATION],
+            **kwok_placement(),
         },
         "checkpoint": {"uri": "s3://loom-e2e/ckpt", "secretRef": {"name": "s3-credentials"}},
     }
