@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import base64
 import os
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -199,7 +200,25 @@ def install_kubeflow(cluster: Cluster) -> Path:
     return build_bench() / "training-operator.v1"
 
 
-def one_round(cluster: Cluster, who: Contender, jobs: int, binary: Path, workdir: Path) -> dict[str, float]:
+@contextmanager
+def profiled(pid: int, py_spy: str | None, out: Path) -> Iterator[None]:
+    """Sample the operator with py-spy (`--py-spy`) for the block, into a collapsed-stack file (flame graph input)."""
+    if py_spy is None:
+        yield
+        return
+    sampler = subprocess.Popen([py_spy, "record", "-p", str(pid), "-o", str(out), "--format", "raw", "--rate", "50",
+                                "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        yield
+    finally:
+        sampler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        sampler.wait(60)
+        print(f"{out}: py-spy samples of the operator during the round")
+
+
+def one_round(
+    cluster: Cluster, who: Contender, jobs: int, binary: Path, workdir: Path, py_spy: str | None = None
+) -> dict[str, float]:
     log = workdir / f"{who.name}.log"
     prefix = f"p1{uuid.uuid4().hex[:6]}"
     namespace = f"{prefix}-{who.name.lower()}"
@@ -219,15 +238,16 @@ def one_round(cluster: Cluster, who: Contender, jobs: int, binary: Path, workdir
         cpu_before = cpu_seconds(pid)
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle_file:
             yaml.safe_dump_all([who.make(f"j-{i}") for i in range(jobs)], handle_file)
-        applied = time.monotonic()
-        cluster.kubectl("apply", "--server-side", "-n", namespace, "-f", handle_file.name, timeout=900)
-        os.unlink(handle_file.name)
-        deadline = applied + 900
-        while seen.pod_count() < 2 * jobs:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{who.name}: {seen.pod_count()} of {2 * jobs} pods after 900s")
-            time.sleep(0.1)
-        done = time.monotonic()
+        with profiled(pid, py_spy if who.name == "Loom" else None, workdir / f"{namespace}.pyspy.txt"):
+            applied = time.monotonic()
+            cluster.kubectl("apply", "--server-side", "-n", namespace, "-f", handle_file.name, timeout=900)
+            os.unlink(handle_file.name)
+            deadline = applied + 900
+            while seen.pod_count() < 2 * jobs:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{who.name}: {seen.pod_count()} of {2 * jobs} pods after 900s")
+                time.sleep(0.1)
+            done = time.monotonic()
         cpu = cpu_seconds(pid) - cpu_before
         stop.set()
     cluster.kubectl("delete", "namespace", namespace, "--wait=false")
@@ -252,6 +272,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--py-spy", metavar="PATH", help="py-spy binary: sample Loom's operator in its rounds")
     parser.add_argument("--only", choices=["Loom", "Kubeflow"], help="run one contender's rounds (a before/after)")
     args = parser.parse_args()
     cluster = current() or up(StackConfig())
@@ -270,7 +291,7 @@ def main() -> None:
     results: dict[tuple[str, bool], list[dict[str, float]]] = {}
     for repeat in range(args.repeats):
         for who in contenders:
-            result = one_round(cluster, who, args.jobs, binary, workdir)
+            result = one_round(cluster, who, args.jobs, binary, workdir, args.py_spy)
             results.setdefault((who.name, who.tuned), []).append(result)
             print(f"round {repeat + 1} {who.name}{' tuned' if who.tuned else ''}: " + ", ".join(
                 f"{key} {value:.3f}" for key, value in result.items()), flush=True)  # fmt: skip
