@@ -30,7 +30,7 @@ watch expired) stops being awaited after `await_s`. Pure: no I/O and no clock of
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar, cast
 
 from .model import Manifest
 
@@ -49,15 +49,17 @@ def version_of(body: Manifest | None) -> str | None:
     return None if value is None else str(value)
 
 
+T = TypeVar("T")
 
-def json_copy(value: Any) -> Any:
+
+def json_copy(value: T) -> T:
     """A copy of a JSON tree (what the API server sends: dicts, lists, scalars), so a pass may change what it read.
     About 3x faster than copy.deepcopy, which keeps a memo for cycles and shared parts a JSON tree cannot have;
     the cache copies every object a pass reads or writes."""
     if isinstance(value, dict):
-        return {key: json_copy(item) for key, item in value.items()}
+        return cast(T, {key: json_copy(item) for key, item in value.items()})
     if isinstance(value, list):
-        return [json_copy(item) for item in value]
+        return cast(T, [json_copy(item) for item in value])
     return value
 
 @dataclass(frozen=True)

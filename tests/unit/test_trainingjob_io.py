@@ -63,3 +63,22 @@ async def test_mlflow_run_is_created_once_per_job_uid(mlflow: MLflowEndpoint) ->
 async def test_unreachable_mlflow_is_a_tracking_error() -> None:
     with pytest.raises(TrackingError, match="unreachable"):
         await ensure_run(f"http://127.0.0.1:{free_port()}", "x", job_uid="u", job_name="n", namespace="ns", now_ms=1)
+
+
+def test_rank_zeros_answer_stands_for_a_moment_and_only_for_the_same_pod() -> None:
+    from loom.operator.kinds.trainingjob.observe import ProgressReport
+    from loom.operator.kinds.trainingjob.progress import RecentPolls
+
+    polls, job, rank0 = RecentPolls(reuse_s=2.0), ("ml", "gpt"), ("10.0.0.5", 1)
+    report = ProgressReport(step=40)
+    assert polls.fresh(job, rank0, 100.0) == (False, None)  # never asked
+    polls.record(job, rank0, 100.0, report)
+    assert polls.fresh(job, rank0, 101.9) == (True, report)  # the burst's next passes reuse it
+    assert polls.fresh(job, rank0, 102.0) == (False, None)  # then rank 0 is asked again
+    assert polls.fresh(job, ("10.0.0.9", 1), 100.5) == (False, None)  # another pod
+    assert polls.fresh(job, ("10.0.0.5", 2), 100.5) == (False, None)  # the next attempt
+    polls.record(("ml", "other"), rank0, 100.0, None)
+    assert polls.fresh(("ml", "other"), rank0, 100.5) == (True, None)  # no answer is an answer too, for a moment
+    polls.forget(job)
+    polls.forget(("ml", "never-seen"))
+    assert len(polls) == 1 and polls.fresh(job, rank0, 100.5) == (False, None)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -39,7 +39,7 @@ from .data_job import observe_training_data
 from .finetune import needs_base_job, resolve_base, with_base
 from .mlflow import TrackingError, ensure_run, finish_run
 from .observe import NodeView, ProgressReport, WorkerView, observe_node, observe_pod
-from .progress import fetch_progress, new_client
+from .progress import RecentPolls, fetch_progress, new_client
 from .queueing import QueueObservation, workload
 from .register import needs_registration, register_model
 from .state import Decision, Observation, Policy, decide
@@ -95,6 +95,7 @@ class Controller:
     defaults: endpoint_defaults.EndpointDefaults = field(default_factory=endpoint_defaults.EndpointDefaults)
     indexes: Indexes = field(default_factory=lambda: Indexes(POD_INDEX, NODE_INDEX))
     http: httpx.AsyncClient | None = None
+    polls: RecentPolls = field(default_factory=RecentPolls)
 
     def worker_views(self, namespace: str, name: str) -> list[tuple[WorkerView, str | None]]:
         pods: PodIndex | None = self.indexes.get(POD_INDEX)
@@ -137,7 +138,7 @@ class Controller:
             except SpecError as error:
                 seen.spec_error = str(error)
         seen.tracking_error = None if seen.endpoint_problem else await self.ensure_tracking(job, spec, status)
-        seen.progress = await self.poll_progress(spec, status, seen.observed)
+        seen.progress = await self.poll_progress((namespace, name), spec, status, seen.observed)
         seen.queue = await observe_queue(job)
         data_built = status.training_data is not None and status.training_data.phase == "Succeeded"
         blocked = seen.spec_error is not None or seen.endpoint_problem is not None
@@ -269,7 +270,11 @@ class Controller:
             log.warning("could not close MLflow run %s: %s", run.run_id, error)
 
     async def poll_progress(
-        self, spec: TrainingJobSpec, status: TrainingJobStatus, observed: list[tuple[WorkerView, str | None]]
+        self,
+        job: tuple[str, str],
+        spec: TrainingJobSpec,
+        status: TrainingJobStatus,
+        observed: list[tuple[WorkerView, str | None]],
     ) -> ProgressReport | None:
         if status.phase not in ("Running", "Restarting", "Created"):
             return None
@@ -279,14 +284,20 @@ class Controller:
         )
         if rank0 is None:
             return None
+        target, now = (rank0, status.attempt), time.monotonic()
+        recent, report = self.polls.fresh(job, target, now)
+        if recent:
+            return report
         if self.http is None:
             self.http = new_client()
-        return await fetch_progress(
+        report = await fetch_progress(
             self.http,
             rank0,
             spec.checkpoint.uri if spec.checkpoint else None,
             samples_per_step=samples_per_step(spec, sum(1 for v, _ in observed if v.attempt == status.attempt)),
         )
+        self.polls.record(job, target, now, report)
+        return report
 
     async def act(
         self,
@@ -426,8 +437,11 @@ def register(settings: OperatorSettings) -> None:
             if owner.get("kind") == "TrainingJob" and owner.get("controller"):
                 await runner.trigger(str(body.metadata.namespace), owner["name"])
 
+    async def deleted(namespace: str, name: str, _spec: Mapping[str, Any]) -> None:
+        controller.polls.forget((namespace, name))
+
     # Every TrainingJob, flagged due while the periodic resync has something to do for it.
-    own_kind_handlers(runner, PLURAL, JOB_INDEX, due=resync_due)
+    own_kind_handlers(runner, PLURAL, JOB_INDEX, due=resync_due, deleted=deleted)
 
 
 async def observe_queue(job: kube.Manifest) -> QueueObservation | None:

@@ -45,3 +45,37 @@ async def fetch_progress(
         except ValueError:
             return None
     return progress_from_metrics(response.text, checkpoint_uri, samples_per_step)
+
+
+# How long one answer of rank 0 stands for a job. A burst of watch events (each worker's creation, scheduling and
+# start, the job's own status writes) runs several passes of one job a second, and each asked rank 0 again: in a
+# burst of 200 jobs a tenth of the operator's CPU. Progress moves by steps of seconds, and a job that is not idle
+# is reconciled every training_poll_s (5 s) anyway.
+PROGRESS_REUSE_S = 2.0
+
+Target = tuple[str, int]  # rank 0's pod IP and the attempt it belongs to
+
+
+class RecentPolls:
+    """The last answer of each job's rank 0 and when it came, reused for PROGRESS_REUSE_S while rank 0 is the same
+    pod (IP and attempt); a job's entry goes when the job is deleted, so memory stays bounded."""
+
+    def __init__(self, reuse_s: float = PROGRESS_REUSE_S) -> None:
+        self.reuse_s = reuse_s
+        self._last: dict[tuple[str, str], tuple[float, Target, ProgressReport | None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def fresh(self, job: tuple[str, str], target: Target, now: float) -> tuple[bool, ProgressReport | None]:
+        """(True, the answer) when rank 0 answered this recently; (False, None) when it must be asked."""
+        last = self._last.get(job)
+        if last is None or last[1] != target or not 0 <= now - last[0] < self.reuse_s:
+            return False, None
+        return True, last[2]
+
+    def record(self, job: tuple[str, str], target: Target, now: float, report: ProgressReport | None) -> None:
+        self._last[job] = (now, target, report)
+
+    def forget(self, job: tuple[str, str]) -> None:
+        self._last.pop(job, None)
