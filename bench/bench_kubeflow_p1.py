@@ -54,6 +54,7 @@ from loom.devstack.cluster.nodes import kwok_placement
 from loom.devstack.servers import free_port
 from loom.e2e.pytest_operator import apply_crds, operator_process
 from loom.e2e.scale_specs import training_job
+from loom.operator.settings import OperatorSettings
 
 KUBEFLOW_MODULE, KUBEFLOW_VERSION = "github.com/kubeflow/training-operator", "v1.9.3"
 CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
@@ -223,8 +224,16 @@ def one_round(
     prefix = f"p1{uuid.uuid4().hex[:6]}"
     namespace = f"{prefix}-{who.name.lower()}"
     if who.name == "Loom":
-        # Kopf's default worker limit and Loom's settings: nothing to tune (see the module docstring).
-        operator = operator_process(cluster, log, {"LOOM_LOG_LEVEL": "WARNING"}, prefix)
+        # Kopf's default worker limit and Loom's settings: nothing to tune (see the module docstring). The test
+        # harness polls a running job every second (LOOM_TRAINING_POLL_S=1, for quick tests): the defaults here,
+        # as for Kubeflow.
+        defaults = OperatorSettings.model_fields
+        settings = {
+            "LOOM_LOG_LEVEL": "WARNING",
+            "LOOM_TRAINING_POLL_S": str(defaults["training_poll_s"].default),
+            "LOOM_NODE_LOST_GRACE_S": str(defaults["node_lost_grace_s"].default),
+        }
+        operator = operator_process(cluster, log, settings, prefix)
     else:
         operator = kubeflow_operator(cluster, binary, who.tuned, log)
     with operator as handle:
