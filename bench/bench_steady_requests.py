@@ -25,11 +25,14 @@ import argparse
 import contextlib
 import os
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from kubernetes import client
 
 from loom.devstack.cluster import StackConfig, current, up
 from loom.devstack.cluster.components import kubeconfig_path
@@ -38,6 +41,7 @@ from loom.devstack.cluster.paths import AUDIT_LOG
 from loom.e2e.audit import audit_offset, operator_requests, what
 from loom.e2e.chaos.churn import (
     _namespace,
+    _ready,
     create,
     inference_service,
     loom_objects,
@@ -76,6 +80,34 @@ def kwok_room(api: Any, pods: int) -> Iterator[None]:
         ensure_nodes(api, default)
 
 
+@contextlib.contextmanager
+def reporting(api: Any, namespace: str, pid: int, every_s: float = 60.0) -> Iterator[None]:
+    """Print, each `every_s` until the block ends, how many objects are Ready and pods exist, and the operator's CPU
+    and memory so far: a run cut short (the 1,000 + 1,000 one takes tens of minutes here) still says how far it got."""
+    stop, started, cpu_at_start = threading.Event(), time.monotonic(), cpu_seconds(pid)
+
+    def report() -> None:
+        core = client.CoreV1Api(api)
+        while not stop.wait(every_s):
+            try:
+                objects = loom_objects(api, namespace)
+                pods = len(core.list_namespaced_pod(namespace, limit=5000).items)
+                ready = sum(1 for o in objects.values() if _ready(o))
+                print(f"[{time.monotonic() - started:5.0f}s] {ready} of {len(objects)} objects Ready, {pods} pods; "
+                      f"operator {cpu_seconds(pid) - cpu_at_start:.0f} CPU-s, peak {peak_memory_mib(pid):.0f} MiB",
+                      flush=True)  # fmt: skip
+            except Exception as error:  # a report is best effort; the run goes on
+                print(f"[report] {type(error).__name__}: {error}", flush=True)
+
+    thread = threading.Thread(target=report, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--objects", type=int, default=50)
@@ -111,9 +143,11 @@ def main() -> None:
         pid = op.process.pid
         cpu_at_start = cpu_seconds(pid)
         started = time.monotonic()
-        for obj in objects:
-            create(api, ns, obj)
-        settled(api, ns, [o["metadata"]["name"] for o in objects], quiet_s=10, timeout=args.settle_timeout_s)
+        with reporting(api, ns, pid):
+            for obj in objects:
+                create(api, ns, obj)
+            print(f"[{time.monotonic() - started:5.0f}s] {len(objects)} objects created", flush=True)
+            settled(api, ns, [o["metadata"]["name"] for o in objects], quiet_s=10, timeout=args.settle_timeout_s)
         converged_s = time.monotonic() - started
         cpu_to_converge = cpu_seconds(pid) - cpu_at_start
         offset = audit_offset()
