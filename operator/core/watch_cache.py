@@ -62,6 +62,7 @@ def json_copy(value: T) -> T:
         return cast(T, [json_copy(item) for item in value])
     return value
 
+
 @dataclass(frozen=True)
 class _Applied:
     digest: str
