@@ -67,6 +67,10 @@ FEATURES_BUCKET = "loom-features"
 FEATURES_OBJECTS = {"driver_stats.parquet": "driverStats", "driver_entities.parquet": "entities"}
 # The feature-enriched InferenceService example's model: a linear scorer's weights (loom.workloads.server.tabular).
 MODELS_BUCKET, EXAMPLE_MODEL_PREFIX = "models", "driver-ranker"
+# The LoRA adapters the adapters example serves (examples/inferenceservice-llama-vllm-adapters.yaml), drawn for the
+# shape of the `llama` example's model (examples/trainingjob-llama-huggingface.yaml) with this seed each.
+CHECKPOINTS_BUCKET = "loom-checkpoints"
+EXAMPLE_ADAPTERS = {"llama-adapters/pirate": 1, "llama-adapters/poet": 2}
 SECRET_NAMESPACES = ("default", MLFLOW_NAMESPACE)
 LABEL = {"app.kubernetes.io/part-of": "loom-devstack"}
 # The node agent runs commands from the project's virtualenv; the image is recorded, never pulled.
@@ -376,6 +380,8 @@ def _serve_s3(port: int, buckets: list[str]) -> None:
             _seed_features(client)
         if bucket == MODELS_BUCKET:
             _seed_models(client)
+        if bucket == CHECKPOINTS_BUCKET:
+            _seed_adapters(client)
     print(f"S3 on :{port} with buckets {', '.join(buckets)}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -405,6 +411,21 @@ def _seed_models(client: Any) -> None:
 
     body = json.dumps(EXAMPLE_MODEL).encode()
     client.put_object(Bucket=MODELS_BUCKET, Key=f"{EXAMPLE_MODEL_PREFIX}/{MODEL_FILE}", Body=body)
+
+
+def _seed_adapters(client: Any) -> None:
+    """The adapters example's two peft adapters (random, made with numpy: a second at most)."""
+    import tempfile
+    from pathlib import Path
+
+    from loom.workloads.llm.hf_model import LlamaShape
+    from loom.workloads.llm.peft_files import write_random_adapter
+
+    with tempfile.TemporaryDirectory() as folder:
+        for prefix, seed in EXAMPLE_ADAPTERS.items():
+            written = write_random_adapter(Path(folder) / prefix, LlamaShape(), seed=seed)
+            for path in sorted(written.iterdir()):
+                client.upload_file(str(path), CHECKPOINTS_BUCKET, f"{prefix}/{path.name}")
 
 
 def _serve_redis(port: int) -> None:

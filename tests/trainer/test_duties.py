@@ -136,7 +136,7 @@ def test_a_resumed_run_continues_its_mlflow_run_and_names_the_checkpoint_it_resu
     # Nothing left to train: the exit message still names the final checkpoint.
     duties.finished(6, float("nan"))
     assert json.loads(termination_log.read_text()) == {"exitCode": 0, "message": "training finished",
-                                                       "checkpoint": latest}
+                                                       "checkpoint": latest, "final": {"step": 6}}
     assert run.ended == "FINISHED"
     out = events(capsys.readouterr().out)
     assert [e["event"] for e in out] == ["start", "resume", "done"]
@@ -157,6 +157,7 @@ def test_success_message_names_the_newest_committed_checkpoint(
     doc = json.loads(termination_log.read_text())
     assert doc["exitCode"] == 0 and doc["message"] == "training finished"
     assert {k: doc["checkpoint"][k] for k in ("uri", "step")} == {"uri": "s3://bucket/job/step-000000006", "step": 6}
+    assert doc["final"] == {"step": 6, "loss": 1.25}
     progress = json.loads((tmp_path / "progress.json").read_text())
     assert progress["phase"] == "Succeeded" and progress["latestCheckpoint"] == doc["checkpoint"]
     out = events(capsys.readouterr().out)

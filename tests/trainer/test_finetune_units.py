@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from loom.workloads.llm.hf_model import CHAT_TEMPLATE, LlamaShape, write_llama_folder
+from loom.workloads.llm.peft_files import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from loom.workloads.trainer.config import BaseModelSpec, ConfigError, FinetuneSpec
 from loom.workloads.trainer.examples.instructions import (
     IGNORE,
@@ -21,8 +22,6 @@ from loom.workloads.trainer.examples.instructions import (
 )
 from loom.workloads.trainer.examples.llama import Llama, base_tokenizer, shape_from_folder
 from loom.workloads.trainer.finetune import (
-    ADAPTER_CONFIG,
-    ADAPTER_WEIGHTS,
     apply_lora,
     frozen_digest,
     load_base_weights,

@@ -240,7 +240,8 @@ def test_observe_pod_reads_exit_codes_scheduling_and_disruption() -> None:
 
 def test_observe_pod_reads_the_final_checkpoint_of_a_successful_trainer() -> None:
     manifest = pod(0)
-    message = '{"exitCode": 0, "message": "training finished", "checkpoint": {"uri": "s3://b/j/step-120", "step": 120}}'
+    message = ('{"exitCode": 0, "message": "training finished", "checkpoint": {"uri": "s3://b/j/step-120",'
+               ' "step": 120}, "final": {"step": 120, "loss": 0.5}}')
     terminated = {"exitCode": 0, "reason": "Completed", "message": message}
     manifest["status"] = {
         "phase": "Succeeded",
@@ -249,9 +250,12 @@ def test_observe_pod_reads_the_final_checkpoint_of_a_successful_trainer() -> Non
     view = observe_pod(manifest)
     assert view is not None and view.final_checkpoint is not None
     assert (view.final_checkpoint.uri, view.final_checkpoint.step) == ("s3://b/j/step-120", 120)
+    assert view.final_loss == 0.5
+    terminated["message"] = message.replace("0.5", "NaN")
+    assert (observe_pod(manifest) or view).final_loss is None  # status is JSON: a NaN loss is no loss
     manifest["status"]["phase"] = "Failed"  # a failed worker's message never moves status.checkpoint
     failed = observe_pod(manifest)
-    assert failed is not None and failed.final_checkpoint is None
+    assert failed is not None and failed.final_checkpoint is None and failed.final_loss is None
 
 
 def test_observe_node_readiness() -> None:

@@ -150,6 +150,20 @@ def test_success_records_the_checkpoint_the_trainer_names_on_exit() -> None:
     assert kept.status.checkpoint is not None and kept.status.checkpoint.step == 100
 
 
+def test_success_records_the_loss_the_trainer_names_on_exit() -> None:
+    """A job of a few seconds ends before any poll saw a loss: the exit message's loss is in status."""
+    never_polled = step(running().status, (worker(0, phase="Succeeded", final_loss=1.25), worker(1, phase="Succeeded")))
+    assert never_polled.status.progress is not None and never_polled.status.progress.loss == 1.25
+    polled = TrainingJobStatus.model_validate(
+        running().status.to_wire() | {"progress": {"step": 90, "totalSteps": 100, "loss": 2.5}}
+    )
+    done = step(polled, (worker(0, phase="Succeeded", final_loss=1.75), worker(1, phase="Succeeded")))
+    assert done.status.progress is not None
+    assert (done.status.progress.step, done.status.progress.loss) == (100, 1.75)
+    silent = step(polled, (worker(0, phase="Succeeded"), worker(1, phase="Succeeded")))  # an older trainer
+    assert silent.status.progress is not None and silent.status.progress.loss == 2.5
+
+
 def test_a_gang_winding_down_stays_running() -> None:
     """Worker 0 done, worker 1 unready while it exits: Running, not back to Created (status must not lie)."""
     r = running()

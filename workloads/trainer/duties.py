@@ -7,6 +7,7 @@ rank it runs on.
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -192,7 +193,9 @@ class Rank0Duties(Duties):
         if self.tracker:
             self.tracker.end("FINISHED")
         # The newest checkpoint is committed after the operator's last progress poll: name it on exit.
-        write_termination_message(EXIT_OK, "training finished", self.progress.latest_checkpoint())
+        # A NaN loss (nothing left to train after a resume) is left out: JSON has no NaN.
+        final = {"step": step, **({"loss": round(loss, 6)} if math.isfinite(loss) else {})}
+        write_termination_message(EXIT_OK, "training finished", self.progress.latest_checkpoint(), final=final)
 
 
 def duties_for(

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..common.s3 import S3Location, download_tree, make_client
+from ..llm.peft_files import ADAPTER_WEIGHTS, PEFT_PREFIX
 from .config import ConfigError, FinetuneSpec
 
 if TYPE_CHECKING:
@@ -32,11 +33,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("loom.trainer.finetune")
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # peft's name of the one adapter a job trains; it is not part of the exported tensor names.
 ADAPTER_NAME = "default"
-PEFT_PREFIX = "base_model.model."
 _MARKER = ".loom-base-model.json"
 
 

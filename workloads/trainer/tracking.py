@@ -31,14 +31,18 @@ def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
     os.replace(temporary, path)
 
 
-def write_termination_message(exit_code: int, message: str, checkpoint: dict[str, Any] | None = None) -> None:
+def write_termination_message(exit_code: int, message: str, checkpoint: dict[str, Any] | None = None,
+                              final: dict[str, Any] | None = None) -> None:
     """Kubernetes puts this file into the pod status. torchrun exits 1 whatever its workers returned, so the
     JSON {"exitCode", "message"} is how the operator learns that an error is permanent; on success it also
-    names the newest committed checkpoint, which the last progress poll may have missed."""
+    names the newest committed checkpoint and the last step and loss ({"step", "loss"}), which the last progress
+    poll may have missed (a job of a few seconds may never be polled while it runs)."""
     termination_log = os.environ.get("LOOM_TERMINATION_LOG", "/dev/termination-log")
     doc: dict[str, Any] = {"exitCode": exit_code, "message": message[-3000:]}
     if checkpoint:
         doc["checkpoint"] = checkpoint
+    if final:
+        doc["final"] = final
     with contextlib.suppress(OSError):
         Path(termination_log).write_text(json.dumps(doc))
 

@@ -5,6 +5,7 @@ API objects into small immutable views (pure).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -60,6 +61,7 @@ class WorkerView:
     unschedulable: str | None = None  # the scheduler's message while it cannot place the pod
     disrupted: bool = False  # evicted, preempted, node shut down: not counted as a failure
     final_checkpoint: CheckpointReport | None = None  # named by the trainer's termination message on success
+    final_loss: float | None = None  # the last step's loss, from the same message
     problem: PodProblem | None = None  # why it cannot start (a missing Secret, ...); Unschedulable is the field above
 
     @property
@@ -103,24 +105,36 @@ def _condition(obj: Manifest, kind: str) -> Manifest | None:
     return None
 
 
-def _final_checkpoint(pod: Manifest) -> CheckpointReport | None:
-    """The checkpoint a successful trainer names in its JSON termination message."""
+def _termination_document(pod: Manifest) -> Manifest:
+    """The JSON termination message of the pod's container ({} when there is none or it is not JSON)."""
     for status in pod.get("status", {}).get("containerStatuses") or []:
         terminated = (status.get("state") or {}).get("terminated") or {}
         try:
             doc = json.loads(str(terminated.get("message") or ""))
         except ValueError:
             continue
-        checkpoint = doc.get("checkpoint") if isinstance(doc, dict) else None
-        if isinstance(checkpoint, dict) and isinstance(checkpoint.get("uri"), str):
-            step = checkpoint.get("step")
-            time = checkpoint.get("time")
-            return CheckpointReport(
-                uri=checkpoint["uri"],
-                step=step if isinstance(step, int) else None,
-                time=time if isinstance(time, str) else None,
-            )
-    return None
+        if isinstance(doc, dict):
+            return doc
+    return {}
+
+
+def _final_loss(pod: Manifest) -> float | None:
+    """The last step's loss a successful trainer names in its termination message."""
+    final = _termination_document(pod).get("final")
+    loss = _number(final.get("loss"), float) if isinstance(final, dict) else None
+    return loss if loss is not None and math.isfinite(loss) else None  # status is JSON: no NaN or infinity
+
+
+def _final_checkpoint(pod: Manifest) -> CheckpointReport | None:
+    """The checkpoint a successful trainer names in its JSON termination message."""
+    checkpoint = _termination_document(pod).get("checkpoint")
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("uri"), str):
+        return None
+    step, time = checkpoint.get("step"), checkpoint.get("time")
+    return CheckpointReport(
+        uri=checkpoint["uri"], step=step if isinstance(step, int) else None,
+        time=time if isinstance(time, str) else None,
+    )
 
 
 def _termination(pod: Manifest) -> tuple[int | None, str | None, str]:
@@ -181,6 +195,7 @@ def observe_pod(pod: Manifest) -> WorkerView | None:
         unschedulable=unschedulable,
         disrupted=disrupted or (phase == "Failed" and exit_code == EXIT_INTERRUPTED),
         final_checkpoint=_final_checkpoint(pod) if phase == "Succeeded" else None,
+        final_loss=_final_loss(pod) if phase == "Succeeded" else None,
         problem=find_problem([pod], ignore={UNSCHEDULABLE}),
     )
 

@@ -166,6 +166,7 @@ class _Machine:
             self.st.progress = progress.model_copy(update={"step": progress.total_steps, "eta": "0s"})
         if phase == "Succeeded":
             self.record_final_checkpoint()
+            self.record_final_loss()
         finish_workload(self)
         self.stop_all(self.obs.pods)
         self.event("Normal" if phase == "Succeeded" else "Warning", reason, message)
@@ -183,6 +184,13 @@ class _Machine:
             self.st.checkpoint = CheckpointStatus(
                 latest=newest.uri, step=newest.step, time=newest.time or format_time(self.obs.now)
             )
+
+    def record_final_loss(self) -> None:
+        """The last step's loss, which the trainer names on exit 0: a job of a few seconds may have ended before
+        any progress poll saw a loss, and a longer one ran steps after the last poll."""
+        losses = [p.final_loss for p in self.obs.pods if p.final_loss is not None]
+        if losses:
+            self.st.progress = (self.st.progress or Progress()).model_copy(update={"loss": losses[0]})
 
     # ---- the machine ---------------------------------------------------------------------------------
     def run(self) -> Decision:
