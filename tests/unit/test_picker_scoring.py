@@ -196,6 +196,8 @@ vllm:prefix_cache_queries_total{engine="0",model_name="m"} 400.0
 vllm:prefix_cache_hits_total{engine="0",model_name="m"} 300.0
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{block_size="128",engine="0",num_gpu_blocks="512",enable_prefix_caching="True"} 1.0
+# TYPE vllm:prompt_tokens counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 5000.0
 # TYPE loom_llm_requests counter
 loom_llm_requests_total{model="m",endpoint="chat",code="200"} 7.0
 """
@@ -206,9 +208,11 @@ def test_engine_metrics_are_read_from_the_fronts_exposition() -> None:
     assert load_ is not None
     assert (load_.waiting, load_.running, load_.kv_usage) == (3.0, 2.0, 0.25)
     assert (load_.prefix_queries, load_.prefix_hits) == (400.0, 300.0)
-    assert (load_.block_size, load_.num_blocks) == (128, 512)
+    assert (load_.block_size, load_.num_blocks, load_.prompt_tokens) == (128, 512, 5000.0)
     idle = parse(ENGINE_TEXT.replace("3.0", "0.0").replace("2.0", "0.0"))
     assert idle is not None and (idle.waiting, idle.running) == (0.0, 0.0)
+    older = parse("\n".join(line for line in ENGINE_TEXT.splitlines() if "prompt_tokens" not in line) + "\n")
+    assert older is not None and older.prompt_tokens is None  # an engine without the counter: nothing to learn
 
 
 def test_a_front_without_its_engines_series_is_no_reading_not_an_idle_engine() -> None:

@@ -100,6 +100,10 @@ class PrefixIndex:
             self._blocks.popitem(last=False)
 
 
+    def clear(self) -> None:
+        self._blocks.clear()
+
+
 class Indexes:
     """One PrefixIndex per replica endpoint; a replica that went away takes its index with it."""
 
@@ -123,3 +127,8 @@ class Indexes:
     def keep(self, endpoints: Sequence[str]) -> None:
         for gone in set(self._by_endpoint) - set(endpoints):
             del self._by_endpoint[gone]
+
+    def clear(self) -> None:
+        """Forget every block (the hashes changed meaning), keeping each replica's capacity."""
+        for index in self._by_endpoint.values():
+            index.clear()

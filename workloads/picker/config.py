@@ -53,7 +53,9 @@ class PickerConfig(BaseModel):
                                              "requests (vllm:num_requests_waiting) is overloaded: nothing new.")
     max_kv_cache_usage: MaxKvUsage = Field(DEFAULT_MAX_KV_USAGE, description="A replica whose KV cache is this "
                                            "full (vllm:kv_cache_usage_perc) is overloaded: nothing new.")
-    chars_per_token: float = Field(DEFAULT_CHARS_PER_TOKEN, gt=0, le=64)
+    chars_per_token: float | None = Field(None, gt=0, le=64, description="Characters of prompt text per token of "
+                                          "the model, fixed; None: learned from the engines' prompt-token counts, "
+                                          "starting at 4 (calibration.py).")
     poll_interval_s: float = Field(0.5, gt=0, le=60, description="How often each replica's /metrics is read.")
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="Larger request bodies get 413.")
     retry_after_seconds: int = Field(1, ge=1, le=3600)

@@ -38,6 +38,9 @@ class PickerMetrics:
         self.overloaded = Gauge("loom_picker_replica_overloaded", "1 while the picker holds a replica overloaded "
                                 "(from its last readable /metrics): it gets nothing new.", ["service", "replica"],
                                 registry=self.registry)
+        self.chars_per_token = Gauge("loom_picker_chars_per_token", "Characters of prompt text per model token that "
+                                     "cut prompts into the engine's blocks (learned from vllm:prompt_tokens_total "
+                                     "unless fixed).", ["service"], registry=self.registry)
         for reason in REASONS:  # label sets exist from the start, so a dashboard sees 0 rather than nothing
             self.decisions.labels(service, reason)
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from .adapters import AdapterPlacement
 from .blocks import Indexes, block_hashes, prompt_text
-from .config import DEFAULT_BLOCK_SIZE, DEFAULT_CAPACITY_BLOCKS, PickerConfig
+from .calibration import CharsPerToken
+from .config import DEFAULT_BLOCK_SIZE, DEFAULT_CAPACITY_BLOCKS, DEFAULT_CHARS_PER_TOKEN, PickerConfig
 from .engine_metrics import EngineLoad
 from .metrics import PickerMetrics
 from .scoring import Decision, Limits, Replica, choose, overloaded
@@ -39,6 +40,7 @@ class Pick:
     hashes: list[int]
     session: str | None
     adapter: str | None = None
+    prompt_chars: int = 0  # the length of the prompt text the hashes were cut from
 
 
 class PickerState:
@@ -53,6 +55,9 @@ class PickerState:
         self.indexes = Indexes(DEFAULT_CAPACITY_BLOCKS)
         self.adapters = AdapterPlacement(config.adapter_slots)
         self.block_size = DEFAULT_BLOCK_SIZE
+        self.chars_per_token = CharsPerToken(config.chars_per_token or DEFAULT_CHARS_PER_TOKEN,
+                                             fixed=config.chars_per_token is not None)
+        metrics.chars_per_token.labels(metrics.service).set(self.chars_per_token.value)
         self.sessions: OrderedDict[str, str] = OrderedDict()
         self._turn = itertools.count()
         self._draw = draw
@@ -64,6 +69,7 @@ class PickerState:
         """The replicas that can take requests now (Ready, not terminating), by endpoint."""
         self.pods = dict(pods)
         self.indexes.keep(list(self.pods))
+        self.chars_per_token.keep(set(self.pods))
         self.adapters.keep(self.pods)
         for gone in set(self.loads) - set(self.pods):
             del self.loads[gone]
@@ -85,6 +91,10 @@ class PickerState:
             self.block_size = load.block_size
         if load.num_blocks:
             self.indexes.of(endpoint).resize(load.num_blocks)
+        if load.prompt_tokens is not None and self.chars_per_token.observe(endpoint, load.prompt_tokens):
+            # Every block hash changes with the ratio: what the indexes hold would never match again.
+            self.indexes.clear()
+            self.metrics.chars_per_token.labels(self.metrics.service).set(self.chars_per_token.value)
         if load.prefix_queries > 0:
             self.metrics.hit_ratio.labels(self.metrics.service, self.pods[endpoint].name).set(
                 load.prefix_hits / load.prefix_queries)
@@ -113,7 +123,8 @@ class PickerState:
              exclude: frozenset[str] = frozenset()) -> Pick | None:
         started = time.perf_counter()
         request = _json_object(body)
-        hashes = self._hashes(path, request) if self.config.policy == "prefix-cache" else []
+        text = self._prompt(path, request) if self.config.policy == "prefix-cache" else None
+        hashes = self._hashes(text, request) if text else []
         adapter = self._adapter(request)
         replicas = self._replicas(exclude)
         session = headers.get(self.config.session_header.lower()) if self.config.session_header else None
@@ -127,7 +138,7 @@ class PickerState:
         self.metrics.decisions.labels(self.metrics.service, decision.reason).inc()
         if hashes:
             self.metrics.predicted.labels(self.metrics.service).observe(decision.share)
-        return Pick(decision, hashes, session, adapter)
+        return Pick(decision, hashes, session, adapter, len(text) if text else 0)
 
     def _adapter(self, request: dict[str, object] | None) -> str | None:
         """The LoRA adapter a request asks for: a `model` other than the base model's."""
@@ -136,18 +147,19 @@ class PickerState:
         model = request.get("model")
         return model if isinstance(model, str) and model and model != self.config.base_model else None
 
-    def _hashes(self, path: str, parsed: dict[str, object] | None) -> list[int]:
-        if parsed is None:
-            return []  # not a JSON object: the front answers it; routed by load
-        text = prompt_text(path, parsed)
-        if not text:
-            return []
-        block_chars = max(1, round(self.block_size * self.config.chars_per_token))
-        return block_hashes(text, block_chars, seed=str(parsed.get("model", "")))
+    @staticmethod
+    def _prompt(path: str, parsed: dict[str, object] | None) -> str | None:
+        # Not a JSON object: the front answers it; routed by load.
+        return prompt_text(path, parsed) if parsed is not None else None
+
+    def _hashes(self, text: str, parsed: dict[str, object] | None) -> list[int]:
+        block_chars = max(1, round(self.block_size * self.chars_per_token.value))
+        return block_hashes(text, block_chars, seed=str((parsed or {}).get("model", "")))
 
     def sent(self, pick: Pick) -> None:
         endpoint = pick.decision.endpoint
         self.inflight[endpoint] += 1
+        self.chars_per_token.sent(endpoint, pick.prompt_chars)
         if pick.hashes:
             self.indexes.of(endpoint).add(pick.hashes)
         if pick.adapter:
