@@ -101,3 +101,20 @@ def test_a_ratio_set_in_the_config_is_used_as_it_is() -> None:
     state.sent(pick)
     state.observe("a:8080", EngineLoad(block_size=16, prompt_tokens=4000.0))
     assert state.chars_per_token.value == 2.0
+
+
+def test_prefixes_sent_before_the_ratio_changed_are_still_found_after() -> None:
+    state = picker(PickerConfig(namespace="ns", service="chat", pod_selector={"app": "chat"}))
+    tokens = {"a:8080": 0.0, "b:8080": 0.0}
+    for endpoint in tokens:
+        state.observe(endpoint, EngineLoad(block_size=128, prompt_tokens=0.0))
+    long_prompts = [f"Manual {i}: " + "every clause of the warranty applies to the fence. " * 40 for i in range(2)]
+    homes = []
+    for system in long_prompts:  # 2,000+ characters: blocks of 512 characters at the starting guess
+        homes.append(chat(state, system, "first"))
+        tokens[homes[-1]] += len(system) / 1.4
+        state.observe(homes[-1], EngineLoad(block_size=128, prompt_tokens=tokens[homes[-1]]))
+    assert state.chars_per_token.value < 2 and state.indexes.block_chars < 256  # learned: the length changed
+    before = state.metrics.decisions.labels("ns/chat", "prefix")._value.get()
+    assert [chat(state, system, "again") for system in long_prompts] == homes
+    assert state.metrics.decisions.labels("ns/chat", "prefix")._value.get() - before == 2

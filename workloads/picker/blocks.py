@@ -100,10 +100,6 @@ class PrefixIndex:
             self._blocks.popitem(last=False)
 
 
-    def clear(self) -> None:
-        self._blocks.clear()
-
-
 class Indexes:
     """One PrefixIndex per replica endpoint; a replica that went away takes its index with it."""
 
@@ -128,7 +124,58 @@ class Indexes:
         for gone in set(self._by_endpoint) - set(endpoints):
             del self._by_endpoint[gone]
 
-    def clear(self) -> None:
-        """Forget every block (the hashes changed meaning), keeping each replica's capacity."""
-        for index in self._by_endpoint.values():
-            index.clear()
+    def capacities(self) -> dict[str, int]:
+        return {endpoint: index.capacity for endpoint, index in self._by_endpoint.items()}
+
+
+Chains = dict[int, list[int]]  # a prompt's block hashes under each block length (characters) still indexed
+
+
+class BlockIndexes:
+    """The indexes under the block length in use and under the one before it.
+
+    The length (the engine's block size times the model's characters per token) changes when the picker first reads
+    an engine's block size and when it learns the model's characters per token (calibration.py). Every hash changes
+    with it, so the blocks indexed under the old length are still looked up under it, and requests are indexed
+    under both until the next change: no replica's prefixes are forgotten at a change, they age out as before.
+    """
+
+    def __init__(self, default_capacity: int, block_chars: int) -> None:
+        self.default_capacity = default_capacity
+        self._generations: list[tuple[int, Indexes]] = [(block_chars, Indexes(default_capacity))]
+
+    @property
+    def block_chars(self) -> int:
+        return self._generations[0][0]
+
+    def use(self, block_chars: int) -> None:
+        if block_chars == self.block_chars:
+            return
+        current = self._generations[0][1]
+        fresh = Indexes(self.default_capacity)
+        for endpoint, capacity in current.capacities().items():
+            fresh.of(endpoint).resize(capacity)
+        self._generations = [(block_chars, fresh), self._generations[0]]
+
+    def chains(self, text: str, seed: str) -> Chains:
+        return {chars: block_hashes(text, chars, seed) for chars, _ in self._generations}
+
+    def shares(self, chains: Chains, endpoints: Sequence[str]) -> dict[str, float]:
+        best = {e: 0.0 for e in endpoints}
+        for chars, indexes in self._generations:
+            for endpoint, share in indexes.shares(chains.get(chars, []), endpoints).items():
+                best[endpoint] = max(best[endpoint], share)
+        return best
+
+    def add(self, endpoint: str, chains: Chains) -> None:
+        for chars, indexes in self._generations:
+            if chains.get(chars):
+                indexes.of(endpoint).add(chains[chars])
+
+    def resize(self, endpoint: str, capacity: int) -> None:
+        for _, indexes in self._generations:
+            indexes.of(endpoint).resize(capacity)
+
+    def keep(self, endpoints: Sequence[str]) -> None:
+        for _, indexes in self._generations:
+            indexes.keep(endpoints)

@@ -2,16 +2,16 @@
 
 The picker has no tokenizer: it cuts prompts into blocks of `block_size * chars_per_token` characters to predict
 the engine's KV blocks. Four characters a token fits English under the usual tokenizers, not every model: the local
-stack's example Llama (a 512-entry tokenizer) takes about 1.4, so with a guess of 4 the picker sees a third of the
-blocks the engine caches, and a system prompt the engine reuses a block of looks like no shared prefix at all.
+stack's example Llama (a 512-entry tokenizer) takes about 2.3 in chats, so with a guess of 4 the picker sees half
+the blocks the engine caches, and a system prompt the engine reuses a block of can look like no shared prefix.
 Each replica's engine counts the prompt tokens it took (`vllm:prompt_tokens_total`) and the picker counts the
 characters of the prompts it sent there: over enough tokens their ratio is the model's characters per token.
 
-A new ratio changes every block hash, so what the indexes learned no longer matches anything: the ratio in use moves
-only after MIN_TOKENS tokens and when the measured one is off by more than CHANGE (a few times in a picker's life at
-most), and the caller then clears its indexes. Requests that reach an engine without the picker (or whose prompt the
-picker cannot read) add tokens and no characters: the ratio comes out low, which predicts more, smaller blocks than
-the engine has; a shared prefix still shows as shared.
+A new ratio changes every block hash: the ratio in use moves only after MIN_TOKENS tokens and when the measured one
+is off by more than CHANGE (a few times in a picker's life at most), and the index under the old one is still
+consulted (blocks.BlockIndexes), so no prefix is forgotten at a change. Requests that reach an engine without the
+picker (or whose prompt the picker cannot read) add tokens and no characters: the ratio comes out low, which
+predicts more, smaller blocks than the engine has; a shared prefix still shows as shared.
 """
 
 from __future__ import annotations

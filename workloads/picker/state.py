@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from .adapters import AdapterPlacement
-from .blocks import Indexes, block_hashes, prompt_text
+from .blocks import BlockIndexes, Chains, prompt_text
 from .calibration import CharsPerToken
 from .config import DEFAULT_BLOCK_SIZE, DEFAULT_CAPACITY_BLOCKS, DEFAULT_CHARS_PER_TOKEN, PickerConfig
 from .engine_metrics import EngineLoad
@@ -37,7 +37,7 @@ class Pod:
 @dataclass(frozen=True)
 class Pick:
     decision: Decision
-    hashes: list[int]
+    chains: Chains  # the prompt's block hashes under each block length indexed (blocks.BlockIndexes)
     session: str | None
     adapter: str | None = None
     prompt_chars: int = 0  # the length of the prompt text the hashes were cut from
@@ -52,12 +52,12 @@ class PickerState:
         self.pods: dict[str, Pod] = {}
         self.loads: dict[str, EngineLoad] = {}
         self.inflight: Counter[str] = Counter()
-        self.indexes = Indexes(DEFAULT_CAPACITY_BLOCKS)
         self.adapters = AdapterPlacement(config.adapter_slots)
         self.block_size = DEFAULT_BLOCK_SIZE
         self.chars_per_token = CharsPerToken(config.chars_per_token or DEFAULT_CHARS_PER_TOKEN,
                                              fixed=config.chars_per_token is not None)
         metrics.chars_per_token.labels(metrics.service).set(self.chars_per_token.value)
+        self.indexes = BlockIndexes(DEFAULT_CAPACITY_BLOCKS, self._block_chars())
         self.sessions: OrderedDict[str, str] = OrderedDict()
         self._turn = itertools.count()
         self._draw = draw
@@ -90,11 +90,10 @@ class PickerState:
         if load.block_size:
             self.block_size = load.block_size
         if load.num_blocks:
-            self.indexes.of(endpoint).resize(load.num_blocks)
+            self.indexes.resize(endpoint, load.num_blocks)
         if load.prompt_tokens is not None and self.chars_per_token.observe(endpoint, load.prompt_tokens):
-            # Every block hash changes with the ratio: what the indexes hold would never match again.
-            self.indexes.clear()
             self.metrics.chars_per_token.labels(self.metrics.service).set(self.chars_per_token.value)
+        self.indexes.use(self._block_chars())
         if load.prefix_queries > 0:
             self.metrics.hit_ratio.labels(self.metrics.service, self.pods[endpoint].name).set(
                 load.prefix_hits / load.prefix_queries)
@@ -124,11 +123,11 @@ class PickerState:
         started = time.perf_counter()
         request = _json_object(body)
         text = self._prompt(path, request) if self.config.policy == "prefix-cache" else None
-        hashes = self._hashes(text, request) if text else []
+        chains = self.indexes.chains(text, seed=str((request or {}).get("model", ""))) if text else {}
         adapter = self._adapter(request)
         replicas = self._replicas(exclude)
         session = headers.get(self.config.session_header.lower()) if self.config.session_header else None
-        shares = self.indexes.shares(hashes, [r.endpoint for r in replicas])
+        shares = self.indexes.shares(chains, [r.endpoint for r in replicas])
         decision = choose(self.config.policy, replicas, shares, self.limits, turn=next(self._turn),
                           draw=self._draw(), session=self.sessions.get(session) if session else None,
                           holders=self.adapters.holders(adapter) if adapter else frozenset())
@@ -136,9 +135,9 @@ class PickerState:
         if decision is None:
             return None
         self.metrics.decisions.labels(self.metrics.service, decision.reason).inc()
-        if hashes:
+        if any(chains.values()):
             self.metrics.predicted.labels(self.metrics.service).observe(decision.share)
-        return Pick(decision, hashes, session, adapter, len(text) if text else 0)
+        return Pick(decision, chains, session, adapter, len(text) if text else 0)
 
     def _adapter(self, request: dict[str, object] | None) -> str | None:
         """The LoRA adapter a request asks for: a `model` other than the base model's."""
@@ -152,16 +151,14 @@ class PickerState:
         # Not a JSON object: the front answers it; routed by load.
         return prompt_text(path, parsed) if parsed is not None else None
 
-    def _hashes(self, text: str, parsed: dict[str, object] | None) -> list[int]:
-        block_chars = max(1, round(self.block_size * self.chars_per_token.value))
-        return block_hashes(text, block_chars, seed=str((parsed or {}).get("model", "")))
+    def _block_chars(self) -> int:
+        return max(1, round(self.block_size * self.chars_per_token.value))
 
     def sent(self, pick: Pick) -> None:
         endpoint = pick.decision.endpoint
         self.inflight[endpoint] += 1
         self.chars_per_token.sent(endpoint, pick.prompt_chars)
-        if pick.hashes:
-            self.indexes.of(endpoint).add(pick.hashes)
+        self.indexes.add(endpoint, pick.chains)
         if pick.adapter:
             self.adapters.sent(endpoint, pick.adapter)
         if pick.session:
