@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from loom.operator.core.runner import LastSeen, Runner
+from loom.operator.core.runner import LastSeen, Runner, resync_order
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -231,3 +231,34 @@ async def test_later_runs_one_pass_and_the_earliest_request_wins() -> None:
     runner.later("ns", "b", 3600)
     runner.forget("ns", "b")  # a deleted object's pass is dropped with it
     assert not runner._timers
+
+
+async def test_a_resync_round_runs_a_bounded_number_of_passes_and_event_passes_take_no_slot() -> None:
+    """A thousand busy objects must not starve a new object's first pass: the round's passes queue for a few
+    slots, a pass an event asks for runs at once beside them."""
+    recorder = Recorder()
+    recorder.gate = asyncio.Event()
+    runner = Runner("Thing", recorder, interval_s=0.01, timeout_s=30, resync_concurrency=3)
+    index = {("ns", f"busy-{i}"): [True] for i in range(20)}
+    runner.resync(index)
+    try:
+        while recorder.running < 3:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # more rounds came and went: still three at once
+        assert recorder.running == 3
+        new = asyncio.create_task(runner.trigger("ns", "new"))  # a watch event for a new object
+        while ("ns", "new") not in recorder.calls:
+            await asyncio.sleep(0.01)
+        assert recorder.running == 4
+        recorder.gate.set()
+        await new
+    finally:
+        await runner.stop()
+    assert recorder.most_at_once == 4
+
+
+def test_a_round_visits_the_longest_unvisited_first_and_skips_objects_passed_lately() -> None:
+    last = {("ns", "old"): 100.0, ("ns", "older"): 50.0, ("ns", "fresh"): 108.0}
+    flagged = [("ns", "fresh"), ("ns", "old"), ("ns", "never"), ("ns", "older")]
+    # At 110 with a 10 s interval: "fresh" ended its pass 2 s ago (under half an interval), the rest are due.
+    assert resync_order(flagged, last, now=110.0, interval_s=10.0) == [("ns", "never"), ("ns", "older"), ("ns", "old")]

@@ -82,3 +82,24 @@ def test_rank_zeros_answer_stands_for_a_moment_and_only_for_the_same_pod() -> No
     polls.forget(job)
     polls.forget(("ml", "never-seen"))
     assert len(polls) == 1 and polls.fresh(job, rank0, 100.5) == (False, None)
+
+
+def test_a_rank_zero_that_does_not_answer_is_asked_less_and_less_often() -> None:
+    """A trainer still loading, or a pod that never serves (a simulated node): each pass must not wait for it."""
+    from loom.operator.kinds.trainingjob.observe import ProgressReport
+    from loom.operator.kinds.trainingjob.progress import RecentPolls
+
+    polls, job, rank0 = RecentPolls(reuse_s=2.0, unanswered_max_s=10.0), ("ml", "gpt"), ("10.0.0.5", 1)
+    now, waits = 0.0, []
+    for _ in range(6):
+        polls.record(job, rank0, now, None)
+        wait = 0.0
+        while polls.fresh(job, rank0, now + wait)[0]:
+            wait += 0.5
+        waits.append(wait)
+        now += wait
+    assert waits == [2.0, 4.0, 8.0, 10.0, 10.0, 10.0]
+    assert polls.fresh(job, ("10.0.0.9", 2), now) == (False, None)  # a new rank 0 is asked at once
+    polls.record(job, rank0, now, ProgressReport(step=3))  # an answer ends the backoff
+    polls.record(job, rank0, now + 2.0, None)
+    assert polls.fresh(job, rank0, now + 3.9) == (True, None) and polls.fresh(job, rank0, now + 4.0)[0] is False

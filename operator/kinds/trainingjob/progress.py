@@ -16,7 +16,9 @@ from .config import PROGRESS_PORT
 from .observe import ProgressReport, parse_progress, progress_from_metrics
 
 log = logging.getLogger("loom.trainingjob.progress")
-TIMEOUT = httpx.Timeout(2.0)
+# Inside a cluster a pod's IP accepts a connection in milliseconds; one that does not within a second is not
+# serving (a trainer still starting, a node gone), and a pass must not wait longer for it.
+TIMEOUT = httpx.Timeout(2.0, connect=1.0)
 
 
 def new_client() -> httpx.AsyncClient:
@@ -52,17 +54,25 @@ async def fetch_progress(
 # burst of 200 jobs a tenth of the operator's CPU. Progress moves by steps of seconds, and a job that is not idle
 # is reconciled every training_poll_s (5 s) anyway.
 PROGRESS_REUSE_S = 2.0
+# A rank 0 that did not answer is asked again after twice as long each time (2, 4, 8 s), at most this long apart:
+# a trainer still loading a large model, or a pod that never serves, costs a pass its wait (up to the connect
+# timeout) once per 8 s instead of every pass; a trainer that starts serving is seen at most 8 s late. An answer
+# ends the backoff.
+UNANSWERED_MAX_REUSE_S = 8.0
 
 Target = tuple[str, int]  # rank 0's pod IP and the attempt it belongs to
 
 
 class RecentPolls:
     """The last answer of each job's rank 0 and when it came, reused for PROGRESS_REUSE_S while rank 0 is the same
-    pod (IP and attempt); a job's entry goes when the job is deleted, so memory stays bounded."""
+    pod (IP and attempt), longer after reads that got no answer (UNANSWERED_MAX_REUSE_S); a job's entry goes when
+    the job is deleted, so memory stays bounded."""
 
-    def __init__(self, reuse_s: float = PROGRESS_REUSE_S) -> None:
+    def __init__(self, reuse_s: float = PROGRESS_REUSE_S, unanswered_max_s: float = UNANSWERED_MAX_REUSE_S) -> None:
         self.reuse_s = reuse_s
-        self._last: dict[tuple[str, str], tuple[float, Target, ProgressReport | None]] = {}
+        self.unanswered_max_s = unanswered_max_s
+        # job -> (when, rank 0, its answer, reads in a row without one)
+        self._last: dict[tuple[str, str], tuple[float, Target, ProgressReport | None, int]] = {}
 
     def __len__(self) -> int:
         return len(self._last)
@@ -70,12 +80,16 @@ class RecentPolls:
     def fresh(self, job: tuple[str, str], target: Target, now: float) -> tuple[bool, ProgressReport | None]:
         """(True, the answer) when rank 0 answered this recently; (False, None) when it must be asked."""
         last = self._last.get(job)
-        if last is None or last[1] != target or not 0 <= now - last[0] < self.reuse_s:
+        if last is None or last[1] != target:
             return False, None
-        return True, last[2]
+        when, _, report, unanswered = last
+        reuse_s = self.reuse_s if not unanswered else min(self.unanswered_max_s, self.reuse_s * 2 ** (unanswered - 1))
+        return (True, report) if 0 <= now - when < reuse_s else (False, None)
 
     def record(self, job: tuple[str, str], target: Target, now: float, report: ProgressReport | None) -> None:
-        self._last[job] = (now, target, report)
+        last = self._last.get(job)
+        before = last[3] if last is not None and last[1] == target else 0
+        self._last[job] = (now, target, report, 0 if report is not None else before + 1)
 
     def forget(self, job: tuple[str, str]) -> None:
         self._last.pop(job, None)
