@@ -39,12 +39,15 @@ def crds(folders: tuple[Path, ...]) -> None:
 def operator() -> None:
     """Run the operator against the current kubeconfig (settings from LOOM_* environment variables)."""
     from .core.observability import configure_logging
-    from .main import run
+    from .main import PortInUse, run
     from .settings import OperatorSettings
 
     settings = OperatorSettings.from_env()
     configure_logging(settings.log_level, settings.log_format)  # text or json; lines about an object name it
-    run(settings)
+    try:
+        run(settings)
+    except PortInUse as error:
+        raise click.ClickException(str(error)) from None
 
 
 CLI_GROUP = "loom.cli"

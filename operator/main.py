@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from typing import Any, cast
 
 import kopf
@@ -49,9 +50,37 @@ def endpoint(host: str, port: int, path: str) -> str:
     return f"http://[{host}]:{port}{path}" if ":" in host else f"http://{host}:{port}{path}"
 
 
+class PortInUse(RuntimeError):
+    """One of the operator's own ports is taken (most often: another operator already runs on this machine)."""
+
+
+def listening_ports(ours: OperatorSettings) -> list[tuple[str, str, int]]:
+    """(what, host, port) of each port the operator listens on, named by the setting that moves it."""
+    ports = [("liveness (LOOM_HEALTH_PORT)", ours.health_host, ours.health_port),
+             ("metrics (LOOM_METRICS_PORT)", ours.metrics_host, ours.metrics_port)]
+    if ours.webhook_cert_dir:
+        ports.append(("admission webhook (LOOM_WEBHOOK_PORT)", ours.webhook_host, ours.webhook_port))
+    return ports
+
+
+def check_ports_free(ports: list[tuple[str, str, int]]) -> None:
+    """Refuse to start, with a sentence, when a port is taken: Kopf would otherwise fail later, inside its startup,
+    with a bare "Address already in use" traceback that names no port."""
+    for what, host, port in ports:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers themselves bind
+            try:
+                probe.bind((host, port))
+            except OSError as error:
+                raise PortInUse(f"cannot listen on {host}:{port} for {what}: {error.strerror}. Is another Loom "
+                                "operator running on this machine? Stop it, or give this one other ports.") from None
+
+
 def run(settings: OperatorSettings | None = None) -> None:
     """Run the operator against the current kubeconfig (or in-cluster config) until interrupted."""
     ours = settings or OperatorSettings.from_env()
+    check_ports_free(listening_ports(ours))
     controllers.register(ours)
     # Admission (operator/admission): validating handlers only where a certificate lets the webhook be served.
     server = webhook_server(ours)

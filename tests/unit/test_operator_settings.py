@@ -8,6 +8,7 @@ import kopf
 import pytest
 
 from loom.devstack.images import IMAGE_ENV, IMAGE_SETTINGS
+from loom.devstack.servers import free_port
 from loom.operator.main import configure, endpoint
 from loom.operator.settings import FINALIZER, OperatorSettings
 
@@ -84,3 +85,28 @@ def test_kopf_uses_loom_prefix_and_finalizer() -> None:
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
     assert settings.persistence.progress_storage.prefix == "loom.dev"
     assert settings.watching.server_timeout == 120
+
+
+def test_a_taken_port_stops_the_start_with_a_sentence_that_names_it() -> None:
+    """A second `loom operator` on one machine said only "Address already in use", from inside Kopf's startup."""
+    import socket
+
+    from click.testing import CliRunner
+
+    from loom.operator.cli import main as cli
+    from loom.operator.main import PortInUse, check_ports_free, listening_ports
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = OperatorSettings.from_env({**IMAGE_ENV, "LOOM_METRICS_PORT": str(port), "LOOM_HEALTH_PORT": "1"})
+        ports = listening_ports(settings)
+        assert [what for what, _, _ in ports] == ["liveness (LOOM_HEALTH_PORT)", "metrics (LOOM_METRICS_PORT)"]
+        with pytest.raises(PortInUse, match=f"cannot listen on 127.0.0.1:{port} for metrics \\(LOOM_METRICS_PORT\\)"):
+            check_ports_free(ports[1:])
+        env = {**IMAGE_ENV, "LOOM_METRICS_PORT": str(port), "LOOM_HEALTH_PORT": str(free_port())}
+        result = CliRunner().invoke(cli, ["operator"], env=env)
+        assert result.exit_code == 1 and "Traceback" not in result.output
+        assert f"cannot listen on 127.0.0.1:{port} for metrics" in result.output
+    check_ports_free(ports[1:])  # free again: no complaint
