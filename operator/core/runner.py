@@ -8,6 +8,8 @@ fresh from the API server (its status is the only memory) and converges everythi
   events of children, the periodic resync).
 - Coalescing: triggers that arrive while a pass runs become ONE more pass after it; `trigger` then returns at
   once. The extra pass reads the object fresh, so it sees everything those triggers announced.
+- Passes across every kind run at most PASS_SLOTS at once (pass_gate.py), an object's first pass ahead of the
+  waiting others; a pass's clock starts when it gets its slot.
 - Bounded passes: a pass longer than `timeout_s` is cancelled (a hung API call must not keep an object from
   ever being reconciled again); it and any exception are logged, never raised: one broken object never stalls
   the others, and the next trigger or resync retries it.
@@ -51,6 +53,7 @@ from .kit import MANAGED_BY
 from .leadership import LEADERSHIP
 from .model import GROUP, VERSION
 from .observability import reconciling
+from .pass_gate import FIRST, GATE, LATER, PassGate
 from .refusal import report_refusal
 
 log = logging.getLogger("loom.operator.runner")
@@ -67,8 +70,9 @@ class Runner:
     """Runs `reconcile(namespace, name)` per object: serialised, coalesced, bounded, periodically resynced."""
 
     def __init__(self, kind: str, reconcile: Reconcile, *, interval_s: float, timeout_s: float,
-                 resync_concurrency: int = RESYNC_CONCURRENCY) -> None:
+                 resync_concurrency: int = RESYNC_CONCURRENCY, gate: PassGate = GATE) -> None:
         self.kind = kind
+        self._gate = gate
         self._reconcile = reconcile
         self.interval_s = interval_s
         self.timeout_s = timeout_s
@@ -106,6 +110,12 @@ class Runner:
             self._again.discard(key)
 
     async def _pass(self, namespace: str, name: str) -> None:
+        # A slot first (pass_gate.py: bounded across kinds, an object's first pass ahead), then the timed pass.
+        priority = FIRST if (namespace, name) not in self._last_pass else LATER
+        async with self._gate.slot(priority):
+            await self._timed_pass(namespace, name)
+
+    async def _timed_pass(self, namespace: str, name: str) -> None:
         # Timed and counted per kind; every line logged during the pass names the object (observability.py).
         with reconciling(self.kind, namespace, name) as outcome:
             try:
