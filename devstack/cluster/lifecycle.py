@@ -44,6 +44,7 @@ from loom.devstack.cluster.components import kueue as kueue_component
 from loom.devstack.cluster.handle import Cluster
 from loom.devstack.cluster.nodes import NodeShape, ensure_nodes, wait_nodes_ready
 from loom.devstack.cluster.paths import (
+    AGENT_STATE_DIR,
     AUDIT_POLICY,
     ETCD_DATA_DIR,
     KUBECONFIG,
@@ -425,6 +426,9 @@ def down(progress: Progress = print, wipe: bool = False) -> None:
             progress(f"stray process {pid}: killed")
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
+        for group in procs.pod_groups_left(AGENT_STATE_DIR):
+            progress(f"a pod's processes (group {group}) outlived the node agent: killed")
+            procs.kill_group(group)
         if wipe:
             # Keep the lock file itself: another waiter may hold it open.
             for child in STACK_DIR.iterdir():

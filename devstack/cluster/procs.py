@@ -133,3 +133,30 @@ def stop(name: str, grace_seconds: float = 10.0) -> bool:
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+def pod_groups_left(agent_state_dir: Path) -> list[int]:
+    """Process groups of the node agent's containers that still have a process: each container's launcher leads a
+    group of its own (so a pod's processes outlive an agent restart, which adopts them), and an agent killed before
+    it stopped its pods (its stop took longer than the grace, under load) leaves them running after `down`.
+
+    A group is named by its launcher's pid in the container's run.json; it counts only while some process is still
+    in it (a pid in use as a group id is never given to another process, so the group is still that container's)."""
+    recorded = set()
+    for path in agent_state_dir.glob("pods/*/c/*/run.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            recorded.add(int(json.loads(path.read_text())["launcher_pid"]))
+    alive = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # The fields after the command's closing parenthesis: state, ppid, pgrp.
+            pgrp = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2])
+            if pgrp in recorded:
+                alive.add(pgrp)
+    return sorted(alive)
+
+
+def kill_group(pgid: int) -> None:
+    _signal_group(pgid, signal.SIGKILL)
