@@ -31,6 +31,7 @@ class PassGate:
 
     @property
     def waiting(self) -> int:
+        """Passes waiting for a slot (cancelled ones aside); walks the queue: for tests and reports, not per pass."""
         return sum(1 for _, _, future in self._waiting if not future.done())
 
     @contextlib.asynccontextmanager
@@ -42,7 +43,8 @@ class PassGate:
             self._release()
 
     async def _acquire(self, priority: int) -> None:
-        if self._free > 0 and not self.waiting:
+        # A free slot means nobody live is waiting: a released slot goes to a live waiter before it is counted free.
+        if self._free > 0:
             self._free -= 1
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -118,16 +118,16 @@ def _termination_document(pod: Manifest) -> Manifest:
     return {}
 
 
-def _final_loss(pod: Manifest) -> float | None:
-    """The last step's loss a successful trainer names in its termination message."""
-    final = _termination_document(pod).get("final")
+def _final_loss(doc: Manifest) -> float | None:
+    """The last step's loss a successful trainer names in its termination message (`doc`)."""
+    final = doc.get("final")
     loss = _number(final.get("loss"), float) if isinstance(final, dict) else None
     return loss if loss is not None and math.isfinite(loss) else None  # status is JSON: no NaN or infinity
 
 
-def _final_checkpoint(pod: Manifest) -> CheckpointReport | None:
-    """The checkpoint a successful trainer names in its JSON termination message."""
-    checkpoint = _termination_document(pod).get("checkpoint")
+def _final_checkpoint(doc: Manifest) -> CheckpointReport | None:
+    """The checkpoint a successful trainer names in its JSON termination message (`doc`)."""
+    checkpoint = doc.get("checkpoint")
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("uri"), str):
         return None
     step, time = checkpoint.get("step"), checkpoint.get("time")
@@ -179,6 +179,7 @@ def observe_pod(pod: Manifest) -> WorkerView | None:
     ready = _condition(pod, "Ready")
     disruption = _condition(pod, "DisruptionTarget")
     disrupted = bool(disruption and disruption.get("status") == "True") or reason in DISRUPTION_REASONS
+    final = _termination_document(pod) if phase == "Succeeded" else {}  # a failed worker's message names nothing
     return WorkerView(
         name=meta.get("name", ""),
         uid=meta.get("uid", ""),
@@ -194,8 +195,8 @@ def observe_pod(pod: Manifest) -> WorkerView | None:
         message=message or str(status.get("message") or ""),
         unschedulable=unschedulable,
         disrupted=disrupted or (phase == "Failed" and exit_code == EXIT_INTERRUPTED),
-        final_checkpoint=_final_checkpoint(pod) if phase == "Succeeded" else None,
-        final_loss=_final_loss(pod) if phase == "Succeeded" else None,
+        final_checkpoint=_final_checkpoint(final),
+        final_loss=_final_loss(final),
         problem=find_problem([pod], ignore={UNSCHEDULABLE}),
     )
 
