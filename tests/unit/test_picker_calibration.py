@@ -118,3 +118,16 @@ def test_prefixes_sent_before_the_ratio_changed_are_still_found_after() -> None:
     before = state.metrics.decisions.labels("ns/chat", "prefix")._value.get()
     assert [chat(state, system, "again") for system in long_prompts] == homes
     assert state.metrics.decisions.labels("ns/chat", "prefix")._value.get() - before == 2
+
+
+def test_the_index_under_the_old_length_is_dropped_after_a_while() -> None:
+    from loom.workloads.picker.blocks import RETIRE_AFTER, BlockIndexes
+
+    indexes = BlockIndexes(default_capacity=100, block_chars=8)
+    indexes.add("a", indexes.chains("x" * 64, seed="m"))
+    indexes.use(4)
+    assert set(indexes.chains("x" * 64, seed="m")) == {4, 8}  # both lengths looked up after the change
+    assert indexes.shares(indexes.chains("x" * 64, seed="m"), ["a"]) == {"a": 1.0}  # found under the old one
+    for i in range(RETIRE_AFTER):
+        indexes.add("a", indexes.chains(f"{i:04d}" * 16, seed="m"))
+    assert set(indexes.chains("x" * 64, seed="m")) == {4}  # one hash per prompt again

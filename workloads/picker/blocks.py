@@ -128,6 +128,8 @@ class Indexes:
         return {endpoint: index.capacity for endpoint, index in self._by_endpoint.items()}
 
 
+# Requests routed after a change of block length before the index under the old length is dropped.
+RETIRE_AFTER = 1000
 Chains = dict[int, list[int]]  # a prompt's block hashes under each block length (characters) still indexed
 
 
@@ -136,13 +138,16 @@ class BlockIndexes:
 
     The length (the engine's block size times the model's characters per token) changes when the picker first reads
     an engine's block size and when it learns the model's characters per token (calibration.py). Every hash changes
-    with it, so the blocks indexed under the old length are still looked up under it, and requests are indexed
-    under both until the next change: no replica's prefixes are forgotten at a change, they age out as before.
+    with it, so the blocks indexed under the old length are still looked up under it: no replica's prefixes are
+    forgotten at a change. Requests are indexed under the new length only, and the old index is dropped after
+    RETIRE_AFTER of them (by then what it knew that is still asked for is known again under the new length), so a
+    prompt is hashed twice only for a while after a change.
     """
 
     def __init__(self, default_capacity: int, block_chars: int) -> None:
         self.default_capacity = default_capacity
         self._generations: list[tuple[int, Indexes]] = [(block_chars, Indexes(default_capacity))]
+        self._added_since_change = 0
 
     @property
     def block_chars(self) -> int:
@@ -156,6 +161,7 @@ class BlockIndexes:
         for endpoint, capacity in current.capacities().items():
             fresh.of(endpoint).resize(capacity)
         self._generations = [(block_chars, fresh), self._generations[0]]
+        self._added_since_change = 0
 
     def chains(self, text: str, seed: str) -> Chains:
         return {chars: block_hashes(text, chars, seed) for chars, _ in self._generations}
@@ -168,9 +174,13 @@ class BlockIndexes:
         return best
 
     def add(self, endpoint: str, chains: Chains) -> None:
-        for chars, indexes in self._generations:
-            if chains.get(chars):
-                indexes.of(endpoint).add(chains[chars])
+        chars, indexes = self._generations[0]
+        if chains.get(chars):
+            indexes.of(endpoint).add(chains[chars])
+        if len(self._generations) > 1:
+            self._added_since_change += 1
+            if self._added_since_change >= RETIRE_AFTER:
+                del self._generations[1:]
 
     def resize(self, endpoint: str, capacity: int) -> None:
         for _, indexes in self._generations:
