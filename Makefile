@@ -73,7 +73,8 @@ e2e: venv venv-vllm stack image-tools
 # it never changes the Services' range of a stack other tests share. Not in `make test` yet (its cold build and run
 # time: devstack/cluster/README.md).
 REAL_NODE_STATE ?= $(CURDIR)/.state/real-node
-test-real-node: venv
+test-real-node: venv image-tools
+	bash images/tools.sh mmdebstrap runc nft:nftables
 	LOOM_STATE_DIR=$(REAL_NODE_STATE) LOOM_STACK_REAL_NODE=1 $(BIN)/pytest -q -m real_node e2e; rc=$$?; \
 	LOOM_STATE_DIR=$(REAL_NODE_STATE) $(BIN)/loom dev down; exit $$rc
 

@@ -47,6 +47,14 @@ def readme_commands() -> list[list[str]]:
     return commands(section(README.read_text()))
 
 
+def real_node_commands() -> list[list[str]]:
+    """The section's walk on the local stack's real node: its ```shell block (kept apart from the real-cluster
+    commands above, which `readme_commands` returns), as argv."""
+    body = section(README.read_text())
+    [block] = re.findall(r"^```shell\n(.*?)^```", body, flags=re.M | re.S)
+    return commands(f"```bash\n{block}```\n")
+
+
 # The local-stack section's `helm install`: the chart with what the examples need (Prometheus, endpoint defaults).
 LOCAL_SECTION = "Development: the local real stack"
 

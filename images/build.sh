@@ -48,7 +48,16 @@ sources() {
   exit 2
 }
 
-if ! "${BUILDAH[@]}" inspect --type image "$BASE" >/dev/null 2>&1; then
+# LOOM_IMAGES_BASE_ARCHIVE: a `docker save` archive of that same base (the local stack's real node makes one, its
+# development image: devstack/cluster/realnode/images.py), imported instead of running mmdebstrap a second time.
+BASE_ARCHIVE=${LOOM_IMAGES_BASE_ARCHIVE:-}
+if ! "${BUILDAH[@]}" inspect --type image "$BASE" >/dev/null 2>&1 && [ -n "$BASE_ARCHIVE" ]; then
+  [ -s "$BASE_ARCHIVE" ] || { echo "images: LOOM_IMAGES_BASE_ARCHIVE=$BASE_ARCHIVE is not a file" >&2; exit 2; }
+  start=$(now)
+  imported=$("${BUILDAH[@]}" pull --quiet "docker-archive:$BASE_ARCHIVE")
+  "${BUILDAH[@]}" tag "$imported" "$BASE"
+  log "base $BASE imported from $BASE_ARCHIVE in $(( $(now) - start )) s"
+elif ! "${BUILDAH[@]}" inspect --type image "$BASE" >/dev/null 2>&1; then
   start=$(now)
   rootfs=$STATE/rootfs-$SUITE.tar
   # minbase: Essential and Priority:required packages (dpkg, bash, coreutils, passwd for useradd) plus apt;

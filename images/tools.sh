@@ -2,11 +2,14 @@
 # The system tools `make images` and `make images push` need, installed from the host's Debian packages when
 # missing: buildah (builds and pushes without a Docker engine) and, for the base image, mmdebstrap.
 # A fresh CI machine has neither; `make test` calls this for buildah (its registry test pushes a small image).
-# Usage: images/tools.sh buildah [mmdebstrap]
+# The real node (`make test-real-node`) also needs runc and nft: a tool named `command:package` is installed from that
+# package.
+# Usage: images/tools.sh buildah [mmdebstrap] [runc] [nft:nftables]
 set -euo pipefail
 missing=()
 for tool in "$@"; do
-  command -v "$tool" >/dev/null || missing+=("$tool")
+  command -v "${tool%%:*}" >/dev/null || PATH=$PATH:/usr/sbin:/sbin command -v "${tool%%:*}" >/dev/null \
+    || missing+=("${tool#*:}")
 done
 [ ${#missing[@]} -gt 0 ] || exit 0
 SUDO=()

@@ -340,7 +340,10 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
                 f" ({time.monotonic() - started:.1f}s)"
             )
             if node_bin is not None:
-                realnode.up(api, pki, node_bin, ports.apiserver, progress)
+                realnode.up(api, pki, node_bin, ports.apiserver, f"127.0.0.1:{ports.registry}", progress)
+        if node_bin is not None:
+            # Pods of the development image run this checkout on the real node (realnode/checkout.py).
+            realnode.apply_checkout_policy(cluster, progress)
         keda.install_crds(cluster, progress)  # engine keda's ScaledObjects are checked against KEDA's own schema
         _start_kueue(cluster, ports, progress)
         if agent is not None and procs.running(agent.name) is None:

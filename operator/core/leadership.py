@@ -23,6 +23,7 @@ import asyncio
 import datetime
 import getpass
 import logging
+import os
 import random
 import socket
 import time
@@ -84,7 +85,16 @@ def identity_of(settings: OperatorSettings) -> str:
         return settings.pod_name
     started = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d%H%M%S")
     suffix = "".join(random.choices("abcdefhijklmnopqrstuvwxyz0123456789", k=3))
-    return f"{getpass.getuser()}@{socket.gethostname()}/{started}/{suffix}"
+    return f"{user_name()}@{socket.gethostname()}/{started}/{suffix}"
+
+
+def user_name() -> str:
+    """Who runs this process: the login name, else the uid. A pod may run under a uid its image has no passwd entry
+    for (the chart's 65532, OpenShift's assigned ranges), where getpass.getuser() raises."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
 
 
 def priority_of(settings: OperatorSettings, started_s: float | None = None) -> int:

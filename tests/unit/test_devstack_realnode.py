@@ -15,7 +15,7 @@ from cryptography import x509
 
 from loom.devstack.cluster.components import Ports, control_plane
 from loom.devstack.cluster.pki import ensure_pki
-from loom.devstack.cluster.realnode import config, host, images, relay
+from loom.devstack.cluster.realnode import checkout, config, host, images, relay
 
 NEVER_ROUTED = (ipaddress.ip_network("198.51.100.0/24"), ipaddress.ip_network("198.18.0.0/15"))
 
@@ -63,6 +63,7 @@ def test_containerd_config_is_toml_with_the_settings_runc_needs_here(tmp_path: P
         tmp_path / "bin",
         tmp_path / "net.d",
         "/usr/sbin/runc",
+        tmp_path / "hosts",
     )
     parsed = tomllib.loads(text)
     assert parsed["version"] == 3
@@ -76,7 +77,16 @@ def test_containerd_config_is_toml_with_the_settings_runc_needs_here(tmp_path: P
     assert runtime["cni"]["bin_dirs"] == [str(tmp_path / "bin")]
     images_section = parsed["plugins"]["io.containerd.cri.v1.images"]
     assert images_section["pinned_images"]["sandbox"] == config.SANDBOX_IMAGE
+    assert images_section["registry"] == {"config_path": str(tmp_path / "hosts")}
     assert parsed["plugins"]["io.containerd.grpc.v1.cri"]["stream_server_address"] == "127.0.0.1"
+
+
+def test_the_stacks_registry_is_pulled_from_over_plain_http_on_loopback() -> None:
+    hosts = tomllib.loads(config.registry_hosts_toml("127.0.0.1:41234"))
+    assert hosts == {
+        "server": "http://127.0.0.1:41234",
+        "host": {"http://127.0.0.1:41234": {"capabilities": ["pull", "resolve"]}},
+    }
 
 
 def test_cni_network_puts_pods_on_the_stacks_bridge_without_masquerade(tmp_path: Path) -> None:
@@ -234,3 +244,22 @@ def test_checkout_environment_adds_the_venvs_python_installation_unless_it_is_de
     assert images.checkout_environment(tmp_path) == [tmp_path, Path("/root/.pyenv/versions/3.11.7")]
     cfg.write_text("home = /usr/bin\n")  # the image's own python3
     assert images.checkout_environment(tmp_path) == [tmp_path]
+
+
+def test_pods_of_the_development_image_get_the_checkout_read_only() -> None:
+    folders = [Path("/work/main"), Path("/root/.pyenv/versions/3.11.7")]
+    policy, binding = checkout.checkout_policy("localhost/loom/dev:bookworm", folders, Path("/work/main/.venv/bin"))
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"]}
+    spec = policy["spec"]
+    assert spec["matchConstraints"]["resourceRules"][0]["resources"] == ["pods"]
+    assert spec["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
+    [condition] = spec["matchConditions"]
+    assert condition["expression"] == 'object.spec.containers.exists(c, c.image == "localhost/loom/dev:bookworm")'
+    [mutation] = spec["mutations"]
+    expression = mutation["applyConfiguration"]["expression"]
+    # Each folder a hostPath volume, mounted read-only at its own path in every container; the .venv first on PATH.
+    for i, folder in enumerate(folders):
+        assert f'name: "loom-env-{i}", hostPath: Object.spec.volumes.hostPath{{path: "{folder}"' in expression
+        assert f'mountPath: "{folder}", readOnly: true' in expression
+    assert f'value: "/work/main/.venv/bin:{checkout.IMAGE_PATH}"' in expression
+    assert expression.count("{") == expression.count("}") and expression.count("(") == expression.count(")")

@@ -98,6 +98,21 @@ def test_the_oldest_replica_has_the_highest_priority_unless_one_is_set() -> None
     assert "@" in leadership.identity_of(OperatorSettings(**IMAGE_SETTINGS))
 
 
+def test_a_uid_without_a_passwd_entry_still_names_the_replica(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart runs the operator as uid 65532, which the image's /etc/passwd does not list: getpass.getuser()
+    raises there (found on the real node: the operator crash-looped before its first pass)."""
+    for variable in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        monkeypatch.delenv(variable, raising=False)
+
+    def no_entry(uid: int) -> Any:
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.setattr("pwd.getpwuid", no_entry)
+    monkeypatch.setattr("os.getuid", lambda: 65532)
+    identity = leadership.identity_of(OperatorSettings(**IMAGE_SETTINGS))
+    assert identity.startswith("65532@"), identity
+
+
 async def test_leadership_reads_the_peering_object(monkeypatch: pytest.MonkeyPatch) -> None:
     answers: list[Any] = []
 

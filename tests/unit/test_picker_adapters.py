@@ -3,8 +3,6 @@ overloaded; a replica holds at most the engine's slots of adapters, least recent
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from loom.workloads.picker.adapters import AdapterPlacement
@@ -13,6 +11,7 @@ from loom.workloads.picker.engine_metrics import EngineLoad
 from loom.workloads.picker.metrics import PickerMetrics
 from loom.workloads.picker.scoring import Limits, Replica, choose
 from loom.workloads.picker.state import PickerState, Pod
+from loom.workloads.picker.testing import route_chat
 
 LIMITS = Limits(max_waiting=8, max_kv_usage=0.95)
 A, B, C = Replica("a"), Replica("b"), Replica("c")
@@ -53,14 +52,22 @@ def test_least_loaded_stays_among_holders_and_round_robin_ignores_them() -> None
     assert decision is not None and decision.endpoint == "b"
     decision = choose("least-loaded", [A, Replica("b", waiting=8)], {}, LIMITS, holders=frozenset({"b"}))
     assert decision is not None and decision.endpoint == "a"
-    turns = {choose("round-robin", [A, B], {}, LIMITS, turn=t, holders=frozenset({"b"})).endpoint  # type: ignore[union-attr]
-             for t in range(2)}
+    turns = {
+        choose("round-robin", [A, B], {}, LIMITS, turn=t, holders=frozenset({"b"})).endpoint  # type: ignore[union-attr]
+        for t in range(2)
+    }
     assert turns == {"a", "b"}
 
 
 def state(policy: str = "prefix-cache", slots: int = 2) -> PickerState:
-    config = PickerConfig(namespace="ns", service="chat", pod_selector={"app": "chat"}, policy=policy,
-                          base_model="llama", adapter_slots=slots)
+    config = PickerConfig(
+        namespace="ns",
+        service="chat",
+        pod_selector={"app": "chat"},
+        policy=policy,
+        base_model="llama",
+        adapter_slots=slots,
+    )
     picker = PickerState(config, PickerMetrics("ns/chat"), draw=lambda: 0.0)
     picker.set_replicas({e: Pod(f"pod-{e}", "stable") for e in ("a:8080", "b:8080", "c:8080")})
     for endpoint in ("a:8080", "b:8080", "c:8080"):
@@ -69,12 +76,7 @@ def state(policy: str = "prefix-cache", slots: int = 2) -> PickerState:
 
 
 def route(picker: PickerState, model: str, user: str) -> str:
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": user}]}).encode()
-    pick = picker.pick("/v1/chat/completions", body, {})
-    assert pick is not None
-    picker.sent(pick)
-    picker.done(pick.decision.endpoint)
-    return pick.decision.endpoint
+    return route_chat(picker, model, ("user", user))
 
 
 def test_each_adapters_requests_stay_on_the_replica_that_loaded_it() -> None:

@@ -10,6 +10,7 @@ from loom.workloads.picker.config import PickerConfig
 from loom.workloads.picker.engine_metrics import EngineLoad
 from loom.workloads.picker.metrics import PickerMetrics
 from loom.workloads.picker.state import PickerState, Pod
+from loom.workloads.picker.testing import route_chat
 
 
 def test_the_ratio_is_measured_after_enough_tokens_and_moves_only_when_far_off() -> None:
@@ -56,13 +57,7 @@ def picker(config: PickerConfig) -> PickerState:
 
 
 def chat(state: PickerState, system: str, user: str) -> str:
-    body = json.dumps({"model": "llama", "messages": [{"role": "system", "content": system},
-                                                      {"role": "user", "content": user}]}).encode()
-    pick = state.pick("/v1/chat/completions", body, {})
-    assert pick is not None
-    state.sent(pick)
-    state.done(pick.decision.endpoint)
-    return pick.decision.endpoint
+    return route_chat(state, "llama", ("system", system), ("user", user))
 
 
 def test_a_prefix_the_default_guess_cannot_see_is_routed_once_the_ratio_is_learned() -> None:

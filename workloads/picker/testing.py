@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -13,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from loom.workloads.server.testing import running
 
 from .config import PickerConfig
+from .state import PickerState
 
 
 @contextlib.contextmanager
@@ -29,10 +31,24 @@ def picker_process(config: PickerConfig, endpoints: Sequence[str], folder: Path)
 def samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of a /metrics page, by (name, sorted labels)."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def total(found: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
     """The sum of `name`'s samples whose labels include `labels`."""
     return sum(v for (n, ls), v in found.items() if n == name and set(labels.items()) <= set(ls))
+
+
+def route_chat(state: PickerState, model: str, *messages: tuple[str, str]) -> str:
+    """One chat completion through the picker's decision alone (pick, sent, done: no engine): the endpoint it chose.
+    `messages`: (role, content) pairs."""
+    body = {"model": model, "messages": [{"role": role, "content": content} for role, content in messages]}
+    pick = state.pick("/v1/chat/completions", json.dumps(body).encode(), {})
+    assert pick is not None
+    state.sent(pick)
+    state.done(pick.decision.endpoint)
+    return pick.decision.endpoint

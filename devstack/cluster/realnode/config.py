@@ -63,9 +63,12 @@ SAVED_SYSCTLS = (*KUBELET_SYSCTLS, *NETWORK_SYSCTLS)
 CGROUP_ROOT = "loom-real-node"
 
 
-def containerd_config(root: Path, state: Path, socket: Path, cni_bin: Path, cni_conf: Path, runc: str) -> str:
-    """containerd 2.x's configuration (TOML, version 3). The plugins a node does not need here are disabled; images
-    come from `ctr images import`, never a registry."""
+def containerd_config(
+    root: Path, state: Path, socket: Path, cni_bin: Path, cni_conf: Path, runc: str, registry_hosts: Path
+) -> str:
+    """containerd 2.x's configuration (TOML, version 3). The plugins a node does not need here are disabled. Images
+    come from `ctr images import` (the sandbox, the development image) or from the stack's own registry, whose
+    hosts.toml (registry_hosts_toml) is in the folder `registry_hosts`."""
     disabled = [
         "io.containerd.snapshotter.v1.btrfs",
         "io.containerd.snapshotter.v1.zfs",
@@ -106,6 +109,9 @@ def containerd_config(root: Path, state: Path, socket: Path, cni_bin: Path, cni_
         "",
         "[plugins.'io.containerd.cri.v1.images']",
         "  snapshotter = 'overlayfs'",
+        "  [plugins.'io.containerd.cri.v1.images'.registry]",
+        # One folder per registry host (`<host:port>/hosts.toml`), read at each pull: no restart when it changes.
+        f"    config_path = {_toml(str(registry_hosts))}",
         "  [plugins.'io.containerd.cri.v1.images'.pinned_images]",
         f"    sandbox = {_toml(SANDBOX_IMAGE)}",
         "",
@@ -117,6 +123,13 @@ def containerd_config(root: Path, state: Path, socket: Path, cni_bin: Path, cni_
         "",
     ]
     return "\n".join(lines)
+
+
+def registry_hosts_toml(address: str) -> str:
+    """containerd's hosts.toml for the stack's registry (`host:port` on loopback, plain HTTP: it never leaves the
+    machine): pull and resolve from it directly. containerd otherwise tries HTTPS first for any registry host."""
+    server = f"http://{address}"
+    return f'server = {_toml(server)}\n\n[host.{_toml(server)}]\n  capabilities = ["pull", "resolve"]\n'
 
 
 def _toml(value: str) -> str:

@@ -95,6 +95,19 @@ def sandbox_archive(pause_binary: Path, folder: Path) -> Path:
     return write_archive(folder / "pause.tar", SANDBOX_IMAGE, [layer], entrypoint=["/pause"])
 
 
+def _traversable_root_layer(target: Path) -> Path:
+    """A layer that makes /root traversable (0755): the checkout's .venv may link to a Python installed below /root
+    (pyenv), which the workloads, running as uid 1000, must reach through the image's own /root."""
+    with tarfile.open(target, "w") as layer:
+        info = tarfile.TarInfo("root")
+        info.type = tarfile.DIRTYPE
+        info.mode = 0o755
+        info.uid = info.gid = 0
+        info.uname = info.gname = "root"
+        layer.addfile(info)
+    return target
+
+
 def _apt_sources() -> str:
     for candidate in ("/etc/apt/sources.list.d/debian.sources", "/etc/apt/sources.list"):
         if Path(candidate).is_file() and Path(candidate).stat().st_size:
@@ -104,7 +117,8 @@ def _apt_sources() -> str:
 
 def dev_archive(progress: Progress) -> Path:
     """The development image's archive, made once per machine (cached beside the stack's binaries)."""
-    folder = cache_root() / f"dev-image-{DEBIAN_SUITE}"
+    # "-2": the second layer (a traversable /root) came later; an archive cached without it is not reused.
+    folder = cache_root() / f"dev-image-{DEBIAN_SUITE}-2"
     archive = folder / "dev.tar"
     if archive.exists():
         return archive
@@ -134,7 +148,8 @@ def dev_archive(progress: Progress) -> Path:
         )
         if made.returncode != 0:
             raise RuntimeError(f"mmdebstrap failed (exit {made.returncode}): {made.stderr[-2000:]}")
-        write_archive(archive, DEV_IMAGE, [rootfs], cmd=["python3"])
+        layers = [rootfs, _traversable_root_layer(Path(work) / "root.tar")]
+        write_archive(archive, DEV_IMAGE, layers, cmd=["python3"])
     return archive
 
 

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -20,9 +21,9 @@ from kubernetes import client
 
 from loom.devstack.cluster import procs
 from loom.devstack.cluster.components import Component
-from loom.devstack.cluster.paths import KUBECONFIG, STACK_DIR, STATE_DIR
+from loom.devstack.cluster.paths import KUBECONFIG, REPO_ROOT, STACK_DIR, STATE_DIR
 from loom.devstack.cluster.pki import Pki
-from loom.devstack.cluster.realnode import config, host, images
+from loom.devstack.cluster.realnode import checkout, config, host, images
 
 Progress = Callable[[str], None]
 NODE_DIR = STATE_DIR / "realnode"
@@ -32,6 +33,8 @@ POD_LOGS = NODE_DIR / "pod-logs"
 CNI_CONF_DIR = NODE_DIR / "cni" / "net.d"
 CNI_DATA_DIR = NODE_DIR / "cni" / "networks"
 IMAGES_DIR = NODE_DIR / "images"
+# containerd's registry hosts (hosts.toml per registry): the stack's own registry, from which the node pulls.
+REGISTRY_HOSTS_DIR = NODE_DIR / "registry-hosts"
 CONTAINERD_CONFIG = NODE_DIR / "containerd.toml"
 KUBELET_CONFIG = NODE_DIR / "kubelet.yaml"
 KUBE_PROXY_CONFIG = NODE_DIR / "kube-proxy.yaml"
@@ -87,14 +90,24 @@ def components(node_bin: Path, apiserver_port: int) -> list[Component]:
     return [relay, containerd, kubelet, proxy, dns]
 
 
-def write_configs(pki: Pki, node_bin: Path) -> None:
+def write_configs(pki: Pki, node_bin: Path, registry: str) -> None:
+    """Every configuration file of the node's programs; `registry`: the stack's registry (host:port)."""
     for folder in (CONTAINERD_ROOT, KUBELET_ROOT, POD_LOGS, CNI_CONF_DIR, CNI_DATA_DIR, IMAGES_DIR, CONTAINERD_STATE):
         folder.mkdir(parents=True, exist_ok=True)
     CONTAINERD_CONFIG.write_text(
         config.containerd_config(
-            CONTAINERD_ROOT, CONTAINERD_STATE, CONTAINERD_SOCKET, node_bin, CNI_CONF_DIR, runc_binary()
+            CONTAINERD_ROOT,
+            CONTAINERD_STATE,
+            CONTAINERD_SOCKET,
+            node_bin,
+            CNI_CONF_DIR,
+            runc_binary(),
+            REGISTRY_HOSTS_DIR,
         )
     )
+    shutil.rmtree(REGISTRY_HOSTS_DIR, ignore_errors=True)  # a registry of an earlier start (another port) goes
+    (REGISTRY_HOSTS_DIR / registry).mkdir(parents=True)
+    (REGISTRY_HOSTS_DIR / registry / "hosts.toml").write_text(config.registry_hosts_toml(registry))
     (CNI_CONF_DIR / f"10-{config.CNI_NETWORK}.conflist").write_text(
         json.dumps(config.cni_conflist(CNI_DATA_DIR), indent=2)
     )
@@ -139,14 +152,14 @@ def node_ready(api: client.ApiClient) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in (node.status.conditions or []))
 
 
-def up(api: client.ApiClient, pki: Pki, node_bin: Path, apiserver_port: int, progress: Progress) -> None:
+def up(api: client.ApiClient, pki: Pki, node_bin: Path, apiserver_port: int, registry: str, progress: Progress) -> None:
     """Bring the real node up (idempotent: what runs with the same command line is left alone) and wait for it to
-    be Ready."""
+    be Ready. `registry`: the stack's image registry (host:port), which the node pulls from."""
     started = time.monotonic()
     host.claim(STATE_DIR)
     host.setup_network(progress)
     host.prepare_cgroups()
-    write_configs(pki, node_bin)
+    write_configs(pki, node_bin, registry)
     relay, containerd, kubelet, proxy, dns = components(node_bin, apiserver_port)
     for component in (relay, containerd):
         _ensure_running(component, progress)
@@ -162,6 +175,17 @@ def up(api: client.ApiClient, pki: Pki, node_bin: Path, apiserver_port: int, pro
     ready = f"http://{config.NODE_IP}:{config.DNS_READY_PORT}/ready"
     _wait("cluster DNS", "coredns", lambda: httpx.get(ready, timeout=5).status_code == 200)
     progress(f"real node {config.NODE_NAME} Ready ({time.monotonic() - started:.1f}s)")
+
+
+def apply_checkout_policy(cluster: Any, progress: Progress) -> None:
+    """The MutatingAdmissionPolicy that gives development-image pods the checkout (checkout.py), applied as the
+    stack's admin (server-side: `up` again changes nothing)."""
+    manifests = checkout.checkout_policy(
+        images.DEV_IMAGE, images.checkout_environment(REPO_ROOT), REPO_ROOT / ".venv" / "bin"
+    )
+    stdin = "".join(f"---\n{json.dumps(m)}\n" for m in manifests)
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=loom-dev", "-f", "-", stdin=stdin)
+    progress(f"real node: pods of {images.DEV_IMAGE} get this checkout ({checkout.POLICY})")
 
 
 def _ensure_running(component: Component, progress: Progress) -> None:
