@@ -9,7 +9,8 @@ terminating ones that still pass readiness ("serving") take the traffic rather t
 
 Endpoints of Services with a selector are computed here from this node's pods: the API server
 refuses loopback addresses in EndpointSlices, so the endpointslice controller cannot list our
-127.x pod IPs. Services without a selector use their (hand-written) EndpointSlices.
+127.x pod IPs. What the EndpointSlices do list (the stack's real node's pods, on its bridge; a Service without a
+selector's hand-written endpoints) are backends too.
 
 The mapping is written to `<state dir>/services.json`; `service_address()` reads it for the host.
 """
@@ -152,6 +153,17 @@ def pod_backends(service: Obj, port: Obj, pods: list[PodEndpoint]) -> list[tuple
         elif pod.drain_target:
             draining.append((pod.ip, number))
     return sorted(backends or draining)
+
+
+def service_backends(service: Obj, port: Obj, slices: list[Obj], pods: list[PodEndpoint]) -> list[tuple[str, int]]:
+    """(ip, port) behind one Service port: this agent's own pods the selector picks, and every ready endpoint the
+    Service's EndpointSlices list. The two never overlap: the EndpointSlice controller cannot list this agent's
+    loopback pod addresses, while a pod on the stack's real node (a routable address on its bridge) is listed there
+    and nowhere else; a Service without a selector has only its slices."""
+    local = pod_backends(service, port, pods) if service["spec"].get("selector") else []
+    endpoints, target = ready_endpoints(slices, port.get("name"))
+    elsewhere = [(ip, target) for ip, _ in endpoints] if target else []
+    return sorted(set(local) | set(elsewhere))
 
 
 def headless_endpoints(service: Obj, pods: list[PodEndpoint]) -> list[tuple[str, str | None]]:
@@ -325,11 +337,7 @@ class ServiceTable:
                     await self._abandon(entry)
                     return
                 entry.ports[number] = proxy
-            if service["spec"].get("selector"):
-                entry.ports[number].backends = pod_backends(service, port, pods)
-                continue
-            endpoints, target = ready_endpoints(slices, port.get("name"))
-            entry.ports[number].backends = [(ip, target) for ip, _ in endpoints] if target else []
+            entry.ports[number].backends = service_backends(service, port, slices, pods)
 
     async def _abandon(self, entry: ServiceEntry) -> None:
         """Give up an address another program holds; the next sync allocates a fresh one."""

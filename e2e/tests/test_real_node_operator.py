@@ -153,7 +153,11 @@ def test_the_runtime_enforces_the_charts_security_settings(
     cluster: Cluster, operator_on_the_real_node: InClusterOperator
 ) -> None:
     op = operator_on_the_real_node
-    assert exec_in(cluster, op, "id", "-u").stdout.strip() == "1000"
+    pod = op.pod()
+    assert pod is not None
+    # The chart's user (65532, which the image's passwd does not list), not the image's own (1000), and not root.
+    uid = pod["spec"]["securityContext"]["runAsUser"]
+    assert uid == 65532 and exec_in(cluster, op, "id", "-u").stdout.strip() == str(uid)
     # Read-only root: even the operator's own install cannot be changed; /tmp (an emptyDir) is writable.
     refused = exec_in(cluster, op, "sh", "-c", "touch /opt/loom/changed")
     assert refused.returncode != 0 and "Read-only file system" in refused.stderr, refused
@@ -165,10 +169,10 @@ def test_the_runtime_enforces_the_charts_security_settings(
     assert int(status["CapEff"].strip(), 16) == 0 and int(status["CapPrm"].strip(), 16) == 0
     assert status["NoNewPrivs"].strip() == "1"
     # Its probes are the kubelet's: the pod went Ready through them, and the health port answers on the pod's address.
-    pod = op.pod()
-    assert pod is not None
-    probe = pod["spec"]["containers"][0]["readinessProbe"]["httpGet"]
-    answer = httpx.get(f"http://{pod['status']['podIP']}:{probe['port']}{probe['path']}", timeout=10)
+    [container] = pod["spec"]["containers"]
+    probe = container["readinessProbe"]["httpGet"]
+    port = next(p["containerPort"] for p in container["ports"] if p["name"] == probe["port"])  # a named port
+    answer = httpx.get(f"http://{pod['status']['podIP']}:{port}{probe['path']}", timeout=10)
     assert answer.status_code == 200
 
 
@@ -206,8 +210,14 @@ def s3_on_the_node(s3: S3Endpoint) -> Iterator[S3Endpoint]:
     )  # fmt: skip
     try:
         relayed = dataclasses.replace(s3, url=f"http://{config.NODE_IP}:{port}")
-        wait_until(lambda: httpx.get(f"{relayed.url}/moto-api/", timeout=2).status_code == 200, timeout=30,
-                   what="S3 on the node's address")  # fmt: skip
+
+        def answers() -> bool:
+            try:
+                return httpx.get(f"{relayed.url}/moto-api/", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False  # the relay is not listening yet
+
+        wait_until(answers, timeout=30, what="S3 on the node's address")
         yield relayed
     finally:
         relay.terminate()

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import asyncio
 
-from loom.devstack.agent.proxies import PodEndpoint, PortProxy, api_endpoints, pod_backends, ready_endpoints
+from loom.devstack.agent.proxies import (
+    PodEndpoint,
+    PortProxy,
+    api_endpoints,
+    pod_backends,
+    ready_endpoints,
+    service_backends,
+)
 
 SERVICE = {"metadata": {"name": "echo", "namespace": "ns"}, "spec": {"selector": {"app": "e"}}}
 PORT = {"port": 80, "targetPort": 8080}
@@ -23,6 +30,24 @@ def test_terminating_pods_are_endpoints_only_while_no_other_is_ready() -> None:
     assert pod_backends(SERVICE, PORT, [staying, leaving, signalled]) == [("127.10.0.2", 8080)]
     assert pod_backends(SERVICE, PORT, [leaving, signalled]) == [("127.10.0.3", 8080)]
     assert pod_backends(SERVICE, PORT, [signalled, _endpoint("127.10.0.5", False)]) == []
+
+
+def test_a_service_reaches_pods_of_the_real_node_through_its_endpoint_slices() -> None:
+    """The agent's own pods (loopback addresses no EndpointSlice can hold) and the pods the slices list (the real
+    node's, on its bridge) are backends alike: the API server's webhook calls through the agent reach a pod there."""
+    slices = [
+        {
+            "ports": [{"name": "", "port": 8080}],
+            "endpoints": [{"addresses": ["198.18.0.7"], "conditions": {"ready": True}}],
+        }
+    ]
+    here = [_endpoint("127.10.0.2", True)]
+    assert service_backends(SERVICE, PORT, slices, here) == [("127.10.0.2", 8080), ("198.18.0.7", 8080)]
+    assert service_backends(SERVICE, PORT, slices, []) == [("198.18.0.7", 8080)]
+    assert service_backends(SERVICE, PORT, [], here) == [("127.10.0.2", 8080)]
+    # Without a selector only the slices count, whatever runs here.
+    selectorless = {"metadata": SERVICE["metadata"], "spec": {}}
+    assert service_backends(selectorless, PORT, slices, here) == [("198.18.0.7", 8080)]
 
 
 def test_endpoint_slices_fall_back_to_serving_terminating_endpoints() -> None:

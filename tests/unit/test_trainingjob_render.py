@@ -250,7 +250,7 @@ def test_observe_pod_reads_the_final_checkpoint_of_a_successful_trainer() -> Non
     view = observe_pod(manifest)
     assert view is not None and view.final_checkpoint is not None
     assert (view.final_checkpoint.uri, view.final_checkpoint.step) == ("s3://b/j/step-120", 120)
-    assert view.final_loss == 0.5
+    assert (view.final_loss, view.final_step) == (0.5, 120)
     terminated["message"] = message.replace("0.5", "NaN")
     assert (observe_pod(manifest) or view).final_loss is None  # status is JSON: a NaN loss is no loss
     manifest["status"]["phase"] = "Failed"  # a failed worker's message never moves status.checkpoint

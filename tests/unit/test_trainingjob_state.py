@@ -150,10 +150,12 @@ def test_success_records_the_checkpoint_the_trainer_names_on_exit() -> None:
     assert kept.status.checkpoint is not None and kept.status.checkpoint.step == 100
 
 
-def test_success_records_the_loss_the_trainer_names_on_exit() -> None:
-    """A job of a few seconds ends before any poll saw a loss: the exit message's loss is in status."""
-    never_polled = step(running().status, (worker(0, phase="Succeeded", final_loss=1.25), worker(1, phase="Succeeded")))
-    assert never_polled.status.progress is not None and never_polled.status.progress.loss == 1.25
+def test_success_records_the_step_and_loss_the_trainer_names_on_exit() -> None:
+    """A job of a few seconds ends before any poll saw a step: the exit message's step and loss are in status."""
+    finished = worker(0, phase="Succeeded", final_loss=1.25, final_step=20)
+    never_polled = step(running().status, (finished, worker(1, phase="Succeeded")))
+    assert never_polled.status.progress is not None
+    assert (never_polled.status.progress.step, never_polled.status.progress.loss) == (20, 1.25)
     polled = TrainingJobStatus.model_validate(
         running().status.to_wire() | {"progress": {"step": 90, "totalSteps": 100, "loss": 2.5}}
     )

@@ -62,6 +62,7 @@ class WorkerView:
     disrupted: bool = False  # evicted, preempted, node shut down: not counted as a failure
     final_checkpoint: CheckpointReport | None = None  # named by the trainer's termination message on success
     final_loss: float | None = None  # the last step's loss, from the same message
+    final_step: int | None = None  # the last step, from the same message
     problem: PodProblem | None = None  # why it cannot start (a missing Secret, ...); Unschedulable is the field above
 
     @property
@@ -123,6 +124,13 @@ def _final_loss(doc: Manifest) -> float | None:
     final = doc.get("final")
     loss = _number(final.get("loss"), float) if isinstance(final, dict) else None
     return loss if loss is not None and math.isfinite(loss) else None  # status is JSON: no NaN or infinity
+
+
+def _final_step(doc: Manifest) -> int | None:
+    """The last step a successful trainer names in its termination message (`doc`)."""
+    final = doc.get("final")
+    step = final.get("step") if isinstance(final, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 
 
 def _final_checkpoint(doc: Manifest) -> CheckpointReport | None:
@@ -197,6 +205,7 @@ def observe_pod(pod: Manifest) -> WorkerView | None:
         disrupted=disrupted or (phase == "Failed" and exit_code == EXIT_INTERRUPTED),
         final_checkpoint=_final_checkpoint(final),
         final_loss=_final_loss(final),
+        final_step=_final_step(final),
         problem=find_problem([pod], ignore={UNSCHEDULABLE}),
     )
 

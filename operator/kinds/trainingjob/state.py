@@ -166,7 +166,7 @@ class _Machine:
             self.st.progress = progress.model_copy(update={"step": progress.total_steps, "eta": "0s"})
         if phase == "Succeeded":
             self.record_final_checkpoint()
-            self.record_final_loss()
+            self.record_final_progress()
         finish_workload(self)
         self.stop_all(self.obs.pods)
         self.event("Normal" if phase == "Succeeded" else "Warning", reason, message)
@@ -185,12 +185,19 @@ class _Machine:
                 latest=newest.uri, step=newest.step, time=newest.time or format_time(self.obs.now)
             )
 
-    def record_final_loss(self) -> None:
-        """The last step's loss, which the trainer names on exit 0: a job of a few seconds may have ended before
-        any progress poll saw a loss, and a longer one ran steps after the last poll."""
+    def record_final_progress(self) -> None:
+        """The last step and its loss, which the trainer names on exit 0: a job of a few seconds may have ended
+        before any progress poll saw either, and a longer one ran steps after the last poll."""
+        update: dict[str, object] = {}
         losses = [p.final_loss for p in self.obs.pods if p.final_loss is not None]
         if losses:
-            self.st.progress = (self.st.progress or Progress()).model_copy(update={"loss": losses[0]})
+            update["loss"] = losses[0]
+        steps = [p.final_step for p in self.obs.pods if p.final_step is not None]
+        current = self.st.progress.step if self.st.progress is not None else None
+        if steps and (current is None or max(steps) > current):
+            update["step"] = max(steps)
+        if update:
+            self.st.progress = (self.st.progress or Progress()).model_copy(update=update)
 
     # ---- the machine ---------------------------------------------------------------------------------
     def run(self) -> Decision:
