@@ -9,8 +9,8 @@ terminating ones that still pass readiness ("serving") take the traffic rather t
 
 Endpoints of Services with a selector are computed here from this node's pods: the API server
 refuses loopback addresses in EndpointSlices, so the endpointslice controller cannot list our
-127.x pod IPs. What the EndpointSlices do list (the stack's real node's pods, on its bridge; a Service without a
-selector's hand-written endpoints) are backends too.
+127.x pod IPs. The real node's pods (on its bridge) that the EndpointSlices list are backends too, kwok's are not
+(nothing answers on their addresses); Services without a selector use their (hand-written) EndpointSlices.
 
 The mapping is written to `<state dir>/services.json`; `service_address()` reads it for the host.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import itertools
 import json
 import logging
@@ -29,6 +30,10 @@ from typing import Any
 
 from loom.devstack.agent.hosts import ServiceView
 from loom.devstack.agent.plan import allocate_address
+from loom.devstack.cluster.realnode.config import POD_CIDR
+
+# The real node's pod addresses (devstack/cluster/realnode): the only EndpointSlice addresses this host can reach.
+REAL_NODE_PODS = ipaddress.ip_network(POD_CIDR)
 
 Obj = dict[str, Any]
 log = logging.getLogger("loom.agent.services")
@@ -156,14 +161,23 @@ def pod_backends(service: Obj, port: Obj, pods: list[PodEndpoint]) -> list[tuple
 
 
 def service_backends(service: Obj, port: Obj, slices: list[Obj], pods: list[PodEndpoint]) -> list[tuple[str, int]]:
-    """(ip, port) behind one Service port: this agent's own pods the selector picks, and every ready endpoint the
-    Service's EndpointSlices list. The two never overlap: the EndpointSlice controller cannot list this agent's
-    loopback pod addresses, while a pod on the stack's real node (a routable address on its bridge) is listed there
-    and nowhere else; a Service without a selector has only its slices."""
-    local = pod_backends(service, port, pods) if service["spec"].get("selector") else []
+    """(ip, port) behind one Service port: this agent's own pods the selector picks, and the ready endpoints the
+    Service's EndpointSlices list on the stack's real node (a routable address on its bridge, in REAL_NODE_PODS). Kwok's
+    pods are in the slices too, with addresses nothing answers on: left out, as before the real node. A Service
+    without a selector has only its slices, all of them (hand-written endpoints)."""
     endpoints, target = ready_endpoints(slices, port.get("name"))
-    elsewhere = [(ip, target) for ip, _ in endpoints] if target else []
-    return sorted(set(local) | set(elsewhere))
+    if not service["spec"].get("selector"):
+        return sorted((ip, target) for ip, _ in endpoints) if target else []
+    local = pod_backends(service, port, pods)
+    on_the_real_node = [(ip, target) for ip, _ in endpoints if target and _in_real_node_pods(ip)]
+    return sorted(set(local) | set(on_the_real_node))
+
+
+def _in_real_node_pods(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address) in REAL_NODE_PODS
+    except ValueError:
+        return False
 
 
 def headless_endpoints(service: Obj, pods: list[PodEndpoint]) -> list[tuple[str, str | None]]:

@@ -11,8 +11,9 @@ proxy's rules), with the chart's TLS.
 
 The workload images are the real node's development image (devstack/cluster/realnode/checkout.py: the API server
 mounts this checkout into its pods), so the operator's own pods run there too: a TrainingJob's two workers train to
-Succeeded in pods of their own (rendezvous through the headless Service and cluster DNS) and an InferenceService
-fetches its model from S3 (the test session's, relayed onto the node's address) and answers through its Service.
+Succeeded in pods of their own (rendezvous through the headless Service and cluster DNS) and an InferenceService's
+two model servers, on one node and one port, fetch their model from S3 (the test session's, relayed onto the node's
+address) and answer on their own addresses and through their Service.
 Objects placed elsewhere (kwok) still reconcile. Needs a stack with the real node (`make test-real-node`); the
 operator image is built from this checkout at each run (2-7 minutes: pip installs its dependencies).
 """
@@ -261,13 +262,21 @@ def test_an_inferenceservice_serves_from_pods_on_the_real_node(
     ns = op.watch[0]
     apply_s3_secret(cluster, ns, s3_on_the_node)
     uri = upload_placeholder_model(s3_on_the_node, bucket, "real-node/v1")
-    body = manifest("echo", uri, s3_on_the_node, handler="noop", replicas=1)
+    body = manifest("echo", uri, s3_on_the_node, handler="noop", replicas=2)
     body["spec"] = on_the_real_node({k: v for k, v in body["spec"].items() if k != "nodeSelector"})
     cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(body))
     isvc = wait_rolled_out(cluster, op, ns, "echo")  # type: ignore[arg-type]  # duck-typed: log_tail()
-    assert isvc["status"]["phase"] == "Ready" and isvc["status"]["readyReplicas"] == 1
-    [pod] = kubectl_json(cluster, "get", "pods", "-n", ns, "-l", "loom.dev/inferenceservice=echo")["items"]
-    assert pod["spec"]["nodeName"] == config.NODE_NAME and pod["status"]["podIP"].startswith(POD_PREFIX)
+    assert isvc["status"]["phase"] == "Ready" and isvc["status"]["readyReplicas"] == 2
+    pods = kubectl_json(cluster, "get", "pods", "-n", ns, "-l", "loom.dev/inferenceservice=echo")["items"]
+    assert len(pods) == 2 and all(p["spec"]["nodeName"] == config.NODE_NAME for p in pods)
+    # Two model servers on one node listening on the same port, each in its own network namespace: no clash, and
+    # each answers on its own address.
+    addresses = {p["status"]["podIP"] for p in pods}
+    [port] = {p["spec"]["containers"][0]["ports"][0]["containerPort"] for p in pods}
+    assert len(addresses) == 2 and all(a.startswith(POD_PREFIX) for a in addresses)
+    for address in addresses:
+        direct = httpx.post(f"http://{address}:{port}/v2/models/echo/infer", json=infer_body([[3.0]]), timeout=30)
+        assert direct.status_code == 200 and direct.json()["outputs"][0]["data"] == [3.0], direct.text
     # Through the Service's ClusterIP (kube-proxy's rules on this host), as a client in the cluster would call it.
     service = kubectl_json(cluster, "get", "service", "echo", "-n", ns)
     address = service["spec"]["clusterIP"]

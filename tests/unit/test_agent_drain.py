@@ -45,9 +45,12 @@ def test_a_service_reaches_pods_of_the_real_node_through_its_endpoint_slices() -
     assert service_backends(SERVICE, PORT, slices, here) == [("127.10.0.2", 8080), ("198.18.0.7", 8080)]
     assert service_backends(SERVICE, PORT, slices, []) == [("198.18.0.7", 8080)]
     assert service_backends(SERVICE, PORT, [], here) == [("127.10.0.2", 8080)]
-    # Without a selector only the slices count, whatever runs here.
+    # Kwok's pods are in the slices too, at addresses nothing answers on: never a backend.
+    slices[0]["endpoints"].append({"addresses": ["10.0.0.5"], "conditions": {"ready": True}})
+    assert service_backends(SERVICE, PORT, slices, here) == [("127.10.0.2", 8080), ("198.18.0.7", 8080)]
+    # Without a selector the slices are hand-written: every endpoint counts, whatever runs here.
     selectorless = {"metadata": SERVICE["metadata"], "spec": {}}
-    assert service_backends(selectorless, PORT, slices, here) == [("198.18.0.7", 8080)]
+    assert service_backends(selectorless, PORT, slices, here) == [("10.0.0.5", 8080), ("198.18.0.7", 8080)]
 
 
 def test_endpoint_slices_fall_back_to_serving_terminating_endpoints() -> None:
