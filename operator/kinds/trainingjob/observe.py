@@ -129,8 +129,8 @@ def _final_loss(doc: Manifest) -> float | None:
 def _final_step(doc: Manifest) -> int | None:
     """The last step a successful trainer names in its termination message (`doc`)."""
     final = doc.get("final")
-    step = final.get("step") if isinstance(final, dict) else None
-    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+    step = _number(final.get("step"), int) if isinstance(final, dict) else None  # read as the progress document's
+    return step if step is not None and step >= 0 else None
 
 
 def _final_checkpoint(doc: Manifest) -> CheckpointReport | None:
