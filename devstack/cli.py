@@ -46,9 +46,13 @@ def up(nodes: int, gpus_per_node: int, agent_gpus: int, real_node: bool) -> None
     from loom.devstack.backing import host_prometheus_url
     from loom.devstack.cluster import StackConfig
     from loom.devstack.cluster import up as stack_up
+    from loom.devstack.cluster.handle import StackError
 
     shape = StackConfig(nodes=nodes, gpus_per_node=gpus_per_node, agent_gpus=agent_gpus, real_node=real_node)
-    cluster = stack_up(shape, click.echo)
+    try:
+        cluster = stack_up(shape, click.echo)
+    except StackError as error:
+        raise click.ClickException(str(error)) from None
     prometheus = host_prometheus_url()
     exports = f"\nexport LOOM_PROMETHEUS_URL={prometheus}" if prometheus else ""
     click.echo(f"ready: {cluster.server}\n{cluster.shell_exports()}{exports}")

@@ -19,6 +19,11 @@ T = TypeVar("T")
 ESTABLISH_ROUND_S = 5
 
 
+class StackError(RuntimeError):
+    """Something the stack's user must do first (wipe its data, free the real node, become root): the CLI prints the
+    message alone, without a traceback."""
+
+
 class KubectlError(subprocess.CalledProcessError):
     def __str__(self) -> str:
         return f"{super().__str__()}\nstderr: {self.stderr}"

@@ -41,7 +41,7 @@ from loom.devstack.cluster.components import (
     registry_config,
 )
 from loom.devstack.cluster.components import kueue as kueue_component
-from loom.devstack.cluster.handle import Cluster
+from loom.devstack.cluster.handle import Cluster, StackError
 from loom.devstack.cluster.nodes import NodeShape, ensure_nodes, wait_nodes_ready
 from loom.devstack.cluster.paths import (
     AGENT_STATE_DIR,
@@ -276,7 +276,7 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
     with _state_lock():
         previous = StackState.load()
         if previous is not None and previous.config.real_node != config.real_node and ETCD_DATA_DIR.exists():
-            raise RuntimeError(
+            raise StackError(
                 f"this stack's data was made {'with' if previous.config.real_node else 'without'} the real node (its"
                 " Services' address range differs): `loom dev down --wipe` first"
             )

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from loom.devstack.cluster.handle import StackError
 from loom.devstack.cluster.realnode import config
 
 Progress = Callable[[str], None]
@@ -51,7 +52,7 @@ NFT_TABLES = (
 )
 
 
-class RealNodeError(RuntimeError):
+class RealNodeError(StackError):
     pass
 
 
