@@ -21,6 +21,7 @@ from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.nodes import kwok_placement
 from loom.e2e.pytest_operator import apply_crds, operator_process
+from loom.e2e.rollout_evidence import rollout_evidence
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -63,7 +64,7 @@ def wait_rolled_out(cluster: Cluster, ns: str, reason: str, version: str, log: P
     except TimeoutError as error:
         status = json.dumps(get(cluster, ns, "inferenceservice", "svc").get("status"), indent=1)
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-        raise AssertionError(f"{error}\n{status}\n{tail}") from None
+        raise AssertionError(f"{error}\n{status}\n{rollout_evidence(cluster, ns)}\n{tail}") from None
 
 
 def children(cluster: Cluster, ns: str) -> dict[str, list[str]]:

@@ -39,6 +39,7 @@ from loom.devstack.cluster.paths import AGENT_STATE_DIR
 from loom.devstack.cluster.pki import AGENT_NODE_NAME
 from loom.devstack.servers import MLflowEndpoint, S3Endpoint
 from loom.e2e.pytest_operator import OperatorProcess, operator_namespace_for
+from loom.e2e.rollout_evidence import rollout_evidence
 from loom.e2e.share_failing_handler import MARKER, MESSAGE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -204,6 +205,7 @@ def test_a_trained_model_is_promoted_and_a_broken_one_rolled_back(
             f"job: {json.dumps(get(cluster, ns, 'trainingjob', 'trainer').get('status'), indent=1)}\n"
             f"{cluster.kubectl('get', 'pods', '-n', ns, '-o', 'wide', check=False).stdout}\n"
             f"{cluster.kubectl('get', 'events', '-n', ns, '--sort-by=.lastTimestamp', check=False).stdout}\n"
+            f"{rollout_evidence(cluster, ns)}\n"
             f"{operator.log_tail(80)}"
         )
 

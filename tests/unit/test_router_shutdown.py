@@ -26,7 +26,7 @@ from starlette.routing import Route
 from loom.workloads.common.lifecycle import Drain, GracefulServer
 from loom.workloads.router.app import build_app
 from loom.workloads.router.config import RouterConfig
-from loom.workloads.server.testing import child_env
+from loom.workloads.server.testing import child_env, until_refused
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -96,14 +96,7 @@ async def test_sigterm_drains_then_finishes_the_request_in_flight() -> None:
             assert not server.should_exit
 
             server.handle_exit(signal.SIGTERM, None)  # again: the drain window ends now
-            for _ in range(300):
-                try:
-                    await client.get("/v2/health/live")
-                except httpx.ConnectError:
-                    break  # no longer accepting
-                await asyncio.sleep(0.05)
-            else:
-                raise AssertionError("the router still accepts connections after its drain window")
+            await until_refused(client, "/v2/health/live", "router")
             assert not serving.done() and not in_flight.done()  # the request in flight holds the shutdown
 
             gate.set()

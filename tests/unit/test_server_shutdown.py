@@ -25,7 +25,7 @@ from loom.workloads.server.app import build_app
 from loom.workloads.server.config import ServerConfig
 from loom.workloads.server.handlers import NoopModel
 from loom.workloads.server.lifecycle import Drain, GracefulServer
-from loom.workloads.server.testing import child_env
+from loom.workloads.server.testing import child_env, until_refused
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -94,14 +94,7 @@ async def test_sigterm_drains_then_finishes_the_stream_in_flight(tmp_path: Path)
             assert not server.should_exit
 
             server.handle_exit(signal.SIGTERM, None)  # again: the drain window ends now
-            for _ in range(300):
-                try:
-                    await client.get("/v2/health/live")
-                except httpx.ConnectError:
-                    break  # no longer accepting
-                await asyncio.sleep(0.05)
-            else:
-                raise AssertionError("the server still accepts connections after its drain window")
+            await until_refused(client, "/v2/health/live", "server")
             assert not serving.done()  # the stream in flight holds the shutdown
 
             model.go.set()

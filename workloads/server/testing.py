@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -60,3 +61,18 @@ def model_server(config: Path, log: Path, env: Mapping[str, str] | None = None) 
     argv = [sys.executable, "-m", "loom.workloads.server", "--config", str(config)]
     with running(argv, url, log, env) as ready:
         yield ready
+
+
+async def until_refused(client: httpx.AsyncClient, path: str, what: str, attempts: int = 300) -> None:
+    """Ask `path` until the server refuses new connections (its drain window over); AssertionError if it never does.
+    A connection accepted just before the listener closed and then closed unanswered (RemoteProtocolError) is not
+    yet a refusal: the next attempt opens a new one."""
+    for _ in range(attempts):
+        try:
+            await client.get(path)
+        except httpx.ConnectError:
+            return
+        except httpx.RemoteProtocolError:
+            pass
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the {what} still accepts connections after its drain window")
