@@ -43,6 +43,7 @@ from .canary import WEIGHT_ANNOTATION, AnalysisInput, Judgement, held_percent, j
 from .canary import read_analysis as read_canary_analysis
 from .canary_report import analysis_condition
 from .features import resolve_features
+from .follows import followers, index_entries
 from .lora import ResolvedAdapters
 from .lora_observe import observe_adapters, read_reports
 from .model import ModelRef, ResolveError, resolve_model
@@ -75,6 +76,7 @@ PLURAL = "inferenceservices"
 KIND = "InferenceService"
 INDEX_ID = "loom_inferenceservices"
 POD_INDEX_ID = "loom_inferenceservice_pods"
+FOLLOWERS_INDEX_ID = "loom_inferenceservice_followers"  # (kind, namespace, name) -> the services following it
 
 
 async def _resolve(
@@ -429,6 +431,11 @@ def register(settings: OperatorSettings) -> None:
     # Rollouts progress with the Deployments' status: react to it instead of polling.
     child_handlers(runner, KIND_LABEL, ("apps", "v1", "deployments"))
 
+    # The TrainingJobs and FeatureViews each service follows (follows.py): looked up by the handlers below.
+    @kopf.index(GROUP, VERSION, PLURAL, id=FOLLOWERS_INDEX_ID)
+    async def _followers(namespace: str | None, name: str | None, spec: Any, **_: Any) -> dict[Any, str]:
+        return index_entries(str(namespace), str(name), spec)
+
     # A queued service's Workloads: Kueue admitting or evicting one is a reason for a pass at once.
     @kopf.on.event(kueue.GROUP, "v1beta2", "workloads", labels={kueue.JOB_UID_LABEL: kopf.PRESENT})
     async def inferenceservice_workload_event(body: kopf.Body, **_: Any) -> None:
@@ -440,7 +447,7 @@ def register(settings: OperatorSettings) -> None:
     views: LastSeen[tuple[Any, Any]] = LastSeen()
 
     @kopf.on.event(GROUP, VERSION, "featureviews")
-    async def _feature_view_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
+    async def _feature_view_changed(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
         meta = body.get("metadata", {})
         namespace, view = meta.get("namespace"), meta.get("name")
         if not namespace or not view:
@@ -451,13 +458,12 @@ def register(settings: OperatorSettings) -> None:
             views.forget((namespace, view))
         elif not views.changed((namespace, view), (ready, status.get("url"))):
             return
-        for isvc in await kube.list_objects(API_VERSION, KIND, namespace):
-            if ((isvc.get("spec") or {}).get("features") or {}).get("featureView") == view:
-                await runner.trigger(namespace, isvc["metadata"]["name"])
+        for follower in followers(kwargs.get(FOLLOWERS_INDEX_ID), "FeatureView", namespace, view):
+            await runner.trigger(namespace, follower)
 
     # Train-to-serve: a newer checkpoint of a referenced TrainingJob rolls out by itself.
     @kopf.on.event(GROUP, VERSION, "trainingjobs")
-    async def _training_job_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
+    async def _training_job_changed(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
         meta = body.get("metadata", {})
         namespace, job = meta.get("namespace"), meta.get("name")
         if not namespace or not job:
@@ -468,12 +474,6 @@ def register(settings: OperatorSettings) -> None:
             checkpoints.forget((namespace, job))
         elif not checkpoints.changed((namespace, job), seen):
             return
-        for isvc in await kube.list_objects(API_VERSION, KIND, namespace):
-            spec = isvc.get("spec") or {}
-            source = (spec.get("model") or {}).get("fromTrainingJob") or {}
-            # A service whose model or one of whose adapters follows the job (a new adapter loads in place).
-            followers = {source.get("name")} | {
-                (a.get("fromTrainingJob") or {}).get("name") for a in spec.get("adapters") or [] if isinstance(a, dict)
-            }
-            if job in followers:
-                await runner.trigger(namespace, isvc["metadata"]["name"])
+        # A service whose model or one of whose adapters follows the job (a new adapter loads in place).
+        for follower in followers(kwargs.get(FOLLOWERS_INDEX_ID), "TrainingJob", namespace, job):
+            await runner.trigger(namespace, follower)
