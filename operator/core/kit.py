@@ -9,6 +9,8 @@ A new kind's `kinds/<kind>/render.py` builds its children from these pieces, so 
 - `s3_env(credentials, endpoint)` and `merge_env(ours, user)`: S3 credentials as env by Secret reference
   (the operator never reads a Secret's data), and the user's variables layered over Loom's.
 - `restricted_security_context()`: non-root, no privilege escalation, no capabilities.
+- `cpu_threads_env(resources)`: OMP_NUM_THREADS from the CPU a container was given (PyTorch otherwise starts a
+  thread per core of the node).
 - Status: `Condition` / `set_condition` (Kubernetes conditions; lastTransitionTime moves only on a change),
   `Event` (what a state machine wants announced; the controller posts it), `condition_events(old, new, warnings)`
   (one event per condition that changed status or reason), `status_patch(old, new)` (the merge
@@ -17,11 +19,22 @@ A new kind's `kinds/<kind>/render.py` builds its children from these pieces, so 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from .model import API_VERSION, Condition, EnvVar, Manifest, S3Credentials, format_time, parse_time, set_condition
+from .model import (
+    API_VERSION,
+    Condition,
+    EnvVar,
+    Manifest,
+    ResourceRequirements,
+    S3Credentials,
+    format_time,
+    parse_time,
+    set_condition,
+)
 
 __all__ = [
     "Condition",
@@ -29,6 +42,7 @@ __all__ = [
     "Manifest",
     "child_metadata",
     "condition_events",
+    "cpu_threads_env",
     "format_time",
     "labels",
     "merge_env",
@@ -153,6 +167,30 @@ def merge_env(ours: list[Manifest], user: list[EnvVar] | None) -> list[Manifest]
         merged.pop(var.name, None)
         merged[var.name] = var.to_wire()
     return list(merged.values())
+
+
+def cpu_cores(quantity: int | str) -> float:
+    """A CPU quantity as cores: 2, "2", "1.5", "500m"; raises ValueError on anything else."""
+    text = str(quantity).strip()
+    return int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+def cpu_threads_env(resources: ResourceRequirements | None) -> list[Manifest]:
+    """OMP_NUM_THREADS for a container that runs PyTorch: its CPU limit, else its CPU request, rounded down and at
+    least 1; 1 when it names no CPU.
+
+    Why: OpenMP (PyTorch's intra-op pool) starts one thread per core of the node, not of the pod, and threads
+    beyond the pod's CPU spin waiting for each other. Measured on a busy 2-core machine, a small model's training
+    step took 7-10x the CPU time with 2 threads than with 1. torchrun sets 1 only when a pod runs several ranks.
+    Put it before the user's variables (`merge_env`): a user's OMP_NUM_THREADS wins."""
+    cpu: int | str | None = None
+    if resources is not None:
+        cpu = (resources.limits or {}).get("cpu") or (resources.requests or {}).get("cpu")
+    try:
+        threads = max(1, math.floor(cpu_cores(cpu))) if cpu is not None else 1
+    except ValueError:
+        threads = 1  # a quantity the API server would refuse anyway
+    return [{"name": "OMP_NUM_THREADS", "value": str(threads)}]
 
 
 # ------------------------------------------------------------------------------------------- status

@@ -28,7 +28,16 @@ from loom.workloads.server.config import (
     ServerConfig,
 )
 
-from ...core.kit import Manifest, child_metadata, labels, merge_env, restricted_security_context, s3_env, selector
+from ...core.kit import (
+    Manifest,
+    child_metadata,
+    cpu_threads_env,
+    labels,
+    merge_env,
+    restricted_security_context,
+    s3_env,
+    selector,
+)
 from ...core.model import InvalidSpec as InvalidSpec  # re-exported
 from .api import InferenceServiceSpec
 from .model import MODEL_ANNOTATION, ModelRef
@@ -203,10 +212,13 @@ def render_service(owner: Manifest) -> Manifest:
 
 def container_env(spec: InferenceServiceSpec, ref: ModelRef) -> list[Manifest]:
     """S3/MLflow settings for the fetch step and the server (credentials by Secret reference, never by value),
-    then the user's variables, which replace Loom's of the same name."""
+    PyTorch's thread count for the default runtime's server (vLLM places its own threads), then the user's
+    variables, which replace Loom's of the same name."""
     env = s3_env(ref.secret_ref, ref.endpoint)
     if ref.tracking_uri:
         env.append({"name": "MLFLOW_TRACKING_URI", "value": ref.tracking_uri})
+    if spec.runtime != "vllm":
+        env += cpu_threads_env(spec.resources)
     return merge_env(env, spec.env)
 
 

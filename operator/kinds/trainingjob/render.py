@@ -8,7 +8,15 @@ which pods are stale.
 
 from __future__ import annotations
 
-from ...core.kit import Manifest, child_metadata, merge_env, owner_of, restricted_security_context, s3_env
+from ...core.kit import (
+    Manifest,
+    child_metadata,
+    cpu_threads_env,
+    merge_env,
+    owner_of,
+    restricted_security_context,
+    s3_env,
+)
 from .api import TRAINING_JOB, TrainingJobSpec
 from .config import (
     CONFIG_DIR,
@@ -131,6 +139,7 @@ def _env(job: Manifest, spec: TrainingJobSpec, index: int, attempt: int, mlflow_
         {"name": "PYTHONSAFEPATH", "value": "1"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         {"name": "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "value": str(TORCHRUN_SHUTDOWN_SECONDS)},
+        *cpu_threads_env(spec.workers.resources),
     ]
     ckpt = spec.checkpoint
     if ckpt is not None:
