@@ -90,23 +90,29 @@ test-real-node: venv image-tools
 # - the e2e tier starts as soon as the stack is built, in $(E2E_WORKERS) pytest-xdist workers, a test module per
 #   worker at a time (each worker is its own test session with its own operator and namespaces on the one shared
 #   stack); tests marked `serial` (they restart a stack component every session shares) run afterwards on their own;
-# - the real node's tier (`make test-real-node`, 11 tests on a stack of its own, about 4 minutes alone once its
-#   binaries are built) is not part of it yet: beside the e2e tier (niced) it took 16 minutes and the whole run went
-#   past 55 minutes on this machine; after the serial tests it would add its 4 minutes to a run already near 45.
+# - the real node's tier (`make test-real-node`, 11 tests on a stack of its own: its own API server, kubelet and
+#   containerd) starts in the background as soon as the main stack is built, at normal priority, beside the e2e tier
+#   (it shares no component with it; the serial tests restart only the main stack's); its output goes to
+#   .state/real-node.log and is printed when the e2e tier is done;
 # - every tier runs even when an earlier one failed, and --durations keeps the slowest tests in the CI log.
 E2E_WORKERS ?= 2
 CLUSTER_FREE_NICE ?= 10
 test: venv image-tools venv-vllm
-	@mkdir -p .state; rm -f .state/cluster-free.failed; failed=""; \
+	@mkdir -p .state; rm -f .state/cluster-free.failed .state/real-node.failed; failed=""; real_node=""; \
 	( nice -n $(CLUSTER_FREE_NICE) $(MAKE) --no-print-directory test-cluster-free > .state/cluster-free.log 2>&1 ) & cluster_free=$$!; \
 	echo "make test: static checks and cluster-free tiers running in the background (.state/cluster-free.log)"; \
 	if $(BIN)/loom dev build; then \
-	  echo "make test: stack ready at $${SECONDS}s; e2e tier"; \
+	  echo "make test: stack ready at $${SECONDS}s; real node's tier in the background (.state/real-node.log); e2e tier"; \
+	  ( $(MAKE) --no-print-directory test-real-node > .state/real-node.log 2>&1 || touch .state/real-node.failed; \
+	    echo "make test-real-node: done at $${SECONDS}s of make test" >> .state/real-node.log ) & real_node=$$!; \
 	  $(BIN)/pytest -q --durations=40 -n $(E2E_WORKERS) --dist loadfile -m "not serial and not real_node" e2e || failed="$$failed e2e"; \
 	  echo "make test: serial tests at $${SECONDS}s"; \
 	  $(BIN)/pytest -q --durations=10 -m "serial and not real_node" e2e; rc=$$?; [ $$rc = 0 ] || [ $$rc = 5 ] || failed="$$failed e2e-serial"; \
 	else failed="$$failed stack-build"; fi; \
-	echo "make test: e2e done at $${SECONDS}s"; wait $$cluster_free; \
+	echo "make test: e2e done at $${SECONDS}s"; \
+	if [ -n "$$real_node" ]; then wait $$real_node; echo "== the real node's tier (.state/real-node.log)"; \
+	  cat .state/real-node.log; [ ! -f .state/real-node.failed ] || failed="$$failed real-node"; fi; \
+	wait $$cluster_free; \
 	echo "== static checks and cluster-free tiers (.state/cluster-free.log), done at $${SECONDS}s"; cat .state/cluster-free.log; \
 	if [ -f .state/cluster-free.failed ]; then failed="$$failed$$(cat .state/cluster-free.failed)"; \
 	else failed="$$failed cluster-free(no result)"; fi; \
