@@ -265,7 +265,11 @@ class InferenceServiceSpec(ApiModel):
     )
     autoscaling: Autoscaling | None = None
     gpus: int = Field(0, ge=0, le=16, description="nvidia.com/gpu per replica.")
-    resources: ResourceRequirements | None = None
+    resources: ResourceRequirements | None = Field(
+        None,
+        description="CPU/memory of the model server (and its fetch step). With the default runtime, its CPU limit "
+        "(else request, else 1) also sets OMP_NUM_THREADS, PyTorch's CPU threads, unless env names it.",
+    )
     node_selector: dict[str, str] | None = None
     tolerations: list[Toleration] | None = Field(None, max_length=32)
     env: list[EnvVar] | None = Field(None, max_length=128)

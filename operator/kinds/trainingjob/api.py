@@ -72,7 +72,11 @@ class Workers(ApiModel):
     )
     max_replicas: int | None = Field(None, ge=1, le=1024, description="Most workers (default: replicas).")
     gpus_per_worker: int = Field(0, ge=0, le=16, description="nvidia.com/gpu per worker; 0 trains on CPU (gloo).")
-    resources: ResourceRequirements | None = Field(None, description="CPU/memory of each worker container.")
+    resources: ResourceRequirements | None = Field(
+        None,
+        description="CPU/memory of each worker container. Its CPU limit (else request, else 1) also sets "
+        "OMP_NUM_THREADS, PyTorch's CPU threads, unless env names it.",
+    )
     node_selector: dict[str, str] | None = Field(None, description="Node labels every worker requires.")
     tolerations: list[Toleration] | None = Field(None, description="Tolerations of every worker.", max_length=32)
 
