@@ -80,10 +80,21 @@ def write_termination_message(path: str | None, document: dict[str, Any]) -> Non
         Path(target).write_text(text)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any] | None:
-    # Imported here so `--help` and config errors need no Feast import (seconds on a small node).
+def import_commands() -> Any:
+    """The commands module, imported only when a command runs, so `--help` and config errors need no Feast import
+    (seconds on a small node); without torch, which Feast imports at its own import whenever it is installed
+    (feast.torch_wrapper, for tensor conversions no command here asks for). The features image has no torch, but a
+    process that can see it (the local stack runs this checkout's environment; a shared image) paid 3-4 CPU-seconds
+    and about 490 MB of memory for it. A None in sys.modules makes `import torch` fail at once, which Feast handles
+    (torch is optional to it)."""
+    sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
     from loom.workloads.features import commands
 
+    return commands
+
+
+def run(args: argparse.Namespace) -> dict[str, Any] | None:
+    commands = import_commands()
     try:
         config = FeaturesConfig.from_file(args.config)
     except (OSError, ValueError) as error:  # unreadable file, bad JSON, or pydantic's ValidationError
