@@ -190,7 +190,9 @@ def test_a_trained_model_is_promoted_and_a_broken_one_rolled_back(
                     "checks": [
                         {"name": "errors", "metric": "error-rate", "max": 0.05},
                         {"name": "latency", "metric": "latency-p99", "max": 5.0},
-                        {"name": "traffic", "metric": "prometheus", "query": ERRORS_QUERY, "min": 0.5},
+                        # The canary's own request rate ({{pods}}: its pods only): any traffic proves the selection;
+                        # one sequential client on a loaded machine gives a canary pod well under 1 request/s.
+                        {"name": "traffic", "metric": "prometheus", "query": ERRORS_QUERY, "min": 0.1},
                     ],
                     "promoteAlias": "champion",
                 },

@@ -236,11 +236,25 @@ def test_judge_thresholds() -> None:
 
 
 def test_due_and_next_pass() -> None:
-    a = analysis()
+    a = analysis(windowSeconds=30)  # evaluated every 20 s over the last 30 s
     start = decide(a, None, version="3", key="k3", now=T0, canary_ready=True, readings=None)
-    assert not is_due(a, start.state, T0 + timedelta(seconds=10))
-    assert is_due(a, start.state, T0 + timedelta(seconds=20))
-    assert seconds_until_due(a, start.state, T0 + timedelta(seconds=5)) == 15
+    # A step's first evaluation waits for a whole window of the step's own data, not only an interval: a window
+    # reaching back before the step reads the canary's rate diluted by the time it had no traffic.
+    assert not is_due(a, start.state, T0 + timedelta(seconds=20))
+    assert is_due(a, start.state, T0 + timedelta(seconds=30))
+    assert seconds_until_due(a, start.state, T0 + timedelta(seconds=5)) == 25
+    first = decide(a, start.state, version="3", key="k3", now=T0 + timedelta(seconds=30), canary_ready=True,
+                   readings=healthy(30, 0))
+    assert first.state.last_evaluated_at is not None
+    # Then every interval.
+    assert not is_due(a, first.state, T0 + timedelta(seconds=45))
+    assert is_due(a, first.state, T0 + timedelta(seconds=50))
+    assert seconds_until_due(a, first.state, T0 + timedelta(seconds=35)) == 15
+    # An interval longer than the window: the first evaluation comes an interval after the step's start.
+    slow = analysis(intervalSeconds=40, windowSeconds=30)
+    begun = decide(slow, None, version="3", key="k3", now=T0, canary_ready=True, readings=None)
+    assert not is_due(slow, begun.state, T0 + timedelta(seconds=30))
+    assert is_due(slow, begun.state, T0 + timedelta(seconds=40))
     assert seconds_until_due(a, None, T0) is None
 
 

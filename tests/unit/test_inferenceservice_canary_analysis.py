@@ -109,7 +109,8 @@ async def test_steps_advance_then_promote(cluster: FakeApi) -> None:
     status = await clock.tick(api, 1)
     assert analysis_of(status)["verdict"] == "Analyzing" and ("Normal", "CanaryStep") in api.events
     assert cond(status, "CanaryAnalysis")[0] == "Unknown"
-    assert clock.asked and clock.asked[-1] == 10  # the runner is asked back for the next evaluation
+    # The runner is asked back for the step's first evaluation: one window (the default 60 s) of the step's own data.
+    assert clock.asked and clock.asked[-1] == 60
     status = await clock.tick(api, 30)
     assert analysis_of(status)["step"] == "1/2"
     status = await clock.tick(api, 31)  # the pause is over

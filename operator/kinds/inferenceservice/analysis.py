@@ -6,10 +6,11 @@ One call is one evaluation:
 
 - a new canary (another model key than the state's): step 1 starts, Waiting until the canary is ready;
 - the canary ready at the step's weight for the first time: the step's pause starts (stepStartedAt);
-- every `intervalSeconds` the checks are judged: a value past a threshold counts as a failure of that check in
-  this analysis, and `failureLimit` failures roll back (1: at once; failures add up over every step, so a
-  flapping check cannot hide behind the passes in between); a check without data holds the step (never
-  advances, never promotes) and fails once it lacked data for `missingDataSeconds`;
+- every `intervalSeconds` the checks are judged (a step's first judgement once a whole `windowSeconds` of the
+  step has passed, so that no window reaches back before the step): a value past a threshold counts as a failure
+  of that check in this analysis, and `failureLimit` failures roll back (1: at once; failures add up over every
+  step, so a flapping check cannot hide behind the passes in between); a check without data holds the step
+  (never advances, never promotes) and fails once it lacked data for `missingDataSeconds`;
 - the pause over and every check passing now (and none at its failure limit): the next step, or after the last
   one, the promotion.
 
@@ -91,13 +92,22 @@ def new_state(analysis: Analysis, version: str, key: str) -> AnalysisStatus:
     )  # fmt: skip
 
 
+def _wait_seconds(analysis: Analysis, state: AnalysisStatus) -> float:
+    """Between evaluations, an interval; before a step's first, a whole window too, so that the first evaluation of
+    a step never looks back before the step (a rate over a window half of which came before the canary had traffic
+    reads half the canary's rate: a healthy canary was rolled back on it, at load)."""
+    if state.last_evaluated_at is None:
+        return float(max(analysis.interval_seconds, analysis.window_seconds))
+    return float(analysis.interval_seconds)
+
+
 def is_due(analysis: Analysis, state: AnalysisStatus | None, now: datetime) -> bool:
-    """Whether this pass should read the metrics: a running step whose last evaluation (or its start) is an
-    interval old, so the first evaluation of a step never looks back before the step."""
+    """Whether this pass should read the metrics: a running step whose last evaluation (or its start) is old
+    enough (`_wait_seconds`)."""
     if state is None or state.verdict in FINAL or state.step_started_at is None:
         return False
     last = parse_time(state.last_evaluated_at) or parse_time(state.step_started_at)
-    return last is None or (now - last).total_seconds() >= analysis.interval_seconds - 0.5
+    return last is None or (now - last).total_seconds() >= _wait_seconds(analysis, state) - 0.5
 
 
 def seconds_until_due(analysis: Analysis, state: AnalysisStatus | None, now: datetime) -> float | None:
@@ -107,7 +117,7 @@ def seconds_until_due(analysis: Analysis, state: AnalysisStatus | None, now: dat
     last = parse_time(state.last_evaluated_at) or parse_time(state.step_started_at)
     if last is None:
         return float(analysis.interval_seconds)
-    return max(1.0, analysis.interval_seconds - (now - last).total_seconds())
+    return max(1.0, _wait_seconds(analysis, state) - (now - last).total_seconds())
 
 
 def decide(

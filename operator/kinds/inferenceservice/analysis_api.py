@@ -99,7 +99,10 @@ class Analysis(ApiModel):
     checks: list[AnalysisCheck] = Field(
         default_factory=list, max_length=16, description="What must hold; without checks each step only waits."
     )
-    interval_seconds: int = Field(30, ge=5, le=600, description="How often the checks are evaluated.")
+    interval_seconds: int = Field(
+        30, ge=5, le=600,
+        description="How often the checks are evaluated (a step's first evaluation waits for a whole window of it).",
+    )
     window_seconds: int = Field(
         60, ge=10, le=3600, description="Range each check's PromQL looks back over (at least two scrapes)."
     )
