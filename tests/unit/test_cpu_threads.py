@@ -43,12 +43,12 @@ def test_threads_follow_the_cpu_limit_else_the_request(resources: dict[str, Any]
 JOB = {"metadata": {"name": "gpt", "namespace": "team-a", "uid": "uid-1", "generation": 1}}
 
 
-def trainer_env(**workers: Any) -> dict[str, dict[str, Any]]:
+def trainer_env(workers: dict[str, Any] | None = None, **fields: Any) -> dict[str, dict[str, Any]]:
     spec = TrainingJobSpec.model_validate({
         "engine": "fsdp",
         "entrypoint": {"module": "loom.workloads.trainer.examples.chargpt:task"},
-        "workers": {"replicas": 2, **workers.pop("workers", {})},
-        **workers,
+        "workers": {"replicas": 2, **(workers or {})},
+        **fields,
     })
     pod = trainingjob_render.worker_pod(JOB, spec, 0, attempt=0, image="loom/trainer:1", mlflow_run_id=None)
     env = pod["spec"]["containers"][0]["env"]

@@ -23,6 +23,7 @@ import sys
 import traceback
 from datetime import UTC, datetime
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from loom.workloads.features.config import (
@@ -80,7 +81,7 @@ def write_termination_message(path: str | None, document: dict[str, Any]) -> Non
         Path(target).write_text(text)
 
 
-def import_commands() -> Any:
+def import_commands() -> ModuleType:
     """The commands module, imported only when a command runs, so `--help` and config errors need no Feast import
     (seconds on a small node); without torch, which Feast imports at its own import whenever it is installed
     (feast.torch_wrapper, for tensor conversions no command here asks for). The features image has no torch, but a

@@ -43,7 +43,7 @@ from .canary import WEIGHT_ANNOTATION, AnalysisInput, Judgement, held_percent, j
 from .canary import read_analysis as read_canary_analysis
 from .canary_report import analysis_condition
 from .features import resolve_features
-from .follows import followers, index_entries
+from .follows import Followed, followers, index_entries
 from .lora import ResolvedAdapters
 from .lora_observe import observe_adapters, read_reports
 from .model import ModelRef, ResolveError, resolve_model
@@ -443,37 +443,36 @@ def register(settings: OperatorSettings) -> None:
             if owner.get("kind") == KIND and owner.get("controller"):
                 await runner.trigger(str(body.metadata.namespace), owner["name"])
 
+    async def followed_changed(
+        kind: Followed, memory: LastSeen[tuple[Any, Any]], body: kopf.Body, event: str | None, seen: tuple[Any, Any],
+        index: Any,
+    ) -> None:
+        """Re-run the services following `body` (follows.py) when the fields `seen` of it changed, or it is gone."""
+        meta = body.get("metadata", {})
+        namespace, name = meta.get("namespace"), meta.get("name")
+        if not namespace or not name:
+            return
+        if event == "DELETED":
+            memory.forget((namespace, name))
+        elif not memory.changed((namespace, name), seen):
+            return
+        for follower in followers(index, kind, namespace, name):
+            await runner.trigger(namespace, follower)
+
     # Enrichment: a FeatureView becoming Ready (or its server moving) re-runs the services that use it.
     views: LastSeen[tuple[Any, Any]] = LastSeen()
 
     @kopf.on.event(GROUP, VERSION, "featureviews")
     async def _feature_view_changed(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
-        meta = body.get("metadata", {})
-        namespace, view = meta.get("namespace"), meta.get("name")
-        if not namespace or not view:
-            return
         status = body.get("status") or {}
         ready = next((c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
-        if type == "DELETED":
-            views.forget((namespace, view))
-        elif not views.changed((namespace, view), (ready, status.get("url"))):
-            return
-        for follower in followers(kwargs.get(FOLLOWERS_INDEX_ID), "FeatureView", namespace, view):
-            await runner.trigger(namespace, follower)
+        await followed_changed("FeatureView", views, body, type, (ready, status.get("url")),
+                               kwargs.get(FOLLOWERS_INDEX_ID))  # fmt: skip
 
-    # Train-to-serve: a newer checkpoint of a referenced TrainingJob rolls out by itself.
+    # Train-to-serve: a newer checkpoint of a referenced TrainingJob rolls out by itself; a new adapter of one loads in
+    # place.
     @kopf.on.event(GROUP, VERSION, "trainingjobs")
     async def _training_job_changed(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
-        meta = body.get("metadata", {})
-        namespace, job = meta.get("namespace"), meta.get("name")
-        if not namespace or not job:
-            return
         status = body.get("status") or {}
         seen = ((status.get("checkpoint") or {}).get("latest"), status.get("phase"))
-        if type == "DELETED":
-            checkpoints.forget((namespace, job))
-        elif not checkpoints.changed((namespace, job), seen):
-            return
-        # A service whose model or one of whose adapters follows the job (a new adapter loads in place).
-        for follower in followers(kwargs.get(FOLLOWERS_INDEX_ID), "TrainingJob", namespace, job):
-            await runner.trigger(namespace, follower)
+        await followed_changed("TrainingJob", checkpoints, body, type, seen, kwargs.get(FOLLOWERS_INDEX_ID))

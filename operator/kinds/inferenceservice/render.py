@@ -212,8 +212,8 @@ def render_service(owner: Manifest) -> Manifest:
 
 def container_env(spec: InferenceServiceSpec, ref: ModelRef) -> list[Manifest]:
     """S3/MLflow settings for the fetch step and the server (credentials by Secret reference, never by value),
-    PyTorch's thread count for the default runtime's server (vLLM places its own threads), then the user's
-    variables, which replace Loom's of the same name."""
+    PyTorch's thread count with the default runtime (both containers share this env; vLLM places its own threads),
+    then the user's variables, which replace Loom's of the same name."""
     env = s3_env(ref.secret_ref, ref.endpoint)
     if ref.tracking_uri:
         env.append({"name": "MLFLOW_TRACKING_URI", "value": ref.tracking_uri})
