@@ -170,7 +170,7 @@ def merge_env(ours: list[Manifest], user: list[EnvVar] | None) -> list[Manifest]
 
 
 def cpu_cores(quantity: int | str) -> float:
-    """A CPU quantity as cores: 2, "2", "1.5", "500m"; raises ValueError on anything else."""
+    """A CPU quantity as cores: 2, "2", "1.5", "500m"; raises ValueError on the suffixes CPU does not use."""
     text = str(quantity).strip()
     return int(text[:-1]) / 1000 if text.endswith("m") else float(text)
 
@@ -189,7 +189,7 @@ def cpu_threads_env(resources: ResourceRequirements | None) -> list[Manifest]:
     try:
         threads = max(1, math.floor(cpu_cores(cpu))) if cpu is not None else 1
     except ValueError:
-        threads = 1  # a quantity the API server would refuse anyway
+        threads = 1  # a valid quantity no one writes for CPU ("2k", "1Ki"): the pod gets what the scheduler gives
     return [{"name": "OMP_NUM_THREADS", "value": str(threads)}]
 
 

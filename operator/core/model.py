@@ -5,10 +5,11 @@ Field descriptions become `kubectl explain` text, so they are written for the pe
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, ValidationError, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 GROUP = "loom.dev"
@@ -63,8 +64,33 @@ def validations(*rules: dict[str, str]) -> ConfigDict:
     return ConfigDict(json_schema_extra={"x-kubernetes-validations": entries})
 
 
-# A Kubernetes resource quantity ("500m", "2Gi", 4): int-or-string on the wire, validated by the API server.
+# A Kubernetes resource quantity's syntax (as the API server's own CRD generator writes it for resource.Quantity).
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+
+
+def _quantity(value: int | str) -> int | str:
+    if isinstance(value, str) and not re.match(QUANTITY_PATTERN, value):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 500m, 2, 1.5, 4Gi)")
+    return value
+
+
+# A Kubernetes resource quantity ("500m", "2Gi", 4): int-or-string on the wire. Checked at admission (the pattern):
+# the API server checks a quantity only where it is a Pod's, so a bad one would otherwise surface as a pod the
+# operator can never create.
 Quantity = Annotated[
+    int | str,
+    AfterValidator(_quantity),
+    WithJsonSchema({
+        "x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}],
+        "pattern": QUANTITY_PATTERN,
+    }),
+]
+
+# A count or a percentage ("25%", 1), as a Deployment's maxSurge: int-or-string, checked by the API server in the
+# Deployment.
+IntOrPercent = Annotated[
     int | str,
     WithJsonSchema({"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}),
 ]

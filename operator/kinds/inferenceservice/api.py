@@ -21,6 +21,7 @@ from ...core.model import (
     ApiModel,
     DnsName,
     EnvVar,
+    IntOrPercent,
     Quantity,
     ResourceRequirements,
     S3Credentials,
@@ -187,10 +188,10 @@ class Rollout(ApiModel):
             field_path=".analysis"),
     )  # fmt: skip
 
-    max_surge: Quantity | None = Field(
+    max_surge: IntOrPercent | None = Field(
         None, description="Default: 25% on CPU, 0 when GPUs are requested (no spare GPU is assumed)."
     )
-    max_unavailable: Quantity | None = Field(None, description="Default: 0 on CPU, 1 when GPUs are requested.")
+    max_unavailable: IntOrPercent | None = Field(None, description="Default: 0 on CPU, 1 when GPUs are requested.")
     canary_percent: int | None = Field(
         None,
         ge=0,
