@@ -78,7 +78,9 @@ def from_schema(schema: Schema) -> st.SearchStrategy[Any]:
     if "enum" in schema:
         return st.sampled_from(schema["enum"])
     if schema.get("x-kubernetes-int-or-string"):
-        return st.one_of(st.integers(0, 64), st.from_regex(r"\A[1-9][0-9]{0,3}(m|Mi|Gi|%)?\Z"))
+        # A quantity carries the API server's own pattern (no "%"); a count-or-percentage carries none.
+        strings = r"\A[1-9][0-9]{0,3}(m|Mi|Gi)?\Z" if "pattern" in schema else r"\A[1-9][0-9]{0,3}(m|Mi|Gi|%)?\Z"
+        return st.one_of(st.integers(0, 64), st.from_regex(strings))
     if "anyOf" in schema and "type" not in schema:
         rest = {k: v for k, v in schema.items() if k != "anyOf"}
         return st.one_of([from_schema({**rest, **option}) for option in schema["anyOf"]])

@@ -317,7 +317,7 @@ def test_ensemble_combines_outputs_by_step_name(
     assert outputs == [("current/topic", ["hi"]), ("challenger/topic", ["hi"])]
 
 
-def test_generation_streams_through_a_sequence_in_several_chunks(
+def test_generation_streams_through_a_sequence_event_by_event(
     cluster: Cluster, loom_operator: OperatorProcess, graph_namespace: str, s3: S3Endpoint, tmp_path: Path
 ) -> None:
     import torch
@@ -343,16 +343,16 @@ def test_generation_streams_through_a_sequence_in_several_chunks(
     apply_graph(cluster, ns, graph("story", nodes))
     wait_graph_ready(cluster, loom_operator, ns, "story")
 
-    chunks, events = 0, []
     request = {"text_input": "To be", "parameters": {"max_tokens": 24, "temperature": 0}}
     url = f"{service_url(ns, 'story')}/v2/models/story/generate_stream"
     with client() as http, http.stream("POST", url, json=request) as response:
         assert response.status_code == 200, response.read()
-        buffer = b""
-        for chunk in response.iter_raw():
-            chunks += 1
-            buffer += chunk
-        events = [json.loads(line[5:]) for line in buffer.decode().splitlines() if line.startswith("data:")]
-    assert len(events) > 1 and chunks > 1, (chunks, events)
+        assert response.headers["content-type"].startswith("text/event-stream")
+        body = response.read()
+    # One event per token. How many network chunks carry them depends on how busy the machine is (a tiny model
+    # can finish before the router reads its first bytes), so that events are passed on before the stream ends is
+    # proven with a gated upstream in tests/unit/test_router_http.py, not counted here.
+    events = [json.loads(line[5:]) for line in body.decode().splitlines() if line.startswith("data:")]
+    assert len(events) > 1, events
     assert all("error" not in e and e["model_name"] == "tiny-gpt" for e in events), events
     assert len("".join(e["text_output"] for e in events)) == 24

@@ -2,7 +2,8 @@
 its own network namespace on the stack's bridge, Services through kube-proxy.
 
 Needs a stack started with the real node (`LOOM_STACK_REAL_NODE=1`, `make test-real-node`, or `loom dev up
---real-node`); not part of `make test` yet (marker `real_node`), see devstack/cluster/README.md for its costs.
+--real-node`); `make test` runs it as its own tier beside the e2e tier (marker `real_node`), see
+devstack/cluster/README.md for its costs.
 """
 
 from __future__ import annotations
@@ -40,14 +41,25 @@ SERVE_OWN_NAME = (
 # What a pod does to reach the API server the way in-cluster clients do: the `kubernetes` Service's address from its
 # environment, its service account's token and CA.
 CALL_API_SERVER = (
-    "import json, os, socket, ssl, urllib.request\n"
-    "print('dns', socket.gethostbyname('kubernetes.default'))\n"
+    "import json, os, socket, ssl, time, urllib.request\n"
     "sa = '/var/run/secrets/kubernetes.io/serviceaccount'\n"
     "host, port = os.environ['KUBERNETES_SERVICE_HOST'], os.environ['KUBERNETES_SERVICE_PORT']\n"
     "req = urllib.request.Request(f'https://{host}:{port}/version',\n"
     "    headers={'Authorization': 'Bearer ' + open(sa + '/token').read()})\n"
     "ctx = ssl.create_default_context(cafile=sa + '/ca.crt')\n"
-    "print('service', host, 'version', json.load(urllib.request.urlopen(req, context=ctx, timeout=10))['gitVersion'])\n"
+    # Retried for a minute as in-cluster clients do: on a machine this busy one attempt can miss a timeout.
+    "deadline = time.monotonic() + 60\n"
+    "while True:\n"
+    "    try:\n"
+    "        address = socket.gethostbyname('kubernetes.default')\n"
+    "        version = json.load(urllib.request.urlopen(req, context=ctx, timeout=10))['gitVersion']\n"
+    "        break\n"
+    "    except OSError:\n"
+    "        if time.monotonic() > deadline:\n"
+    "            raise\n"
+    "        time.sleep(1)\n"
+    "print('dns', address)\n"
+    "print('service', host, 'version', version)\n"
 )
 
 
@@ -95,7 +107,8 @@ def run_pod(api: client.ApiClient, namespace: str, manifest: dict[str, Any]) -> 
         pod: client.V1Pod = core.read_namespaced_pod(name, namespace)
         once = manifest["spec"].get("restartPolicy") == "Never"
         if pod.status.phase == "Failed" or (pod.status.phase == "Succeeded" and not once):
-            raise AssertionError(f"pod {name} ended: {pod.status}")
+            log = core.read_namespaced_pod_log(name, namespace)
+            raise AssertionError(f"pod {name} ended: {pod.status}\nits log:\n{log}")
         ready = any(c.type == "Ready" and c.status == "True" for c in (pod.status.conditions or []))
         done = once and pod.status.phase == "Succeeded"
         return pod if ready or done else None

@@ -140,6 +140,13 @@ def _wait(what: str, component: str, check: Callable[[], bool], timeout: float =
         time.sleep(0.2)
 
 
+def _proxy_synced() -> bool:
+    """Whether kube-proxy has written the Service rules once: its /livez lists a per-family status only after a
+    proxier's first successful sync."""
+    livez = f"http://{config.NODE_IP}:{config.KUBE_PROXY_HEALTHZ_PORT}/livez"
+    return bool(httpx.get(livez, timeout=5).json().get("status"))
+
+
 def _containerd_answers(ctr: Path) -> bool:
     result = subprocess.run(
         [str(ctr), "--address", str(CONTAINERD_SOCKET), "version"], capture_output=True, text=True, check=False
@@ -174,6 +181,8 @@ def up(api: client.ApiClient, pki: Pki, node_bin: Path, apiserver_port: int, reg
     _wait(f"node {config.NODE_NAME} Ready", "kubelet", lambda: node_ready(api))
     ready = f"http://{config.NODE_IP}:{config.DNS_READY_PORT}/ready"
     _wait("cluster DNS", "coredns", lambda: httpx.get(ready, timeout=5).status_code == 200)
+    # kube-proxy answers healthy while it starts; Service addresses work once its first sync wrote the rules.
+    _wait("kube-proxy's first sync of the Service rules", "kube-proxy", _proxy_synced)
     progress(f"real node {config.NODE_NAME} Ready ({time.monotonic() - started:.1f}s)")
 
 
