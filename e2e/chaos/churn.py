@@ -356,7 +356,8 @@ def churn(cluster: Any, workdir: Path, objects: int, kills: int, seed: int | Non
         # A pass that read its object just before the deletion used to apply a child the garbage collector had just
         # removed: created again, owned by a uid that is gone, and collected again. kube.apply now checks the owner
         # right before each apply, so both kinds of second creation are failures, reported apart.
-        # One window stays open: the owner check and the PATCH are one round trip apart, and an owner deleted in
+        # One window stays open: the owner check and the PATCH are one round trip apart (or an owner answer at most
+        # 0.5 s old, watch_cache.py ALIVE_S, stands for the check), and an owner deleted in
         # between (with the garbage collector removing the child just as fast: seen in CI, both within 200 ms) lets
         # the PATCH create the child again, owned by the gone uid, and the collector removes it again ("left after
         # deletion" above proves it did). Re-creations inside that window are counted apart; any later one fails.

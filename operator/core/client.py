@@ -278,12 +278,22 @@ def _controller(manifest: Manifest) -> Manifest | None:
 
 
 async def _owner_exists(namespace: str | None, ref: Manifest) -> bool:
-    """The controlling owner `ref` still exists with the same uid."""
+    """The controlling owner `ref` still exists with the same uid: the API server said so within one round trip
+    (watch_cache.py: alive, e.g. the pass's own status write), or a GET says so now."""
+    key = (ref["apiVersion"], ref["kind"], namespace or "", ref["name"])
+    if WATCHED.alive(key, ref["uid"], time.monotonic()):
+        return True
     try:
         owner = await _call("GET", resource(ref["apiVersion"], ref["kind"]).path(namespace, ref["name"]))
     except NotFound:
         return False
-    return owner is not None and owner["metadata"].get("uid") == ref["uid"]
+    if owner is not None and key[:2] in CACHED_OBJECTS:
+        WATCHED.answered(owner, time.monotonic())
+    return owner is not None and owner["metadata"].get("uid") == ref["uid"] and not _deleting(owner)
+
+
+def _deleting(body: Manifest) -> bool:
+    return bool(body["metadata"].get("deletionTimestamp"))
 
 
 async def apply(manifest: Manifest, *, subresource: str | None = None, force: bool = True) -> Manifest:
@@ -292,10 +302,12 @@ async def apply(manifest: Manifest, *, subresource: str | None = None, force: bo
     A child (a manifest with a controlling ownerReference) is applied only while its owner still exists, same uid:
     a pass reads its object once, then may take seconds to reach its applies, and an apply after the owner's
     deletion re-creates a child the garbage collector had just removed (found by the operator-churn chaos test).
-    Raises OwnerGone instead. The check and the PATCH go out back to back (with the sync client's thread pool an
-    apply once queued for a thread between them, and the owner's deletion and the garbage collector fit in that
-    wait: 3 of 347 children at report scale, load 15). The window left is one round trip (an owner deleted between
-    the GET and the PATCH); the garbage collector closes it, removing a child whose owner's uid is gone."""
+    Raises OwnerGone instead (also for an owner being deleted). The check and the PATCH go out back to back (with
+    the sync client's thread pool an apply once queued for a thread between them, and the owner's deletion and the
+    garbage collector fit in that wait: 3 of 347 children at report scale, load 15). The check is a GET, or an
+    answer the API server gave for the owner at most ALIVE_S (0.5 s, a busy round trip) ago and no deletion seen
+    since (watch_cache.py: alive; a TrainingJob's status write before its children and pods). The window left is
+    that round trip; the garbage collector closes it, removing a child whose owner's uid is gone."""
     res = resource(manifest["apiVersion"], manifest["kind"])
     owner = None if subresource else _controller(manifest)
     meta = manifest["metadata"]
@@ -385,6 +397,8 @@ async def patch_status(api_version: str, kind: str, namespace: str, name: str, s
     result = await _call("PATCH", path, body={"status": status}, content_type="application/merge-patch+json")
     # Until the watch brings this write back, a pass reads the object from the API server (watch_cache.py).
     WATCHED.wrote((api_version, kind, namespace, name), version_of(result), time.monotonic())
+    if (api_version, kind) in CACHED_OBJECTS:
+        WATCHED.answered(result, time.monotonic())  # it exists: the owner check of the children applied next
 
 
 async def merge_patch(

@@ -21,6 +21,12 @@ that stream is kept (core/runner.py: watch_objects feeds it), and it answers wit
   here) is not re-created by a skipped apply, which is the safe side: the deletion's event triggers a pass that
   finds it gone.
 
+- `alive`: the API server answered for this object, with this uid and not being deleted, at most
+  `alive_s` ago (a write of Loom's to it, or the owner check itself). kube.apply checks a child's owner right before
+  applying it; an answer this recent is that check, one round trip old like the GET it replaces (a TrainingJob's
+  pass writes its status, then applies four children: without it, four owner GETs on the way to its pods). A DELETED
+  event, or a body being deleted, ends it at once.
+
 Limits, all on the side of asking the API server: a child is applied again at least every `max_age_s` even when
 unchanged (a child whose events stopped reaching the cache, say its managed-by label was removed, is corrected that
 often, as a controller's periodic resync would), and an awaited write that the watch skipped (a relist after the
@@ -37,6 +43,10 @@ from .model import Manifest
 Key = tuple[str, str, str, str]  # (apiVersion, kind, namespace, name)
 MAX_AGE_S = 600.0
 AWAIT_S = 60.0
+# How old an answer may be and still prove an owner alive: about one round trip of a busy API server. The
+# operator-churn chaos test tolerates a child applied within its owner's deletion second (the garbage collector
+# removes it); an older answer means a GET.
+ALIVE_S = 0.5
 
 
 def key_of(body: Manifest) -> Key:
@@ -71,9 +81,11 @@ class _Applied:
 
 
 class WatchCache:
-    def __init__(self, max_age_s: float = MAX_AGE_S, await_s: float = AWAIT_S) -> None:
+    def __init__(self, max_age_s: float = MAX_AGE_S, await_s: float = AWAIT_S, alive_s: float = ALIVE_S) -> None:
         self.max_age_s = max_age_s
         self.await_s = await_s
+        self.alive_s = alive_s
+        self._alive: dict[Key, tuple[str, float]] = {}  # key -> (uid, when the API server answered for it)
         self._seen: dict[Key, Manifest] = {}
         self._applied: dict[Key, _Applied] = {}
         self._awaiting: dict[Key, tuple[str, float]] = {}  # key -> (resourceVersion of Loom's write, when)
@@ -88,6 +100,8 @@ class WatchCache:
         if event_type == "DELETED":
             self.forget(key)
             return
+        if body.get("metadata", {}).get("deletionTimestamp"):
+            self._alive.pop(key, None)
         self._seen[key] = json_copy(body)
         self._absent.pop(key, None)
         awaited = self._awaiting.get(key)
@@ -95,6 +109,7 @@ class WatchCache:
             del self._awaiting[key]
 
     def forget(self, key: Key) -> None:
+        self._alive.pop(key, None)
         self._seen.pop(key, None)
         self._applied.pop(key, None)
         self._awaiting.pop(key, None)
@@ -113,6 +128,23 @@ class WatchCache:
             del self._absent[key]
             return False
         return True
+
+    def answered(self, body: Manifest | None, now: float) -> None:
+        """The API server answered a request with this object as it is now (a GET or a write's result)."""
+        if body is None:
+            return
+        meta = body.get("metadata") or {}
+        if not meta.get("uid") or not body.get("kind"):
+            return  # a status or scale subresource's answer may lack what names the object
+        if meta.get("deletionTimestamp"):
+            self._alive.pop(key_of(body), None)
+        else:
+            self._alive[key_of(body)] = (str(meta["uid"]), now)
+
+    def alive(self, key: Key, uid: str, now: float) -> bool:
+        """Whether the API server answered for this object, with this uid and not being deleted, within alive_s."""
+        answer = self._alive.get(key)
+        return answer is not None and answer[0] == uid and now - answer[1] <= self.alive_s
 
     def wrote(self, key: Key, resource_version: str | None, now: float) -> None:
         """Loom wrote the object other than by an apply; `resource_version` is what the API server answered."""

@@ -1,12 +1,14 @@
 """kube.apply re-checks a child's owner right before applying it: a pass that read its object just before the
 object was deleted must not re-create a child the garbage collector has just removed (found by the operator-churn
-chaos test). The API server is an in-memory fake behind the client's single HTTP entry point (`_call`), and the
-runner ends such a pass quietly."""
+chaos test). The check is a GET, or an answer of the API server for the owner at most one round trip old (the
+pass's own status write). The API server is an in-memory fake behind the client's single HTTP entry point
+(`_call`), and the runner ends such a pass quietly."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,11 +16,16 @@ import pytest
 from loom.operator.core import client
 from loom.operator.core import client as kube
 from loom.operator.core.runner import Runner
+from loom.operator.core.watch_cache import WatchCache
 
 pytestmark = pytest.mark.timeout(30)
 
 OWNER_PATH = "/apis/loom.dev/v1alpha1/namespaces/ml/inferenceservices/bot"
-OWNER = {"apiVersion": "loom.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": "bot", "uid": "u1"}}
+OWNER: dict[str, Any] = {
+    "apiVersion": "loom.dev/v1alpha1",
+    "kind": "InferenceService",
+    "metadata": {"name": "bot", "namespace": "ml", "uid": "u1"},
+}
 
 
 def child(name: str, uid: str = "u1", controller: bool = True) -> dict[str, Any]:
@@ -38,9 +45,12 @@ class FakeServer:
     async def __call__(self, method: str, path: str, **_: Any) -> Any:
         self.calls.append((method, path))
         if method == "GET":
+            await asyncio.sleep(0)  # in flight: other requests go out meanwhile
             if path not in self.objects:
                 raise client.NotFound(path)
             return self.objects[path]
+        if path.endswith("/status"):  # a status write answers with the whole object
+            return self.objects[path.removesuffix("/status")]
         self.objects[path] = {"metadata": {"name": path.rsplit("/", 1)[-1]}}
         return self.objects[path]
 
@@ -52,7 +62,16 @@ class FakeServer:
 def server(monkeypatch: pytest.MonkeyPatch) -> FakeServer:
     fake = FakeServer()
     monkeypatch.setattr(client, "_call", fake)
+    monkeypatch.setattr(client, "WATCHED", WatchCache())
     return fake
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The client's monotonic clock, set by the test."""
+    now = [1000.0]
+    monkeypatch.setattr(client, "time", SimpleNamespace(monotonic=lambda: now[0]))  # the client's only use of time
+    return now
 
 
 async def test_a_child_is_applied_after_one_get_of_its_live_owner(server: FakeServer) -> None:
@@ -69,7 +88,7 @@ async def test_a_deleted_owner_stops_the_apply(server: FakeServer) -> None:
 
 async def test_a_namesake_owner_with_another_uid_stops_the_apply(server: FakeServer) -> None:
     # Deleted and created again under the same name: the child rendered for the old one must not be applied.
-    server.objects[OWNER_PATH] = {**OWNER, "metadata": {"name": "bot", "uid": "u2"}}
+    server.objects[OWNER_PATH] = {**OWNER, "metadata": {"name": "bot", "namespace": "ml", "uid": "u2"}}
     with pytest.raises(kube.OwnerGone):
         await kube.apply(child("bot-config", uid="u1"))
     assert server.patched() == []
@@ -84,21 +103,66 @@ async def test_objects_without_a_controlling_owner_are_applied_without_a_check(s
     assert [method for method, _ in server.calls] == ["PATCH", "PATCH"]
 
 
-async def test_every_apply_checks_its_owner_right_before_its_patch(server: FakeServer) -> None:
+async def test_every_apply_checks_its_owner_right_before_its_patch(server: FakeServer, clock: list[float]) -> None:
     await asyncio.gather(*(kube.apply(child(f"bot-{i}")) for i in range(4)))
-    # A shared check would let later PATCHes rely on an older answer: each apply checks, then applies.
+    # Applies that start together each check: none can rely on an answer that has not come yet.
     methods = [method for method, _ in server.calls]
     assert methods.count("GET") == 4 and len(server.patched()) == 4
+    clock[0] += 0.4  # an owner answer this recent is the check (one busy round trip old)
     await kube.apply(child("bot-0"))
-    assert server.calls[-2:] == [("GET", OWNER_PATH), ("PATCH", "/api/v1/namespaces/ml/configmaps/bot-0")]
+    assert server.calls[-1] == ("PATCH", "/api/v1/namespaces/ml/configmaps/bot-0")
+    clock[0] += 0.2  # older than ALIVE_S: asked again
+    await kube.apply(child("bot-1"))
+    assert server.calls[-2:] == [("GET", OWNER_PATH), ("PATCH", "/api/v1/namespaces/ml/configmaps/bot-1")]
+
+
+async def test_the_pass_status_write_is_the_owner_check_of_the_children_after_it(
+    server: FakeServer, clock: list[float]
+) -> None:
+    # A TrainingJob's pass writes its status first, then applies its children: the write's answer proves the owner.
+    await kube.patch_status("loom.dev/v1alpha1", "InferenceService", "ml", "bot", {"phase": "Pending"})
+    server.calls.clear()
+    await asyncio.gather(kube.apply(child("bot-config")), kube.apply(child("bot-svc")))
+    assert [method for method, _ in server.calls] == ["PATCH", "PATCH"]
+
+
+async def test_a_deleted_event_or_a_deletion_ends_the_proof_at_once(server: FakeServer, clock: list[float]) -> None:
+    await kube.apply(child("bot-config"))  # the GET's answer proves the owner for ALIVE_S
+    client.WATCHED.seen("DELETED", OWNER)
+    del server.objects[OWNER_PATH]
+    with pytest.raises(kube.OwnerGone):
+        await kube.apply(child("bot-deployment"))
+    # Being deleted (a finalizer or foreground deletion holds it): no longer an owner to apply children for.
+    deleting = {**OWNER, "metadata": {**OWNER["metadata"], "deletionTimestamp": "2026-11-27T12:00:00Z"}}
+    server.objects[OWNER_PATH] = deleting
+    with pytest.raises(kube.OwnerGone):
+        await kube.apply(child("bot-deployment"))
+    server.objects[OWNER_PATH] = OWNER
+    await kube.apply(child("bot-deployment"))  # a live answer again
+    client.WATCHED.seen("MODIFIED", deleting)  # the watch brings the deletion: the proof ends
+    server.objects[OWNER_PATH] = deleting
+    with pytest.raises(kube.OwnerGone):
+        await kube.apply(child("bot-deployment"))
+
+
+async def test_a_proof_is_for_one_uid(server: FakeServer, clock: list[float]) -> None:
+    await kube.apply(child("bot-config"))
+    server.objects[OWNER_PATH] = {
+        **OWNER,
+        "metadata": {"name": "bot", "namespace": "ml", "uid": "u2"},
+    }  # a namesake, at once
+    with pytest.raises(kube.OwnerGone):
+        await kube.apply(child("bot-svc", uid="u2-stale"))
+    await kube.apply(child("bot-svc", uid="u2"))
 
 
 async def test_a_pass_whose_object_is_deleted_midway_ends_quietly(
-    server: FakeServer, caplog: pytest.LogCaptureFixture
+    server: FakeServer, clock: list[float], caplog: pytest.LogCaptureFixture
 ) -> None:
     async def one_pass(namespace: str, name: str) -> None:
         await kube.apply(child("bot-config"))
-        del server.objects[OWNER_PATH]  # the object is deleted while its pass runs
+        del server.objects[OWNER_PATH]  # the object is deleted while its pass runs,
+        clock[0] += 1.0  # which takes longer than a round trip to reach its next apply
         await kube.apply(child("bot-deployment"))
         raise AssertionError("the pass went on after its owner was deleted")
 

@@ -9,7 +9,9 @@ which `safe_set_full_*` scatters back into whatever ZeRO partitioning the new wo
 from __future__ import annotations
 
 import math
+import sys
 from abc import ABC, abstractmethod
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -113,8 +115,11 @@ class FSDPEngine(Engine):
         # Fused AdamW on GPUs (one kernel for all parameters); foreach on CPU.
         fused = device.type == "cuda"
         self.optimizer = torch.optim.AdamW(
-            trainable(model), lr=training.learning_rate, weight_decay=training.weight_decay,
-            fused=fused, foreach=not fused,
+            trainable(model),
+            lr=training.learning_rate,
+            weight_decay=training.weight_decay,
+            fused=fused,
+            foreach=not fused,
         )
         self.frozen = has_frozen(model)
         self.scheduler = LambdaLR(self.optimizer, lr_lambda(training.warmup_steps, training.max_steps))
@@ -150,15 +155,19 @@ class FSDPEngine(Engine):
         state = self.checkpoint_state()
         load(state)
         set_state_dict(
-            self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
             options=self._options(),
         )
 
     def full_model_state(self, trainable_only: bool = False) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False,
-                                   ignore_frozen_params=trainable_only)
+        options = StateDictOptions(
+            full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False, ignore_frozen_params=trainable_only
+        )
         full: dict[str, torch.Tensor] = {}
         for name, value in get_model_state_dict(self.model, options=options).items():
             if not isinstance(value, torch.Tensor):
@@ -168,9 +177,26 @@ class FSDPEngine(Engine):
         return full
 
 
+def import_deepspeed() -> ModuleType:
+    """DeepSpeed, imported without MLflow. Its autotuner (which Loom does not use) imports mlflow whenever it is
+    installed, at DeepSpeed's own import: about 3.5 of its 10 CPU-seconds, on every rank of every DeepSpeed job. A
+    rank that tracks to MLflow imports it itself afterwards (tracking.py), as it would have anyway."""
+    if "deepspeed" in sys.modules or "mlflow" in sys.modules:
+        import deepspeed
+
+        return deepspeed
+    sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` raises ImportError: has_mlflow False
+    try:
+        import deepspeed
+    finally:
+        if sys.modules.get("mlflow", ...) is None:
+            del sys.modules["mlflow"]
+    return deepspeed
+
+
 class DeepSpeedEngine(Engine):
     def __init__(self, config: TrainerConfig, task: TrainTask, model: nn.Module, device: torch.device) -> None:
-        import deepspeed
+        deepspeed = import_deepspeed()
 
         if device.type == "cpu":
             # DeepSpeed's CPU backend would JIT-compile a shared-memory all-reduce (needs a compiler in the
@@ -304,8 +330,11 @@ class DeepSpeedEngine(Engine):
                     base.state[param][key].copy_(state["optim"][f"{name}.{key}"])
         for per_param in base.state.values():
             if "step" in per_param:
-                per_param["step"] = torch.as_tensor(float(state["optim_step"]), dtype=per_param["step"].dtype) \
-                    if torch.is_tensor(per_param["step"]) else float(state["optim_step"])
+                per_param["step"] = (
+                    torch.as_tensor(float(state["optim_step"]), dtype=per_param["step"].dtype)
+                    if torch.is_tensor(per_param["step"])
+                    else float(state["optim_step"])
+                )
 
     @staticmethod
     def _set_compute_weight(param: nn.Parameter, value: torch.Tensor) -> None:
