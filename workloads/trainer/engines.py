@@ -8,6 +8,7 @@ which `safe_set_full_*` scatters back into whatever ZeRO partitioning the new wo
 
 from __future__ import annotations
 
+import importlib
 import math
 import sys
 from abc import ABC, abstractmethod
@@ -181,17 +182,14 @@ def import_deepspeed() -> ModuleType:
     """DeepSpeed, imported without MLflow. Its autotuner (which Loom does not use) imports mlflow whenever it is
     installed, at DeepSpeed's own import: about 3.5 of its 10 CPU-seconds, on every rank of every DeepSpeed job. A
     rank that tracks to MLflow imports it itself afterwards (tracking.py), as it would have anyway."""
-    if "deepspeed" in sys.modules or "mlflow" in sys.modules:
-        import deepspeed
-
-        return deepspeed
-    sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` raises ImportError: has_mlflow False
+    hide = "mlflow" not in sys.modules and "deepspeed" not in sys.modules
+    if hide:
+        sys.modules["mlflow"] = None  # type: ignore[assignment]  # `import mlflow` then raises ImportError
     try:
-        import deepspeed
+        return importlib.import_module("deepspeed")
     finally:
-        if sys.modules.get("mlflow", ...) is None:
+        if hide and sys.modules.get("mlflow", ...) is None:
             del sys.modules["mlflow"]
-    return deepspeed
 
 
 class DeepSpeedEngine(Engine):
