@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -67,10 +68,28 @@ class ServiceStartError(RuntimeError):
     pass
 
 
+# Ports handed out come from below Linux's ephemeral range (32768-60999), where the kernel picks the source port of
+# every outgoing connection and the port of every bind to 0: a port chosen there and bound seconds later by a slow
+# starter (a vLLM engine, after a minute of imports) was taken meanwhile ("Address already in use", seen in CI).
+PORT_RANGE = (20000, 32768)
+_handed_out: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on now, below the ephemeral range, never the same twice in one process."""
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(*PORT_RANGE)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port in {PORT_RANGE[0]}-{PORT_RANGE[1] - 1} on {host} after 200 tries")
 
 
 def _service_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
