@@ -289,11 +289,8 @@ async def _owner_exists(namespace: str | None, ref: Manifest) -> bool:
         return False
     if owner is not None and key[:2] in CACHED_OBJECTS:
         WATCHED.answered(owner, time.monotonic())
-    return owner is not None and owner["metadata"].get("uid") == ref["uid"] and not _deleting(owner)
-
-
-def _deleting(body: Manifest) -> bool:
-    return bool(body["metadata"].get("deletionTimestamp"))
+    meta = owner["metadata"] if owner is not None else {}
+    return bool(meta.get("uid") == ref["uid"] and not meta.get("deletionTimestamp"))
 
 
 async def apply(manifest: Manifest, *, subresource: str | None = None, force: bool = True) -> Manifest:
