@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from loom.operator.core.runner import LastSeen, Runner, resync_order
+from loom.operator.core.runner import LastSeen, Runner, own_kind_handlers, resync_order, trigger_fields
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -173,6 +173,48 @@ def test_last_seen_reports_changes_and_forgets_deleted_objects() -> None:
     assert seen.changed(("ns", "job"), ("s3://c/step-20", "Running"))  # a re-created namesake starts afresh
 
 
+async def test_own_kind_events_pass_on_first_sight_a_spec_change_and_an_also_on_field_only() -> None:
+    """The own-kind handler: a pass when an object is first seen (created, or listed when the operator starts), when
+    its generation moves (a spec change) or a field in `also_on` changes; none for a status write (the operator's
+    own) or a label; a deletion forgets the object, calls `deleted`, and a namesake created later is new again."""
+    import kopf
+
+    recorder, removed = Recorder(), []
+    runner = Runner("Thing", recorder, interval_s=60, timeout_s=5)
+
+    async def deleted(namespace: str, name: str, spec: Any) -> None:
+        removed.append((namespace, name, dict(spec)))
+
+    previous, registry = kopf.get_default_registry(), kopf.OperatorRegistry()
+    kopf.set_default_registry(registry)
+    try:
+        also_on = [("metadata", "annotations", "now")]
+        own_kind_handlers(runner, "things", "things_index", also_on=also_on, deleted=deleted)
+    finally:
+        kopf.set_default_registry(previous)
+    [handler] = [h for h in registry._watching.get_all_handlers() if h.id == "changed"]
+
+    def thing(generation: int, **meta: Any) -> dict[str, Any]:
+        metadata = {"name": "a", "namespace": "ns", "generation": generation, **meta}
+        return {"metadata": metadata, "spec": {"n": generation}}
+
+    async def event(kind: str | None, body: dict[str, Any], passes: int) -> None:
+        await handler.fn(type=kind, body=body, namespace="ns", name="a", spec=body["spec"])
+        assert len(recorder.calls) == passes, (kind, body)
+
+    await event(None, thing(1), passes=1)  # listed at start-up (or created while the operator was down)
+    await event("MODIFIED", {**thing(1), "status": {"phase": "Running"}}, passes=1)  # a status write
+    await event("MODIFIED", thing(1, labels={"team": "x"}), passes=1)
+    await event("MODIFIED", thing(2), passes=2)  # spec changed
+    await event("MODIFIED", thing(2, annotations={"now": "t1"}), passes=3)
+    await event("MODIFIED", thing(2, annotations={"now": "t1", "other": "y"}), passes=3)
+    await event("DELETED", thing(2, annotations={"now": "t1"}), passes=3)
+    assert removed == [("ns", "a", {"n": 2})]
+    await event("ADDED", thing(1), passes=4)  # a namesake
+    assert trigger_fields(thing(3, annotations={"now": "t2"}), [("metadata", "annotations", "now")]) == (3, "t2")
+    assert trigger_fields({"metadata": {}}, [("metadata", "annotations", "now")]) == (None, None)
+
+
 def _registered() -> Any:
     """A fresh Kopf registry holding every handler the operator's controllers register."""
     import kopf
@@ -191,14 +233,15 @@ def _registered() -> Any:
     return registry
 
 
-def test_no_controller_puts_a_finalizer_on_its_objects() -> None:
-    """Resync through the runner, no kopf.timer/daemon, delete handlers optional: deleting an object (or its
-    namespace) never waits for the operator, even while it is down."""
+def test_no_controller_puts_a_finalizer_or_an_annotation_on_its_objects() -> None:
+    """Resync through the runner, no kopf.timer/daemon, no delete handler: deleting an object (or its namespace)
+    never waits for the operator, even while it is down. And no create/update/resume handler either: Kopf keeps
+    those handlers' last spec in an annotation, a PATCH of every new object (own_kind_handlers says why)."""
     registry = _registered()
-    changing = registry._changing.get_all_handlers()
-    assert changing, "the controllers registered no handlers"
-    assert [h.id for h in changing if h.requires_finalizer] == []
+    assert [str(h.id) for h in registry._changing.get_all_handlers()] == []
     assert list(registry._spawning.get_all_handlers()) == []
+    own = [h for h in registry._watching.get_all_handlers() if h.id == "changed"]
+    assert len(own) == 4, "one own-kind handler per kind"
 
 
 def test_every_handler_runs_on_the_event_loop() -> None:

@@ -87,6 +87,23 @@ def test_kopf_uses_loom_prefix_and_finalizer() -> None:
     assert settings.watching.server_timeout == 120
 
 
+def test_kopf_keeps_no_record_of_the_last_handled_spec() -> None:
+    """Loom registers no create/update handler (test_operator_runner holds that), so Kopf's per-event record of the
+    last handled spec (a deep copy of each body) is never built, and nothing is written to objects."""
+    from loom.operator.main import NoDiffBase
+
+    settings = kopf.OperatorSettings()
+    configure(settings, OperatorSettings(**IMAGE_SETTINGS))
+    storage = settings.persistence.diffbase_storage
+    assert isinstance(storage, NoDiffBase)
+    pod = kopf.Body({"metadata": {"name": "p", "annotations": {"a": "b"}}, "spec": {"containers": []}, "status": {}})
+    assert storage.build(body=pod) == {}
+    assert storage.fetch(body=pod) is None
+    patch = kopf.Patch()
+    storage.store(body=pod, patch=patch, essence=storage.build(body=pod))
+    assert patch == {}
+
+
 def test_a_taken_port_stops_the_start_with_a_sentence_that_names_it() -> None:
     """A second `loom operator` on one machine said only "Address already in use", from inside Kopf's startup."""
     import socket
