@@ -18,7 +18,8 @@ import heapq
 import itertools
 from collections.abc import AsyncIterator
 
-# Passes running at once: as many as the client's connections (a pass mostly waits on one API call at a time).
+# Passes running at once: a pass mostly waits on one API call at a time, a few at once when it creates children
+# (the client holds four connections per slot, client.KUBE_CONNECTIONS).
 PASS_SLOTS = 32
 FIRST, LATER = 0, 1  # the priorities of waiting passes, lowest first
 
