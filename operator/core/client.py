@@ -328,7 +328,7 @@ async def apply(manifest: Manifest, *, subresource: str | None = None, force: bo
     result = await _call("PATCH", path, body=body, query=query, content_type=APPLY_CONTENT_TYPE)
     assert result is not None
     if subresource is not None:
-        WATCHED.wrote(key_of(manifest), version_of(result), time.monotonic())
+        WATCHED.wrote(key_of(manifest), version_of(result), time.monotonic(), answer=result)
     elif cached and _managed(result):
         WATCHED.applied(result, digest, time.monotonic())
     return result
@@ -396,8 +396,8 @@ async def patch_status(api_version: str, kind: str, namespace: str, name: str, s
     """Merge-patch the status subresource (used outside Kopf handlers, e.g. by background daemons)."""
     path = resource(api_version, kind).path(namespace, name, "status")
     result = await _call("PATCH", path, body={"status": status}, content_type="application/merge-patch+json")
-    # Until the watch brings this write back, a pass reads the object from the API server (watch_cache.py).
-    WATCHED.wrote((api_version, kind, namespace, name), version_of(result), time.monotonic())
+    # Until the watch brings this write back, a pass reads the object as this write left it (watch_cache.py).
+    WATCHED.wrote((api_version, kind, namespace, name), version_of(result), time.monotonic(), answer=result)
     if (api_version, kind) in CACHED_OBJECTS:
         WATCHED.answered(result, time.monotonic())  # it exists: the owner check of the children applied next
 
@@ -422,7 +422,8 @@ async def merge_patch(
         query=[("fieldManager", field_manager)],
         content_type="application/merge-patch+json",
     )
-    # A scale's resourceVersion is its object's: until the watch brings this write back, reads go to the API server.
-    WATCHED.wrote((api_version, kind, namespace, name), version_of(result), time.monotonic())
+    # A scale's resourceVersion is its object's: until the watch brings this write back, reads are served the
+    # object as this write left it, or for a scale (whose answer is not the object) go to the API server.
+    WATCHED.wrote((api_version, kind, namespace, name), version_of(result), time.monotonic(), answer=result)
     assert result is not None
     return result

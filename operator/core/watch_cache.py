@@ -8,10 +8,13 @@ that stream is kept (core/runner.py: watch_objects feeds it), and it answers wit
 - `body`: the object as last seen, for reads. One that is not here (never seen, deleted) is read from the API
   server. Kept current by the watch: every change of an object or a child triggers a pass again, so a body a
   moment older than the API server's (an event on its way) is corrected by the next pass.
-- After Loom writes an object some other way than an apply (a status patch, a scale), its body is not served until
-  the watch has delivered that write (`awaiting`): a pass must never decide on a status older than the one the
-  last pass wrote (a TrainingJob records its attempt in status before it creates that attempt's pods). The
-  write's resourceVersion is what the watch must deliver; watch events of one resource arrive in order.
+- After Loom writes an object some other way than an apply (a status patch, a scale), the body the watch delivered
+  before is not served until the watch has delivered that write (`awaiting`): a pass must never decide on a status
+  older than the one the last pass wrote (a TrainingJob records its attempt in status before it creates that
+  attempt's pods). The write's resourceVersion is what the watch must deliver; watch events of one resource arrive
+  in order. Meanwhile the write's own answer is served when it was the whole object (a status write's is): nothing
+  the watch holds is newer. Without it every pass in the moment after a status write read its object with a GET
+  (two per job in a burst of 200 TrainingJobs: bench/bench_kubeflow_p1.py).
 - `is_absent`: a GET found no such object, and the watch has not brought one since. Kept only for kinds whose every
   object the watch delivers (Loom's own kinds) or whose name only Loom gives (its Deployments and Jobs): a pass
   that looks for a canary or an activator that does not exist asks once, not every time.
@@ -89,6 +92,7 @@ class WatchCache:
         self._seen: dict[Key, Manifest] = {}
         self._applied: dict[Key, _Applied] = {}
         self._awaiting: dict[Key, tuple[str, float]] = {}  # key -> (resourceVersion of Loom's write, when)
+        self._written: dict[Key, Manifest] = {}  # key -> the object as Loom's awaited write left it, when known
         self._absent: dict[Key, float] = {}  # key -> when a GET found nothing
 
     def __len__(self) -> int:
@@ -107,12 +111,14 @@ class WatchCache:
         awaited = self._awaiting.get(key)
         if awaited is not None and awaited[0] == version_of(body):
             del self._awaiting[key]
+            self._written.pop(key, None)
 
     def forget(self, key: Key) -> None:
         self._alive.pop(key, None)
         self._seen.pop(key, None)
         self._applied.pop(key, None)
         self._awaiting.pop(key, None)
+        self._written.pop(key, None)
         self._absent.pop(key, None)
 
     def absent(self, key: Key, now: float) -> None:
@@ -146,14 +152,18 @@ class WatchCache:
         answer = self._alive.get(key)
         return answer is not None and answer[0] == uid and now - answer[1] <= self.alive_s
 
-    def wrote(self, key: Key, resource_version: str | None, now: float) -> None:
-        """Loom wrote the object other than by an apply; `resource_version` is what the API server answered."""
+    def wrote(self, key: Key, resource_version: str | None, now: float, answer: Manifest | None = None) -> None:
+        """Loom wrote the object other than by an apply; `resource_version` is what the API server answered, and
+        `answer` the object as it answered, when its answer was the whole object (not a scale's)."""
         self._applied.pop(key, None)
+        self._written.pop(key, None)
         if resource_version is None:
             self._seen.pop(key, None)  # nothing to wait for: read it afresh until the watch brings it again
             return
         if version_of(self._seen.get(key)) != resource_version:
             self._awaiting[key] = (resource_version, now)
+            if answer is not None and key_of(answer) == key and version_of(answer) == resource_version:
+                self._written[key] = json_copy(answer)
 
     def applied(self, body: Manifest, digest: str, now: float) -> None:
         """What the API server answered to Loom's apply of a manifest with this digest (the object as it is now)."""
@@ -163,15 +173,19 @@ class WatchCache:
         self._seen[key] = json_copy(body)
         self._applied[key] = _Applied(digest, version, now)
         self._awaiting.pop(key, None)
+        self._written.pop(key, None)
         self._absent.pop(key, None)
 
     def body(self, key: Key, now: float) -> Manifest | None:
-        """The object as last seen; None when it is not here or a write of Loom's is still on its way."""
+        """The object as last seen, or as Loom's write left it while the watch has not brought that write yet; None
+        when it is not here, or a write of Loom's whose answer was not the object is still on its way."""
         awaited = self._awaiting.get(key)
         if awaited is not None:
             if now - awaited[1] <= self.await_s:
-                return None
+                written = self._written.get(key)
+                return None if written is None else json_copy(written)
             del self._awaiting[key]
+            self._written.pop(key, None)
         seen = self._seen.get(key)
         return None if seen is None else json_copy(seen)
 

@@ -79,6 +79,30 @@ def test_after_its_own_status_write_a_pass_reads_afresh_until_the_watch_brings_t
     assert cache.body(key, now=11.0 + AWAIT_S) == job("6", 2)
 
 
+def test_after_its_own_status_write_a_pass_reads_the_object_as_that_write_answered() -> None:
+    """A status write answers with the whole object: until the watch brings that write, that answer is served
+    (nothing the watch holds is newer), never the older body; a scale's answer is not the object: read afresh."""
+    cache = WatchCache()
+    key = key_of(job("5", 1))
+    cache.seen("MODIFIED", job("5", attempt=1))
+    cache.wrote(key, "6", now=0.0, answer=job("6", attempt=2))
+    assert cache.body(key, now=1.0) == job("6", 2)
+    cache.seen("MODIFIED", job("5", attempt=1))  # a late event of the older state changes nothing
+    got = cache.body(key, now=2.0)
+    assert got == job("6", 2)
+    got["status"]["attempt"] = 99  # a caller's edit never reaches the cache
+    assert cache.body(key, now=2.0) == job("6", 2)
+    cache.seen("MODIFIED", job("6", attempt=2))
+    cache.seen("MODIFIED", job("7", attempt=3))  # someone else's later write, after the watch brought ours
+    assert cache.body(key, now=3.0) == job("7", 3)
+    scale = {"apiVersion": "autoscaling/v1", "kind": "Scale", "metadata": {"name": "j", "resourceVersion": "8"}}
+    cache.wrote(key, "8", now=4.0, answer=scale)
+    assert cache.body(key, now=5.0) is None
+    cache.wrote(key, "9", now=6.0, answer=job("9", attempt=4))
+    assert cache.body(key, now=6.0 + AWAIT_S / 2) == job("9", 4)
+    assert cache.body(key, now=7.0 + AWAIT_S) == job("7", 3)  # the watch never brought it: its last body again
+
+
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     """The kube layer against a fake API server that records each request and keeps one Deployment."""
