@@ -37,10 +37,11 @@ READ_TIMEOUT_S = 30.0
 # Connections to the API server held open at once. The calls of many passes run together on the event loop (the
 # sync client's threads once made them queue: under load a pass spent its whole timeout waiting for a thread, was
 # abandoned before its status write, and its object never showed a status; the operator-churn chaos test, in CI).
-# Four per pass slot (pass_gate.PASS_SLOTS): a new TrainingJob's pass applies its Service, ConfigMap and every
-# worker pod at once, and with one connection per slot those waited for each other inside the client (P1 with 200
-# jobs, bench/bench_kubeflow_p1.py, 2026-11-27: per-job p99 1.27-3.42 s with 32, 1.23-2.07 s with 128). The API
-# server bounds what it serves at once itself (400 reads, 200 writes by default).
+# Four per pass slot (pass_gate.PASS_SLOTS): a pass applies several children at once (a new TrainingJob's Service
+# and ConfigMap, then all its worker pods), and with one connection per slot those waited for each other inside the
+# client (P1 with 200 jobs, bench/bench_kubeflow_p1.py, 2026-11-27, with the Service, ConfigMap and pods applied
+# together: per-job p99 1.27-3.42 s with 32, 1.23-2.07 s with 128). The API server bounds what it serves at once
+# itself (400 reads, 200 writes by default).
 KUBE_CONNECTIONS = 128
 
 
