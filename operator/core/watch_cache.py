@@ -91,8 +91,8 @@ class WatchCache:
         self._alive: dict[Key, tuple[str, float]] = {}  # key -> (uid, when the API server answered for it)
         self._seen: dict[Key, Manifest] = {}
         self._applied: dict[Key, _Applied] = {}
-        self._awaiting: dict[Key, tuple[str, float]] = {}  # key -> (resourceVersion of Loom's write, when)
-        self._written: dict[Key, Manifest] = {}  # key -> the object as Loom's awaited write left it, when known
+        # key -> (resourceVersion of Loom's write, when, the object as that write left it when its answer was it)
+        self._awaiting: dict[Key, tuple[str, float, Manifest | None]] = {}
         self._absent: dict[Key, float] = {}  # key -> when a GET found nothing
 
     def __len__(self) -> int:
@@ -111,14 +111,12 @@ class WatchCache:
         awaited = self._awaiting.get(key)
         if awaited is not None and awaited[0] == version_of(body):
             del self._awaiting[key]
-            self._written.pop(key, None)
 
     def forget(self, key: Key) -> None:
         self._alive.pop(key, None)
         self._seen.pop(key, None)
         self._applied.pop(key, None)
         self._awaiting.pop(key, None)
-        self._written.pop(key, None)
         self._absent.pop(key, None)
 
     def absent(self, key: Key, now: float) -> None:
@@ -156,14 +154,12 @@ class WatchCache:
         """Loom wrote the object other than by an apply; `resource_version` is what the API server answered, and
         `answer` the object as it answered, when its answer was the whole object (not a scale's)."""
         self._applied.pop(key, None)
-        self._written.pop(key, None)
         if resource_version is None:
             self._seen.pop(key, None)  # nothing to wait for: read it afresh until the watch brings it again
             return
         if version_of(self._seen.get(key)) != resource_version:
-            self._awaiting[key] = (resource_version, now)
-            if answer is not None and key_of(answer) == key and version_of(answer) == resource_version:
-                self._written[key] = json_copy(answer)
+            whole = answer is not None and key_of(answer) == key and version_of(answer) == resource_version
+            self._awaiting[key] = (resource_version, now, json_copy(answer) if whole else None)
 
     def applied(self, body: Manifest, digest: str, now: float) -> None:
         """What the API server answered to Loom's apply of a manifest with this digest (the object as it is now)."""
@@ -173,7 +169,6 @@ class WatchCache:
         self._seen[key] = json_copy(body)
         self._applied[key] = _Applied(digest, version, now)
         self._awaiting.pop(key, None)
-        self._written.pop(key, None)
         self._absent.pop(key, None)
 
     def body(self, key: Key, now: float) -> Manifest | None:
@@ -182,10 +177,9 @@ class WatchCache:
         awaited = self._awaiting.get(key)
         if awaited is not None:
             if now - awaited[1] <= self.await_s:
-                written = self._written.get(key)
+                written = awaited[2]
                 return None if written is None else json_copy(written)
             del self._awaiting[key]
-            self._written.pop(key, None)
         seen = self._seen.get(key)
         return None if seen is None else json_copy(seen)
 
