@@ -16,7 +16,7 @@ from .admission import handlers as admission_handlers
 from .admission.server import webhook_server
 from .api import KINDS
 from .core import client as kube
-from .core import leadership, observability
+from .core import leadership, observability, runtime
 from .core.namespace_watch import notice_namespaces_listed_by_the_watch
 from .settings import FINALIZER, PREFIX, OperatorSettings
 
@@ -71,8 +71,10 @@ class PortInUse(RuntimeError):
 
 def listening_ports(ours: OperatorSettings) -> list[tuple[str, str, int]]:
     """(what, host, port) of each port the operator listens on, named by the setting that moves it."""
-    ports = [("liveness (LOOM_HEALTH_PORT)", ours.health_host, ours.health_port),
-             ("metrics (LOOM_METRICS_PORT)", ours.metrics_host, ours.metrics_port)]
+    ports = [
+        ("liveness (LOOM_HEALTH_PORT)", ours.health_host, ours.health_port),
+        ("metrics (LOOM_METRICS_PORT)", ours.metrics_host, ours.metrics_port),
+    ]
     if ours.webhook_cert_dir:
         ports.append(("admission webhook (LOOM_WEBHOOK_PORT)", ours.webhook_host, ours.webhook_port))
     return ports
@@ -88,8 +90,10 @@ def check_ports_free(ports: list[tuple[str, str, int]]) -> None:
             try:
                 probe.bind((host, port))
             except OSError as error:
-                raise PortInUse(f"cannot listen on {host}:{port} for {what}: {error.strerror}. Is another Loom "
-                                "operator running on this machine? Stop it, or give this one other ports.") from None
+                raise PortInUse(
+                    f"cannot listen on {host}:{port} for {what}: {error.strerror}. Is another Loom "
+                    "operator running on this machine? Stop it, or give this one other ports."
+                ) from None
 
 
 def run(settings: OperatorSettings | None = None) -> None:
@@ -106,12 +110,16 @@ def run(settings: OperatorSettings | None = None) -> None:
     notice_namespaces_listed_by_the_watch()
     identity, priority = leadership.identity_of(ours), leadership.priority_of(ours)
     leadership.LEADERSHIP.configure(ours.peering_name, identity, priority, lifetime_s=ours.peering_lifetime_s)
+    # Last before the loop: what start-up made is frozen out of every garbage collection (core/runtime.py says why).
+    runtime.tune_garbage_collector()
+    background: set[asyncio.Task[None]] = set()  # the loop keeps only weak references to tasks
 
     @kopf.on.startup()
     async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings, ours)
         settings.admission.server = server  # the chart owns the ValidatingWebhookConfiguration (managed: None)
         prometheus_client.start_http_server(ours.metrics_port, addr=ours.metrics_host)
+        background.add(asyncio.get_running_loop().create_task(runtime.measure_loop_lag()))
         log.info(
             "loom operator started (metrics on %s, liveness on %s)",
             endpoint(ours.metrics_host, ours.metrics_port, "/metrics"),

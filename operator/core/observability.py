@@ -8,6 +8,7 @@ Metrics (prometheus_client's default registry, served on the metrics port by mai
 - `loom_watch_restarts_total{resource, reason}`: watch streams re-opened after the first: `reconnect` (the
   stream ended: server timeout, dropped connection) or `relist` (listed again: 410 Gone, resume after a pause).
 - `loom_leader` (gauge): 1 while this replica reconciles (standalone, or the active peer), 0 while it stands by.
+- `loom_operator_event_loop_lag_seconds` (histogram): how late the event loop wakes a sleeping task (core/runtime.py).
 
 The runner instruments every pass once (`reconciling`), so each controller is covered without code of its own.
 `loom_objects` reads Kopf indices at scrape time: no API call per scrape, and exact as of the last watch event.
