@@ -103,3 +103,70 @@ def test_a_rank_zero_that_does_not_answer_is_asked_less_and_less_often() -> None
     polls.record(job, rank0, now, ProgressReport(step=3))  # an answer ends the backoff
     polls.record(job, rank0, now + 2.0, None)
     assert polls.fresh(job, rank0, now + 3.9) == (True, None) and polls.fresh(job, rank0, now + 4.0)[0] is False
+
+
+def test_only_answers_the_state_machine_acts_on_are_news() -> None:
+    from loom.operator.kinds.trainingjob.observe import CheckpointReport, ProgressReport, UploadRetryReport
+    from loom.operator.kinds.trainingjob.progress import news
+
+    running = ProgressReport(step=40, loss=1.5, phase="Running")
+    assert news(None, running)  # the first answer
+    assert not news(running, None)  # no answer is no news: the last one stands
+    assert not news(running, ProgressReport(step=41, loss=1.4, phase="Running"))  # the periodic pass shows it
+    assert news(ProgressReport(step=0, phase="Starting"), running)  # a restart waits for the trainer to resume
+    checkpointed = ProgressReport(step=41, phase="Running", latest_checkpoint=CheckpointReport("s3://b/step-41", 41))
+    assert news(running, checkpointed)
+    assert news(checkpointed, ProgressReport(step=41, phase="Running", checkpoint_retry=UploadRetryReport(1)))
+
+
+async def test_a_pass_reads_rank_zeros_last_answer_and_never_waits_for_a_poll(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from loom.operator.kinds.trainingjob.progress import ProgressPoller, RecentPolls
+
+    port = free_port()
+    progress = Progress(ProgressSpec(file=str(tmp_path / "progress.json"), metrics_port=port), total_steps=100)
+    progress.update(40, 1.5, 64.0, 30.0, "Running")
+    triggered: list[tuple[str, str]] = []
+
+    async def trigger(namespace: str, name: str) -> None:
+        triggered.append((namespace, name))
+
+    # reuse_s=0: every read finds the last answer stale and starts a poll (when none runs).
+    poller, job, rank0 = ProgressPoller(trigger, RecentPolls(reuse_s=0.0), port=port), ("ml", "gpt"), ("127.0.0.1", 1)
+
+    async def answered(reads: int) -> None:
+        while len(triggered) < reads or poller.polling:
+            await asyncio.sleep(0.01)
+
+    try:
+        assert poller.latest(job, rank0, "s3://b/run/", 32) is None  # nothing yet: a poll runs meanwhile
+        assert poller.polling == {job}
+        assert poller.latest(job, rank0, "s3://b/run/", 32) is None and len(poller.polling) == 1  # one at a time
+        await asyncio.wait_for(answered(1), 10)
+        assert triggered == [job]  # the first answer: the job's pass at once
+        report = poller.latest(job, rank0, "s3://b/run/", 32)
+        assert report is not None and report.step == 40
+        await asyncio.wait_for(answered(1), 10)  # the poll that read started
+
+        progress.update(41, 1.4, 64.0, 30.0, "Running")  # only the step moves: no pass for it
+        stale = poller.latest(job, rank0, "s3://b/run/", 32)  # the last answer, while a new poll runs
+        assert stale is not None and stale.step == 40
+        await asyncio.wait_for(answered(1), 10)
+        report = poller.latest(job, rank0, "s3://b/run/", 32)  # the answer of the poll just done
+        assert report is not None and report.step == 41 and triggered == [job]
+        await asyncio.wait_for(answered(1), 10)
+
+        progress.checkpoint_committed("s3://b/run/step-000000041", 41)  # a newer checkpoint is news
+        poller.latest(job, rank0, "s3://b/run/", 32)
+        await asyncio.wait_for(answered(2), 10)
+        assert triggered == [job, job]
+        report = poller.latest(job, rank0, "s3://b/run/", 32)
+        assert report is not None and report.latest_checkpoint is not None
+        assert report.latest_checkpoint.uri == "s3://b/run/step-000000041"
+
+        assert poller.polling == {job}  # the read above started one more
+        poller.forget(job)  # deleted: its answers go, its running poll is cancelled
+        assert not poller.polling and len(poller.polls) == 0
+    finally:
+        await poller.close()

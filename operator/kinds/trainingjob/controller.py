@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-import httpx
 import kopf
 
 from ... import defaults as endpoint_defaults
@@ -39,7 +38,7 @@ from .data_job import observe_training_data
 from .finetune import needs_base_job, resolve_base, with_base
 from .mlflow import TrackingError, ensure_run, finish_run
 from .observe import NodeView, ProgressReport, WorkerView, observe_node, observe_pod
-from .progress import RecentPolls, fetch_progress, new_client
+from .progress import ProgressPoller
 from .queueing import QueueObservation, workload
 from .register import needs_registration, register_model
 from .state import Decision, Observation, Policy, decide
@@ -94,8 +93,7 @@ class Controller:
     features_image: str = ""
     defaults: endpoint_defaults.EndpointDefaults = field(default_factory=endpoint_defaults.EndpointDefaults)
     indexes: Indexes = field(default_factory=lambda: Indexes(POD_INDEX, NODE_INDEX))
-    http: httpx.AsyncClient | None = None
-    polls: RecentPolls = field(default_factory=RecentPolls)
+    progress: ProgressPoller | None = None  # rank 0's progress, polled beside the passes (register() makes it)
 
     def worker_views(self, namespace: str, name: str) -> list[tuple[WorkerView, str | None]]:
         pods: PodIndex | None = self.indexes.get(POD_INDEX)
@@ -138,7 +136,7 @@ class Controller:
             except SpecError as error:
                 seen.spec_error = str(error)
         seen.tracking_error = None if seen.endpoint_problem else await self.ensure_tracking(job, spec, status)
-        seen.progress = await self.poll_progress((namespace, name), spec, status, seen.observed)
+        seen.progress = self.progress_of((namespace, name), spec, status, seen.observed)
         seen.queue = await observe_queue(job)
         data_built = status.training_data is not None and status.training_data.phase == "Succeeded"
         blocked = seen.spec_error is not None or seen.endpoint_problem is not None
@@ -269,14 +267,15 @@ class Controller:
         except TrackingError as error:
             log.warning("could not close MLflow run %s: %s", run.run_id, error)
 
-    async def poll_progress(
+    def progress_of(
         self,
         job: tuple[str, str],
         spec: TrainingJobSpec,
         status: TrainingJobStatus,
         observed: list[tuple[WorkerView, str | None]],
     ) -> ProgressReport | None:
-        if status.phase not in ("Running", "Restarting", "Created"):
+        """Rank 0's last answer; the pass never waits for one (progress.py: ProgressPoller)."""
+        if self.progress is None or status.phase not in ("Running", "Restarting", "Created"):
             return None
         rank0 = next(
             (ip for v, ip in observed if v.index == 0 and v.attempt == status.attempt and v.phase == "Running" and ip),
@@ -284,20 +283,12 @@ class Controller:
         )
         if rank0 is None:
             return None
-        target, now = (rank0, status.attempt), time.monotonic()
-        recent, report = self.polls.fresh(job, target, now)
-        if recent:
-            return report
-        if self.http is None:
-            self.http = new_client()
-        report = await fetch_progress(
-            self.http,
-            rank0,
+        return self.progress.latest(
+            job,
+            (rank0, status.attempt),
             spec.checkpoint.uri if spec.checkpoint else None,
-            samples_per_step=samples_per_step(spec, sum(1 for v, _ in observed if v.attempt == status.attempt)),
+            samples_per_step(spec, sum(1 for v, _ in observed if v.attempt == status.attempt)),
         )
-        self.polls.record(job, target, now, report)
-        return report
 
     async def act(
         self,
@@ -440,8 +431,12 @@ def register(settings: OperatorSettings) -> None:
             if owner.get("kind") == "TrainingJob" and owner.get("controller"):
                 await runner.trigger(str(body.metadata.namespace), owner["name"])
 
+    # Rank 0's progress, polled beside the passes: an answer the state machine acts on triggers the job's pass.
+    controller.progress = ProgressPoller(on_news=runner.trigger)
+
     async def deleted(namespace: str, name: str, _spec: Mapping[str, Any]) -> None:
-        controller.polls.forget((namespace, name))
+        assert controller.progress is not None
+        controller.progress.forget((namespace, name))
 
     # Every TrainingJob, flagged due while the periodic resync has something to do for it.
     own_kind_handlers(runner, PLURAL, JOB_INDEX, due=resync_due, deleted=deleted)
