@@ -35,6 +35,7 @@ from .api import MlflowRun, TrainingJobSpec, TrainingJobStatus
 from .config import SpecError, rendezvous_service_name, samples_per_step
 from .data import DataObservation
 from .data_job import observe_training_data
+from .expectations import CreatedWorkers
 from .finetune import needs_base_job, resolve_base, with_base
 from .mlflow import TrackingError, ensure_run, finish_run
 from .observe import NodeView, ProgressReport, WorkerView, observe_node, observe_pod
@@ -94,6 +95,7 @@ class Controller:
     defaults: endpoint_defaults.EndpointDefaults = field(default_factory=endpoint_defaults.EndpointDefaults)
     indexes: Indexes = field(default_factory=lambda: Indexes(POD_INDEX, NODE_INDEX))
     progress: ProgressPoller | None = None  # rank 0's progress, polled beside the passes (register() makes it)
+    created: CreatedWorkers = field(default_factory=CreatedWorkers)  # pods created, not in the pod index yet
 
     def worker_views(self, namespace: str, name: str) -> list[tuple[WorkerView, str | None]]:
         pods: PodIndex | None = self.indexes.get(POD_INDEX)
@@ -325,15 +327,22 @@ class Controller:
                 render.worker_pod(job, spec, index, attempt=status.attempt, image=self.image, mlflow_run_id=run_id)
                 for index in decision.create
             ]
+            # A pod an earlier pass created that the index does not show yet is not applied again (expectations.py).
+            expected = self.created.expected((namespace, name), [(v.name, v.attempt) for v in views], time.monotonic())
+            pods = [pod for pod in pods if (pod["metadata"]["name"], status.attempt) not in expected]
             if queue is not None:  # admitted: on the admitted flavor's nodes
                 pods = [kueue.place(pod, queue.admitted_flavors()) for pod in pods]
             await asyncio.gather(*(kube.apply(pod) for pod in pods))
+            self.created.created(
+                (namespace, name), [(pod["metadata"]["name"], status.attempt) for pod in pods], time.monotonic()
+            )
         deletes = [
             kube.delete("v1", "Pod", namespace, d.name, grace_period_seconds=0 if d.force else None, uid=d.uid)
             for d in decision.delete
         ]
         await asyncio.gather(*deletes)
         if decision.delete_children:
+            self.created.forget((namespace, name))
             await asyncio.gather(
                 *(kube.delete("v1", "Pod", namespace, v.name, uid=v.uid) for v in views),
                 kube.delete("v1", "Service", namespace, rendezvous_service_name(name)),
@@ -437,6 +446,7 @@ def register(settings: OperatorSettings) -> None:
     async def deleted(namespace: str, name: str, _spec: Mapping[str, Any]) -> None:
         assert controller.progress is not None
         controller.progress.forget((namespace, name))
+        controller.created.forget((namespace, name))
 
     # Every TrainingJob, flagged due while the periodic resync has something to do for it.
     own_kind_handlers(runner, PLURAL, JOB_INDEX, due=resync_due, deleted=deleted)
