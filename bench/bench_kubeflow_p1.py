@@ -21,7 +21,9 @@ certificates even with no webhook registered: it needs the Secret kubeflow/train
 here empty; it fills it) and waits for the same files in /tmp/k8s-webhook-server/serving-certs (copied here from
 the Secret, as a kubelet would mount it).
 
-    python bench/bench_kubeflow_p1.py [--jobs 200] [--repeats 2]
+    python bench/bench_kubeflow_p1.py [--jobs 200] [--repeats 2] [--only Loom] [--requests] [--py-spy PATH]
+
+`--requests` prints what each round asked of the API server, by verb and resource (apiserver_request_total).
 
 Needs the stack (`loom dev up`, or it is started here). Prints numbers; asserts nothing.
 """
@@ -32,6 +34,7 @@ import argparse
 import base64
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -40,6 +43,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -294,12 +298,33 @@ def one_round(
 KEYS = ("total", "p50", "p99", "cpu_per_job", "control_plane_cpu_per_job")
 
 
+def api_requests(cluster: Cluster) -> Counter[tuple[str, str, str]]:
+    """The API server's requests so far by (verb, resource, subresource), from its apiserver_request_total."""
+    counts: Counter[tuple[str, str, str]] = Counter()
+    for line in cluster.kubectl("get", "--raw", "/metrics", timeout=60).stdout.splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            key = (labels.get("verb", ""), labels.get("resource", ""), labels.get("subresource", ""))
+            counts[key] += int(float(line.rsplit(" ", 1)[1]))
+    return counts
+
+
+def print_requests(by_round: dict[str, Counter[tuple[str, str, str]]], top: int = 30) -> None:
+    """One column per round: what each asked of the API server (the previous round's namespace clean-up included)."""
+    names = list(by_round)
+    keys = sorted({k for c in by_round.values() for k in c}, key=lambda k: -sum(c[k] for c in by_round.values()))
+    print("\nAPI requests per round (verb resource subresource): " + " | ".join(names))
+    for key in keys[:top]:
+        print(f"  {' '.join(part for part in key if part):40} " + " ".join(f"{by_round[n][key]:8}" for n in names))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--py-spy", metavar="PATH", help="py-spy binary: sample Loom's operator in its rounds")
     parser.add_argument("--only", choices=["Loom", "Kubeflow"], help="run one contender's rounds (a before/after)")
+    parser.add_argument("--requests", action="store_true", help="count each round's API requests by verb and resource")
     args = parser.parse_args()
     cluster = current() or up(StackConfig())
     apply_crds(cluster)
@@ -315,9 +340,13 @@ def main() -> None:
     contenders = [who for who in contenders if args.only in (None, who.name)]
     workdir = Path(tempfile.mkdtemp(prefix="bench-p1-"))
     results: dict[tuple[str, bool], list[dict[str, float]]] = {}
+    requests: dict[str, Counter[tuple[str, str, str]]] = {}
     for repeat in range(args.repeats):
         for who in contenders:
+            before = api_requests(cluster) if args.requests else Counter()
             result = one_round(cluster, who, args.jobs, binary, workdir, args.py_spy)
+            if args.requests:
+                requests[f"{repeat + 1} {who.name}{' tuned' if who.tuned else ''}"] = api_requests(cluster) - before
             results.setdefault((who.name, who.tuned), []).append(result)
             print(f"round {repeat + 1} {who.name}{' tuned' if who.tuned else ''}: " + ", ".join(
                 f"{key} {value:.3f}" for key, value in result.items()), flush=True)  # fmt: skip
@@ -325,6 +354,8 @@ def main() -> None:
     def best(name: str, tuned: bool, key: str) -> float:
         return min(r[key] for r in results[(name, tuned)])
 
+    if requests:
+        print_requests(requests)
     print(f"\n{args.jobs} jobs x 2 pods; best of {args.repeats} rounds each; logs in {workdir}")
     for tuned in (False, True):
         label = "tuned" if tuned else "defaults"
