@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import os
 import re
 import signal
@@ -53,7 +52,7 @@ from typing import Any
 import yaml
 from kubernetes import client, watch
 
-from loom.devstack.cluster import StackConfig, current, up
+from loom.devstack.cluster import StackConfig, current, procs, up
 from loom.devstack.cluster.build import build_bench
 from loom.devstack.cluster.gomod import module_dir
 from loom.devstack.cluster.handle import Cluster
@@ -147,14 +146,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
-# The stack's processes that do a round's work besides the operator (their pids in the stack's run folder).
+# The stack's processes that do a round's work besides the operator (their records: devstack/cluster/procs.py).
 CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "kwok")
 
 
-def control_plane_cpu(cluster: Cluster) -> float:
+def control_plane_cpu() -> float:
     """CPU seconds used so far by the control plane (what the operator's requests and the pods cost it)."""
-    run = cluster.kubeconfig.parent / "run"
-    return sum(cpu_seconds(json.loads((run / f"{name}.json").read_text())["pid"]) for name in CONTROL_PLANE)
+    records = [procs.read_record(name) for name in CONTROL_PLANE]
+    return sum(cpu_seconds(record.pid) for record in records if record is not None)
 
 
 def wait_ready(url: str, timeout: float, tick: Callable[[], None] = lambda: None) -> None:
@@ -261,7 +260,7 @@ def one_round(
         seen, stop = Seen(), threading.Event()
         threads = watch_round(cluster, namespace, who, seen, stop)
         time.sleep(2)  # both watches open before the apply
-        cpu_before, control_before = cpu_seconds(pid), control_plane_cpu(cluster)
+        cpu_before, control_before = cpu_seconds(pid), control_plane_cpu()
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle_file:
             yaml.safe_dump_all([who.make(f"j-{i}") for i in range(jobs)], handle_file)
         with profiled(pid, py_spy if who.name == "Loom" else None, workdir / f"{namespace}.pyspy.txt"):
@@ -274,7 +273,7 @@ def one_round(
                     raise TimeoutError(f"{who.name}: {seen.pod_count()} of {2 * jobs} pods after 900s")
                 time.sleep(0.1)
             done = time.monotonic()
-        cpu, control = cpu_seconds(pid) - cpu_before, control_plane_cpu(cluster) - control_before
+        cpu, control = cpu_seconds(pid) - cpu_before, control_plane_cpu() - control_before
         stop.set()
     cluster.kubectl("delete", "namespace", namespace, "--wait=false")
     with seen.lock:

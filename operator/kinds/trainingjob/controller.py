@@ -441,11 +441,10 @@ def register(settings: OperatorSettings) -> None:
                 await runner.trigger(str(body.metadata.namespace), owner["name"])
 
     # Rank 0's progress, polled beside the passes: an answer the state machine acts on triggers the job's pass.
-    controller.progress = ProgressPoller(on_news=runner.trigger)
+    controller.progress = progress = ProgressPoller(on_news=runner.trigger)
 
     async def deleted(namespace: str, name: str, _spec: Mapping[str, Any]) -> None:
-        assert controller.progress is not None
-        controller.progress.forget((namespace, name))
+        progress.forget((namespace, name))
         controller.created.forget((namespace, name))
 
     # Every TrainingJob, flagged due while the periodic resync has something to do for it.

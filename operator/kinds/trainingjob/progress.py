@@ -160,10 +160,8 @@ class ProgressPoller:
         self, job: Job, target: Target, checkpoint_uri: str | None, samples_per_step: int | None
     ) -> ProgressReport | None:
         """The last answer of this rank 0 (None before its first); a poll starts when it is stale and none runs."""
-        recent, report = self.polls.fresh(job, target, time.monotonic())
-        if recent:
-            return report
-        if job not in self._polling:
+        recent, _ = self.polls.fresh(job, target, time.monotonic())
+        if not recent and job not in self._polling:
             poll = self._poll(job, target, checkpoint_uri, samples_per_step)
             self._polling[job] = asyncio.get_running_loop().create_task(poll)
         return self.polls.last(job, target)
