@@ -68,7 +68,9 @@ class OperatorSettings(BaseModel):
     resync_interval_s: float = Field(30.0, gt=0)
     # One reconcile pass may take this long; then it is abandoned (a hung API call must not wedge an object).
     reconcile_timeout_s: float = Field(120.0, gt=0)
-    # TrainingJob: how often a job that is not idle is reconciled (progress, deadlines, grace periods, TTLs).
+    # TrainingJob: how often a job that is not idle is reconciled (progress, deadlines, grace periods, TTLs); a
+    # steady running one (kinds/trainingjob/pacing.py) is instead asked for progress this often, and reconciled
+    # when the answer changes, when an event comes, and at least every resync safety net (pacing.QUIET_S).
     training_poll_s: float = Field(5.0, gt=0)
     # TrainingJob: how long a worker's node may be NotReady before the worker counts as lost.
     node_lost_grace_s: float = Field(60.0, ge=0)

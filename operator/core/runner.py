@@ -19,9 +19,13 @@ fresh from the API server (its status is the only memory) and converges everythi
   A round runs at most RESYNC_CONCURRENCY passes at once, longest unvisited first, and skips objects passed less
   than half an interval ago; passes that watch events ask for take no resync slot. So a thousand busy objects
   stretch their own rounds instead of starving a new object's first pass (measured: bench_steady_requests).
-- No per-object memory outlives a pass (the time of its last pass aside, dropped by `forget`). What a controller
-  must remember per object between passes goes in a `LastSeen`, which drops an object when it is deleted
-  (`forget`); `Runner.forget` drops a pending re-run.
+- Quiet objects: a pass may say its object is steady (`quiet`): nothing about it moves with the clock, and every
+  change it waits for arrives as a trigger (a watch event, a poll's answer). The resync then leaves it alone until
+  `quiet`'s deadline (a safety net); the mark is dropped when its next pass starts, and kept only if that pass says
+  so again (a healthy running TrainingJob: kinds/trainingjob/pacing.py).
+- No per-object memory outlives a pass (the time of its last pass and a quiet mark aside, dropped by `forget`).
+  What a controller must remember per object between passes goes in a `LastSeen`, which drops an object when it
+  is deleted (`forget`); `Runner.forget` drops a pending re-run.
 - Observability: every pass is timed and its failure counted per kind, its log lines name the object
   (loom.operator.observability); the resync skips its rounds while this replica stands by (core.leadership).
 
@@ -80,6 +84,7 @@ class Runner:
         # change, a pod that failed) never queue behind a round of a thousand busy objects: they take no slot.
         self._resync_slots = asyncio.Semaphore(resync_concurrency)
         self._last_pass: dict[Key, float] = {}  # when each object's last pass ended (the loop's clock)
+        self._quiet_until: dict[Key, float] = {}  # steady objects the resync skips until then (the loop's clock)
         self._busy: set[Key] = set()
         self._again: set[Key] = set()
         self._resync: asyncio.Task[None] | None = None
@@ -113,6 +118,7 @@ class Runner:
         # A slot first (pass_gate.py: bounded across kinds, an object's first pass ahead), then the timed pass.
         priority = FIRST if (namespace, name) not in self._last_pass else LATER
         async with self._gate.slot(priority):
+            self._quiet_until.pop((namespace, name), None)  # only the pass that starts now may say it again
             await self._timed_pass(namespace, name)
 
     async def _timed_pass(self, namespace: str, name: str) -> None:
@@ -154,10 +160,16 @@ class Runner:
 
         self._timers[key] = (due, loop.call_at(due, fire))
 
+    def quiet(self, namespace: str, name: str, for_s: float) -> None:
+        """The running pass found its object steady: the periodic resync skips it for `for_s` seconds (triggers
+        still run its passes). Called from inside the pass; the next pass to start drops the mark."""
+        self._quiet_until[(namespace, name)] = asyncio.get_running_loop().time() + for_s
+
     def forget(self, namespace: str, name: str) -> None:
         """The object was deleted: a pass queued behind the running one is dropped."""
         self._again.discard((namespace, name))
         self._last_pass.pop((namespace, name), None)
+        self._quiet_until.pop((namespace, name), None)
         timer = self._timers.pop((namespace, name), None)
         if timer is not None:
             timer[1].cancel()
@@ -185,7 +197,8 @@ class Runner:
             except Exception:  # an index changing under us: take the next round
                 log.exception("reading the %s index for the resync failed", self.kind)
                 continue
-            due = resync_order(flagged, self._last_pass, asyncio.get_running_loop().time(), self.interval_s)
+            now = asyncio.get_running_loop().time()
+            due = resync_order(flagged, self._last_pass, now, self.interval_s, self._quiet_until)
             await asyncio.gather(*(self._resync_pass(key) for key in due))
 
     async def _resync_pass(self, key: Key) -> None:
@@ -193,12 +206,20 @@ class Runner:
             await self.trigger(*key)
 
 
-def resync_order(flagged: Iterable[Key], last_pass: Mapping[Key, float], now: float, interval_s: float) -> list[Key]:
+def resync_order(
+    flagged: Iterable[Key],
+    last_pass: Mapping[Key, float],
+    now: float,
+    interval_s: float,
+    quiet_until: Mapping[Key, float] | None = None,
+) -> list[Key]:
     """The objects a resync round visits, longest unvisited first (under load a round takes longer than its
     interval, and nobody waits more than one round). One whose last pass, for whatever reason, ended less than
-    half an interval ago is left for the next round: its state is fresh, and under churn most objects are."""
+    half an interval ago is left for the next round: its state is fresh, and under churn most objects are. One
+    its last pass found steady is left alone until its quiet mark runs out."""
     fresh = now - interval_s / 2
-    due = [key for key in flagged if last_pass.get(key, float("-inf")) <= fresh]
+    quiet = quiet_until or {}
+    due = [key for key in flagged if last_pass.get(key, float("-inf")) <= fresh and quiet.get(key, now) <= now]
     return sorted(due, key=lambda key: last_pass.get(key, float("-inf")))
 
 

@@ -305,3 +305,45 @@ def test_a_round_visits_the_longest_unvisited_first_and_skips_objects_passed_lat
     flagged = [("ns", "fresh"), ("ns", "old"), ("ns", "never"), ("ns", "older")]
     # At 110 with a 10 s interval: "fresh" ended its pass 2 s ago (under half an interval), the rest are due.
     assert resync_order(flagged, last, now=110.0, interval_s=10.0) == [("ns", "never"), ("ns", "older"), ("ns", "old")]
+
+
+def test_a_round_leaves_objects_marked_quiet_until_their_mark_runs_out() -> None:
+    flagged = [("ns", "quiet"), ("ns", "busy"), ("ns", "woken")]
+    quiet = {("ns", "quiet"): 140.0, ("ns", "woken"): 110.0}
+    assert resync_order(flagged, {}, now=110.0, interval_s=10.0, quiet_until=quiet) == [("ns", "busy"), ("ns", "woken")]
+
+
+async def test_a_pass_that_says_quiet_keeps_its_object_out_of_the_resync_until_another_pass_starts() -> None:
+    runner: Runner
+
+    class Steady:
+        """A reconcile that says its object is steady, until told otherwise."""
+
+        def __init__(self) -> None:
+            self.calls = 0
+            self.steady = True
+
+        async def __call__(self, namespace: str, name: str) -> None:
+            self.calls += 1
+            if self.steady:
+                runner.quiet(namespace, name, 3600.0)
+
+    reconcile = Steady()
+    runner = Runner("Thing", reconcile, interval_s=0.01, timeout_s=30.0)
+    index = {("ns", "a"): [True]}
+    runner.resync(index)
+    try:
+        while reconcile.calls < 1:  # the first round's pass says steady
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # ten rounds: none visits it
+        assert reconcile.calls == 1
+        reconcile.steady = False
+        await runner.trigger("ns", "a")  # a watch event's pass: it drops the mark and does not say it again
+        calls = reconcile.calls  # (a round may have queued one more behind it: the mark was gone)
+        while reconcile.calls < calls + 2:  # so the rounds visit it again
+            await asyncio.sleep(0.01)
+        runner.quiet("ns", "a", 3600.0)
+        runner.forget("ns", "a")  # deleted: the mark goes with it
+        assert runner.tracked == frozenset() and not runner._quiet_until
+    finally:
+        await runner.stop()

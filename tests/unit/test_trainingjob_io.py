@@ -170,3 +170,44 @@ async def test_a_pass_reads_rank_zeros_last_answer_and_never_waits_for_a_poll(tm
         assert not poller.polling and len(poller.polls) == 0
     finally:
         await poller.close()
+
+
+async def test_a_followed_job_is_polled_without_passes_and_any_change_of_its_answer_triggers_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from loom.operator.kinds.trainingjob.progress import ProgressPoller, RecentPolls
+
+    port = free_port()
+    progress = Progress(ProgressSpec(file=str(tmp_path / "progress.json"), metrics_port=port), total_steps=100)
+    progress.update(40, 1.5, 64.0, 30.0, "Running")
+    triggered: list[tuple[str, str]] = []
+
+    async def trigger(namespace: str, name: str) -> None:
+        triggered.append((namespace, name))
+
+    poller = ProgressPoller(trigger, RecentPolls(reuse_s=0.0), port=port, interval_s=0.05)
+    job, rank0 = ("ml", "gpt"), ("127.0.0.1", 1)
+
+    async def until(condition) -> None:  # type: ignore[no-untyped-def]
+        while not condition():
+            await asyncio.sleep(0.01)
+
+    try:
+        poller.follow(job, rank0, "s3://b/run/", 32)  # a steady job: no pass reads its progress any more
+        await asyncio.wait_for(until(lambda: len(triggered) == 1), 10)  # the first answer
+        report = poller.polls.last(job, rank0)
+        assert report is not None and report.step == 40
+        await asyncio.sleep(0.3)  # several polls, the same answer: no pass
+        assert triggered == [job]
+        progress.update(41, 1.4, 64.0, 30.0, "Running")  # only the step moves: a followed job's pass shows it
+        await asyncio.wait_for(until(lambda: len(triggered) == 2), 10)
+        report = poller.polls.last(job, rank0)
+        assert report is not None and report.step == 41
+        poller.unfollow(job)  # no longer steady: its periodic passes read progress again
+        progress.update(42, 1.3, 64.0, 30.0, "Running")
+        await asyncio.sleep(0.3)
+        assert triggered == [job, job] and poller.followed == frozenset()
+        last = poller.polls.last(job, rank0)
+        assert last is not None and last.step == 41  # nothing polled it since
+    finally:
+        await poller.close()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -28,7 +28,7 @@ from ...core.events import post_events
 from ...core.kit import Event, set_condition
 from ...core.model import API_VERSION, Condition
 from ...core.reconcile import Pass, previous_status, run
-from ...core.runner import Indexes, Runner, own_kind_handlers
+from ...core.runner import Indexes, LastSeen, Runner, own_kind_handlers
 from ...settings import OperatorSettings
 from . import render
 from .api import MlflowRun, TrainingJobSpec, TrainingJobStatus
@@ -39,7 +39,8 @@ from .expectations import CreatedWorkers
 from .finetune import needs_base_job, resolve_base, with_base
 from .mlflow import TrackingError, ensure_run, finish_run
 from .observe import NodeView, ProgressReport, WorkerView, observe_node, observe_pod
-from .progress import ProgressPoller
+from .pacing import QUIET_S, steady
+from .progress import Poll, ProgressPoller
 from .queueing import QueueObservation, workload
 from .register import needs_registration, register_model
 from .state import Decision, Observation, Policy, decide
@@ -72,6 +73,8 @@ class Observed:
     queue: QueueObservation | None = None
     base_wait: tuple[str, str] | None = None  # finetune's base model (another TrainingJob) is not there yet
     now: datetime = field(default_factory=lambda: datetime.now(UTC))
+    rank0: Poll | None = None  # what the progress poller asks (rank 0, checkpoint URI, samples per step)
+    observation: Observation | None = None  # what the state machine decided from (decide keeps it for pacing)
 
     @property
     def views(self) -> tuple[WorkerView, ...]:
@@ -96,6 +99,8 @@ class Controller:
     indexes: Indexes = field(default_factory=lambda: Indexes(POD_INDEX, NODE_INDEX))
     progress: ProgressPoller | None = None  # rank 0's progress, polled beside the passes (register() makes it)
     created: CreatedWorkers = field(default_factory=CreatedWorkers)  # pods created, not in the pod index yet
+    # A steady job's periodic passes are skipped for this long (the runner's `quiet`; register() wires it).
+    quiet: Callable[[str, str, float], None] | None = None
 
     def worker_views(self, namespace: str, name: str) -> list[tuple[WorkerView, str | None]]:
         pods: PodIndex | None = self.indexes.get(POD_INDEX)
@@ -138,7 +143,9 @@ class Controller:
             except SpecError as error:
                 seen.spec_error = str(error)
         seen.tracking_error = None if seen.endpoint_problem else await self.ensure_tracking(job, spec, status)
-        seen.progress = self.progress_of((namespace, name), spec, status, seen.observed)
+        seen.rank0 = rank0_poll(spec, status, seen.observed)
+        if self.progress is not None and seen.rank0 is not None:
+            seen.progress = self.progress.latest((namespace, name), *seen.rank0)
         seen.queue = await observe_queue(job)
         data_built = status.training_data is not None and status.training_data.phase == "Succeeded"
         blocked = seen.spec_error is not None or seen.endpoint_problem is not None
@@ -171,27 +178,25 @@ class Controller:
         if ctx.spec is None:
             return None
         spec, status = ctx.spec.spec, seen.status
-        decision = decide(
-            Observation(
-                generation=ctx.generation,
-                spec=spec,
-                status=status,
-                pods=seen.views,
-                now=seen.now,
-                nodes=seen.nodes,
-                progress=seen.progress,
-                tracking_ready=spec.tracking is None
-                or spec.tracking.mlflow is None
-                or bool(status.mlflow and status.mlflow.run_id),
-                tracking_error=seen.tracking_error,
-                spec_error=seen.spec_error,
-                training_data=seen.training_data,
-                endpoint_problem=seen.endpoint_problem,
-                base_wait=seen.base_wait,
-                queue=seen.queue,
-            ),
-            self.policy,
+        seen.observation = observation = Observation(
+            generation=ctx.generation,
+            spec=spec,
+            status=status,
+            pods=seen.views,
+            now=seen.now,
+            nodes=seen.nodes,
+            progress=seen.progress,
+            tracking_ready=spec.tracking is None
+            or spec.tracking.mlflow is None
+            or bool(status.mlflow and status.mlflow.run_id),
+            tracking_error=seen.tracking_error,
+            spec_error=seen.spec_error,
+            training_data=seen.training_data,
+            endpoint_problem=seen.endpoint_problem,
+            base_wait=seen.base_wait,
+            queue=seen.queue,
         )
+        decision = decide(observation, self.policy)
         decision.status.endpoint_defaults = ctx.spec.status_field()
         return decision
 
@@ -217,6 +222,7 @@ class Controller:
     ) -> Observed:
         assert ctx.spec is not None and decision is not None
         if seen.endpoint_problem is not None or seen.base_wait is not None:
+            self.pace(ctx, seen, None)
             return seen  # nothing renders without the endpoint or the base model; a later pass goes on
         spec, status = ctx.spec.spec, seen.status
         spec_changed = status.observed_generation != ctx.generation
@@ -230,7 +236,21 @@ class Controller:
                     "loom.dev/v1alpha1", self.kind, ctx.namespace, ctx.name, {"registeredModel": registered.to_wire()}
                 )
             post_events(ctx.body, events)
+        self.pace(ctx, seen, decision)
         return seen
+
+    def pace(self, ctx: Pass[Any], seen: Observed, decision: Decision | None) -> None:
+        """A steady job (pacing.py) leaves the periodic resync, and the poller follows its rank 0 instead."""
+        key = (ctx.namespace, ctx.name)
+        calm = decision is not None and seen.observation is not None and steady(seen.observation, decision)
+        if calm and self.quiet is not None:
+            self.quiet(*key, QUIET_S)
+        if self.progress is None:
+            return
+        if calm and seen.rank0 is not None:
+            self.progress.follow(key, *seen.rank0)
+        else:
+            self.progress.unfollow(key)
 
     async def ensure_tracking(self, job: kube.Manifest, spec: TrainingJobSpec, status: TrainingJobStatus) -> str | None:
         """Create (or find) the MLflow run before any worker starts; its id goes into status with the rest."""
@@ -268,29 +288,6 @@ class Controller:
             )
         except TrackingError as error:
             log.warning("could not close MLflow run %s: %s", run.run_id, error)
-
-    def progress_of(
-        self,
-        job: tuple[str, str],
-        spec: TrainingJobSpec,
-        status: TrainingJobStatus,
-        observed: list[tuple[WorkerView, str | None]],
-    ) -> ProgressReport | None:
-        """Rank 0's last answer; the pass never waits for one (progress.py: ProgressPoller)."""
-        if self.progress is None or status.phase not in ("Running", "Restarting", "Created"):
-            return None
-        rank0 = next(
-            (ip for v, ip in observed if v.index == 0 and v.attempt == status.attempt and v.phase == "Running" and ip),
-            None,
-        )
-        if rank0 is None:
-            return None
-        return self.progress.latest(
-            job,
-            (rank0, status.attempt),
-            spec.checkpoint.uri if spec.checkpoint else None,
-            samples_per_step(spec, sum(1 for v, _ in observed if v.attempt == status.attempt)),
-        )
 
     async def act(
         self,
@@ -440,8 +437,28 @@ def register(settings: OperatorSettings) -> None:
             if owner.get("kind") == "TrainingJob" and owner.get("controller"):
                 await runner.trigger(str(body.metadata.namespace), owner["name"])
 
-    # Rank 0's progress, polled beside the passes: an answer the state machine acts on triggers the job's pass.
-    controller.progress = progress = ProgressPoller(on_news=runner.trigger)
+    # Rank 0's progress, polled beside the passes: an answer the state machine acts on triggers the job's pass, and
+    # for a steady job (pacing.py), which the periodic resync leaves alone, any change of the answer does.
+    controller.progress = progress = ProgressPoller(on_news=runner.trigger, interval_s=settings.training_poll_s)
+    controller.quiet = runner.quiet
+
+    # A node going NotReady (or coming back) moves its workers' jobs with the clock (the node-lost grace period):
+    # their passes at once, since a steady job has no periodic one to notice it.
+    readiness: LastSeen[bool] = LastSeen()
+
+    @kopf.on.event("nodes", id="loom_training_node_readiness")
+    async def trainingjob_node_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+        node = str(body.metadata.name)
+        if type == "DELETED":
+            readiness.forget(("", node))
+            changed = True
+        else:
+            changed = readiness.changed(("", node), observe_node(dict(body)).ready)
+        pods: PodIndex | None = controller.indexes.get(POD_INDEX)
+        if not changed or pods is None:
+            return
+        jobs = [key for key, views in list(pods.items()) if any(v.node_name == node for v, _ in views)]
+        await asyncio.gather(*(runner.trigger(*key) for key in jobs))
 
     async def deleted(namespace: str, name: str, _spec: Mapping[str, Any]) -> None:
         progress.forget((namespace, name))
@@ -449,6 +466,23 @@ def register(settings: OperatorSettings) -> None:
 
     # Every TrainingJob, flagged due while the periodic resync has something to do for it.
     own_kind_handlers(runner, PLURAL, JOB_INDEX, due=resync_due, deleted=deleted)
+
+
+def rank0_poll(
+    spec: TrainingJobSpec, status: TrainingJobStatus, observed: list[tuple[WorkerView, str | None]]
+) -> Poll | None:
+    """What the progress poller asks while the job runs: rank 0 of the current attempt (its IP), the checkpoint
+    URI and the samples per step its gauges are read with; None while rank 0 is not running."""
+    if status.phase not in ("Running", "Restarting", "Created"):
+        return None
+    rank0 = next(
+        (ip for v, ip in observed if v.index == 0 and v.attempt == status.attempt and v.phase == "Running" and ip),
+        None,
+    )
+    if rank0 is None:
+        return None
+    workers = sum(1 for v, _ in observed if v.attempt == status.attempt)
+    return (rank0, status.attempt), spec.checkpoint.uri if spec.checkpoint else None, samples_per_step(spec, workers)
 
 
 async def observe_queue(job: kube.Manifest) -> QueueObservation | None:

@@ -8,6 +8,8 @@ Prometheus scrape. A failed read is not an error: the last known progress stays 
 A pass never waits on a pod (`ProgressPoller`): it reads the last answer and, when that is stale, starts a poll
 that runs on its own; an answer the state machine acts on (the first, a new trainer phase, a newer checkpoint,
 an upload retry) triggers the job's next pass at once, a moving step or loss waits for the job's periodic pass.
+A steady job (pacing.py) has no periodic pass: the poller follows its rank 0 itself, every training poll, and any
+change of the answer triggers the job's pass (status shows the step and loss as fresh as before).
 Before, each pass asked rank 0 itself and held its pass slot for up to the connect timeout when rank 0 did not
 answer (a trainer still starting; in bench/bench_kubeflow_p1.py, every simulated pod). The client is aiohttp's,
 not httpx's: 0.4 against 1.8-2.1 ms of CPU per request, answered or timed out (measured on this machine), and the
@@ -25,6 +27,7 @@ from typing import Any
 
 import aiohttp
 
+from ...core.leadership import LEADERSHIP
 from .config import PROGRESS_PORT
 from .observe import ProgressReport, parse_progress, progress_from_metrics
 
@@ -134,23 +137,30 @@ def news(before: ProgressReport | None, after: ProgressReport | None) -> bool:
 Job = tuple[str, str]  # (namespace, name)
 
 
+Poll = tuple[Target, str | None, int | None]  # rank 0, the checkpoint URI, samples per step
+
+
 class ProgressPoller:
     """Each job's rank 0, polled in the background of its passes (at most one poll per job at a time), its answers
     kept in `polls`; `on_news(namespace, name)` (the runner's trigger) runs as a task of its own when an answer is
-    `news`."""
+    `news`, or for a job the poller follows (`follow`: a steady job, which has no periodic pass) when it changed."""
 
     def __init__(
         self,
         on_news: Callable[[str, str], Coroutine[Any, Any, None]],
         polls: RecentPolls | None = None,
         port: int = PROGRESS_PORT,
+        interval_s: float = 5.0,
     ) -> None:
         self.on_news = on_news
         self.port = port
+        self.interval_s = interval_s  # how often a followed job's rank 0 is asked (the training poll)
         self.polls = polls if polls is not None else RecentPolls()  # an empty one is falsy (it has a length)
         self._client: aiohttp.ClientSession | None = None
         self._polling: dict[Job, asyncio.Task[None]] = {}
         self._passes: set[asyncio.Task[None]] = set()  # triggered passes, referenced until done
+        self._followed: dict[Job, Poll] = {}
+        self._follower: asyncio.Task[None] | None = None
 
     @property
     def polling(self) -> frozenset[Job]:
@@ -160,11 +170,36 @@ class ProgressPoller:
         self, job: Job, target: Target, checkpoint_uri: str | None, samples_per_step: int | None
     ) -> ProgressReport | None:
         """The last answer of this rank 0 (None before its first); a poll starts when it is stale and none runs."""
-        recent, _ = self.polls.fresh(job, target, time.monotonic())
-        if not recent and job not in self._polling:
-            poll = self._poll(job, target, checkpoint_uri, samples_per_step)
-            self._polling[job] = asyncio.get_running_loop().create_task(poll)
+        self._start_poll(job, (target, checkpoint_uri, samples_per_step))
         return self.polls.last(job, target)
+
+    def follow(self, job: Job, target: Target, checkpoint_uri: str | None, samples_per_step: int | None) -> None:
+        """Poll this job's rank 0 every interval without being asked by a pass, and trigger its pass whenever the
+        answer changes (a steady job: its periodic pass is skipped)."""
+        self._followed[job] = (target, checkpoint_uri, samples_per_step)
+        if self._follower is None or self._follower.done():
+            self._follower = asyncio.get_running_loop().create_task(self._follow_forever())
+
+    def unfollow(self, job: Job) -> None:
+        self._followed.pop(job, None)
+
+    @property
+    def followed(self) -> frozenset[Job]:
+        return frozenset(self._followed)
+
+    async def _follow_forever(self) -> None:
+        while self._followed:
+            await asyncio.sleep(self.interval_s)
+            if not await LEADERSHIP.leads():  # a replica standing by triggers no pass (core/leadership.py)
+                continue
+            for job, poll in list(self._followed.items()):
+                self._start_poll(job, poll)
+
+    def _start_poll(self, job: Job, poll: Poll) -> None:
+        """A poll of rank 0 as a task of its own, unless its last answer is fresh or a poll runs already."""
+        recent, _ = self.polls.fresh(job, poll[0], time.monotonic())
+        if not recent and job not in self._polling:
+            self._polling[job] = asyncio.get_running_loop().create_task(self._poll(job, *poll))
 
     async def _poll(self, job: Job, target: Target, checkpoint_uri: str | None, samples_per_step: int | None) -> None:
         try:
@@ -177,7 +212,7 @@ class ProgressPoller:
         finally:
             if self._polling.get(job) is asyncio.current_task():
                 del self._polling[job]
-        if news(before, report):
+        if news(before, report) or (job in self._followed and report is not None and report != before):
             task = asyncio.get_running_loop().create_task(self.on_news(*job))
             self._passes.add(task)
             task.add_done_callback(self._passes.discard)
@@ -185,13 +220,14 @@ class ProgressPoller:
     def forget(self, job: Job) -> None:
         """The job was deleted: its answers go, and a poll still running for it is cancelled."""
         self.polls.forget(job)
+        self._followed.pop(job, None)
         task = self._polling.pop(job, None)
         if task is not None:
             task.cancel()
 
     async def close(self) -> None:
         """Cancel what runs (a test's loop ends with it) and close the session."""
-        tasks = [*self._polling.values(), *self._passes]
+        tasks = [*self._polling.values(), *self._passes, *([self._follower] if self._follower else [])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
