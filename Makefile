@@ -90,7 +90,7 @@ test-real-node: venv image-tools
 # - the static checks and the cluster-free tiers (tests/, about 13 minutes alone) run in the background at a
 #   lower priority (nice), filling whatever CPU the build and then the e2e tier leave idle, instead of sharing
 #   the cores evenly with the build and so delaying the e2e tier that waits for it (a cold run took 47m39s that
-#   way, 26m29s this way; README, "How make test fits its budget"); their output goes to
+#   way, 26m29s this way; docs/measurements.md); their output goes to
 #   .state/cluster-free.log and is printed when they are done;
 # - the e2e tier starts as soon as the stack is built, in $(E2E_WORKERS) pytest-xdist workers, a test module per
 #   worker at a time (each worker is its own test session with its own operator and namespaces on the one shared

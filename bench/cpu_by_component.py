@@ -3,7 +3,8 @@
 Runs the command, and once a second reads every process's CPU time (user + system, from /proc) and command line;
 at the end prints the CPU-seconds of every process started during the run, summed by component (the patterns
 below), and the share of the machine's cores they used. A process that lived less than a second is missed, so
-the sums are a lower bound. This is how `make test` was found CPU-bound (README, "How make test fits its budget").
+the sums are a lower bound. This is how `make test` was found CPU-bound (README, "How make test runs, and its
+budget"; docs/measurements.md).
 """
 
 from __future__ import annotations
