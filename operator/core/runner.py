@@ -354,6 +354,9 @@ class LastSeen(Generic[V]):
     def __len__(self) -> int:
         return len(self._values)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._values
+
     def changed(self, key: Key, value: V) -> bool:
         """Record `value` for `key`; True when it differs from the one recorded before (or none was)."""
         if key in self._values and self._values[key] == value:

@@ -166,7 +166,7 @@ def test_last_seen_reports_changes_and_forgets_deleted_objects() -> None:
     assert not seen.changed(("ns", "job"), ("s3://c/step-10", "Running"))
     assert seen.changed(("ns", "job"), ("s3://c/step-20", "Running"))
     assert seen.changed(("ns", "other"), (None, "Pending"))
-    assert len(seen) == 2
+    assert len(seen) == 2 and ("ns", "job") in seen and ("ns", "never-seen") not in seen
     seen.forget(("ns", "job"))
     seen.forget(("ns", "never-seen"))
     assert len(seen) == 1

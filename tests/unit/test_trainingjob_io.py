@@ -119,21 +119,30 @@ def test_only_answers_the_state_machine_acts_on_are_news() -> None:
     assert news(checkpointed, ProgressReport(step=41, phase="Running", checkpoint_retry=UploadRetryReport(1)))
 
 
+def trainer_at_step_40(tmp_path) -> tuple[Progress, int]:  # type: ignore[no-untyped-def]
+    """The trainer's real progress endpoint on a free port, at step 40 of 100."""
+    port = free_port()
+    progress = Progress(ProgressSpec(file=str(tmp_path / "progress.json"), metrics_port=port), total_steps=100)
+    progress.update(40, 1.5, 64.0, 30.0, "Running")
+    return progress, port
+
+
+class Triggered(list[tuple[str, str]]):
+    """The passes a poller asked for, as the runner's trigger would get them."""
+
+    async def __call__(self, namespace: str, name: str) -> None:
+        self.append((namespace, name))
+
+
 async def test_a_pass_reads_rank_zeros_last_answer_and_never_waits_for_a_poll(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import asyncio
 
     from loom.operator.kinds.trainingjob.progress import ProgressPoller, RecentPolls
 
-    port = free_port()
-    progress = Progress(ProgressSpec(file=str(tmp_path / "progress.json"), metrics_port=port), total_steps=100)
-    progress.update(40, 1.5, 64.0, 30.0, "Running")
-    triggered: list[tuple[str, str]] = []
-
-    async def trigger(namespace: str, name: str) -> None:
-        triggered.append((namespace, name))
-
+    progress, port = trainer_at_step_40(tmp_path)
+    triggered = Triggered()
     # reuse_s=0: every read finds the last answer stale and starts a poll (when none runs).
-    poller, job, rank0 = ProgressPoller(trigger, RecentPolls(reuse_s=0.0), port=port), ("ml", "gpt"), ("127.0.0.1", 1)
+    poller, job, rank0 = ProgressPoller(triggered, RecentPolls(reuse_s=0.0), port=port), ("ml", "gpt"), ("127.0.0.1", 1)
 
     async def answered(reads: int) -> None:
         while len(triggered) < reads or poller.polling:
@@ -177,15 +186,9 @@ async def test_a_followed_job_is_polled_without_passes_and_any_change_of_its_ans
 
     from loom.operator.kinds.trainingjob.progress import ProgressPoller, RecentPolls
 
-    port = free_port()
-    progress = Progress(ProgressSpec(file=str(tmp_path / "progress.json"), metrics_port=port), total_steps=100)
-    progress.update(40, 1.5, 64.0, 30.0, "Running")
-    triggered: list[tuple[str, str]] = []
-
-    async def trigger(namespace: str, name: str) -> None:
-        triggered.append((namespace, name))
-
-    poller = ProgressPoller(trigger, RecentPolls(reuse_s=0.0), port=port, interval_s=0.05)
+    progress, port = trainer_at_step_40(tmp_path)
+    triggered = Triggered()
+    poller = ProgressPoller(triggered, RecentPolls(reuse_s=0.0), port=port, interval_s=0.05)
     job, rank0 = ("ml", "gpt"), ("127.0.0.1", 1)
 
     async def until(condition) -> None:  # type: ignore[no-untyped-def]

@@ -448,12 +448,15 @@ def register(settings: OperatorSettings) -> None:
 
     @kopf.on.event("nodes", id="loom_training_node_readiness")
     async def trainingjob_node_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-        node = str(body.metadata.name)
+        key = ("", str(body.metadata.name))  # nodes have no namespace
         if type == "DELETED":
-            readiness.forget(("", node))
-            changed = True
+            changed = key in readiness
+            readiness.forget(key)
         else:
-            changed = readiness.changed(("", node), observe_node(dict(body)).ready)
+            # A node seen for the first time (the operator starting) changed nothing: its jobs' first passes read it.
+            known = key in readiness
+            changed = readiness.changed(key, observe_node(dict(body)).ready) and known
+        node = key[1]
         pods: PodIndex | None = controller.indexes.get(POD_INDEX)
         if not changed or pods is None:
             return
