@@ -298,7 +298,9 @@ async def _owner_exists(namespace: str | None, ref: Manifest) -> bool:
     return bool(meta.get("uid") == ref["uid"] and not meta.get("deletionTimestamp"))
 
 
-async def apply(manifest: Manifest, *, subresource: str | None = None, force: bool = True) -> Manifest:
+async def apply(
+    manifest: Manifest, *, subresource: str | None = None, force: bool = True, owner_written_beside: bool = False
+) -> Manifest:
     """Server-side apply `manifest` (create or converge) under Loom's field manager.
 
     A child (a manifest with a controlling ownerReference) is applied only while its owner still exists, same uid:
@@ -309,9 +311,13 @@ async def apply(manifest: Manifest, *, subresource: str | None = None, force: bo
     garbage collector fit in that wait: 3 of 347 children at report scale, load 15). The check is a GET, or an
     answer the API server gave for the owner at most ALIVE_S (0.5 s, a busy round trip) ago and no deletion seen
     since (watch_cache.py: alive; a TrainingJob's status write before its children and pods). The window left is
-    that round trip; the garbage collector closes it, removing a child whose owner's uid is gone."""
+    that round trip; the garbage collector closes it, removing a child whose owner's uid is gone.
+
+    `owner_written_beside`: the caller writes the owner at the same moment (a TrainingJob's status write beside its
+    first children, reconcile.py `prepare`), and that write's answer stands for the check: it fails the pass on a
+    gone owner, and a child it let through is owned by a uid that is gone, the same one-round-trip window."""
     res = resource(manifest["apiVersion"], manifest["kind"])
-    owner = None if subresource else _controller(manifest)
+    owner = None if subresource or owner_written_beside else _controller(manifest)
     meta = manifest["metadata"]
     path = res.path(meta.get("namespace"), meta["name"], subresource)
     query = [("fieldManager", FIELD_MANAGER), ("force", "true" if force else "false")]

@@ -9,11 +9,13 @@
 
 A kind supplies the four kind-specific steps as a `Reconciler`; `run` is the skeleton. Most kinds apply and then
 report what they applied; a kind whose status must be written before its children (a TrainingJob persists its
-attempt before creating that attempt's pods) says `status_first`.
+attempt before creating that attempt's pods) says `status_first`, and its `prepare` writes, beside the status,
+what the status need not precede (children it does not name): a new object's children wait one round trip less.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -73,6 +75,11 @@ class Reconciler(Protocol[SpecT, ObservedT, PlanT, StatusT]):
     def decide(self, ctx: Pass[SpecT], observed: ObservedT) -> PlanT:
         """What should be (pure)."""
 
+    async def prepare(self, ctx: Pass[SpecT], observed: ObservedT, plan: PlanT, *, owner_written: bool) -> None:
+        """`status_first` kinds: the writes of a valid pass that need not wait for the status, made while it is
+        written (before `apply`). `owner_written`: a status write goes out beside them, and its answer stands for
+        their owner check (kube.apply `owner_written_beside`). Other kinds are never asked."""
+
     async def apply(self, ctx: Pass[SpecT], observed: ObservedT, plan: PlanT) -> ObservedT:
         """The writes of a valid pass; returns what was observed, updated by what it wrote."""
 
@@ -80,6 +87,16 @@ class Reconciler(Protocol[SpecT, ObservedT, PlanT, StatusT]):
         self, ctx: Pass[SpecT], observed: ObservedT, plan: PlanT, previous: StatusT | None
     ) -> tuple[StatusT, Sequence[Event]]:
         """The status and the events of this pass (pure)."""
+
+
+class StatusAfterApply:
+    """What a kind that applies first and then reports what it applied inherits: it is not `status_first`, so it
+    has nothing to `prepare`."""
+
+    status_first: ClassVar[bool] = False
+
+    async def prepare(self, ctx: Pass[Any], observed: Any, plan: Any, *, owner_written: bool) -> None:
+        """Never asked: the skeleton calls `prepare` only for `status_first` kinds."""
 
 
 def previous_status(model: type[StatusT], body: Manifest) -> StatusT | None:
@@ -138,18 +155,27 @@ async def run(
     observed = await reconciler.observe(ctx)
     plan = reconciler.decide(ctx, observed)
     if reconciler.status_first:
-        await write_status(kind, body, *reconciler.status(ctx, observed, plan, previous))
+        status, events = reconciler.status(ctx, observed, plan, previous)
+        patch = status_patch(dict(body.get("status") or {}), status.to_wire())
+        writes = [write_status(kind, body, patch, events)]
+        if ctx.valid:
+            # What need not wait for the status goes out beside it, checked by its answer when one goes out.
+            writes.append(reconciler.prepare(ctx, observed, plan, owner_written=patch is not None))
+        # All finish before the pass goes on or ends (the runner's one pass at a time holds for their writes too).
+        for outcome in await asyncio.gather(*writes, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
         if ctx.valid:
             await reconciler.apply(ctx, observed, plan)
         return
     if ctx.valid:
         observed = await reconciler.apply(ctx, observed, plan)
-    await write_status(kind, body, *reconciler.status(ctx, observed, plan, previous))
+    status, events = reconciler.status(ctx, observed, plan, previous)
+    await write_status(kind, body, status_patch(dict(body.get("status") or {}), status.to_wire()), events)
 
 
-async def write_status(kind: str, body: Manifest, status: StatusBase, events: Sequence[Event]) -> None:
-    """The status as a merge patch (only when it changed), then the events: once per pass, for every kind."""
-    patch = status_patch(dict(body.get("status") or {}), status.to_wire())
+async def write_status(kind: str, body: Manifest, patch: Manifest | None, events: Sequence[Event]) -> None:
+    """The status's merge patch (None: it did not change), then the events: once per pass, for every kind."""
     meta = body["metadata"]
     if patch is not None:
         try:

@@ -201,3 +201,16 @@ async def test_no_deletion_gets_between_the_owner_check_and_the_apply(
     # The child was applied before the deletion (and collected with its owner), never after it.
     assert server.calls[-1] == ("DELETE", OWNER_PATH), server.calls
     assert "/api/v1/namespaces/ml/configmaps/bot-config" not in server.objects
+
+
+async def test_children_written_beside_their_owners_status_write_send_no_get(
+    server: FakeServer, clock: list[float]
+) -> None:
+    # A TrainingJob's first children go out with its status write (reconcile.py `prepare`): that write's answer is
+    # their owner check, so none of them waits for a GET first.
+    await asyncio.gather(
+        kube.patch_status("loom.dev/v1alpha1", "InferenceService", "ml", "bot", {"phase": "Pending"}),
+        kube.apply(child("bot-config"), owner_written_beside=True),
+        kube.apply(child("bot-svc"), owner_written_beside=True),
+    )
+    assert [method for method, _ in server.calls] == ["PATCH", "PATCH", "PATCH"]

@@ -28,7 +28,7 @@ from ...core import kit
 from ...core.kit import Event, Manifest
 from ...core.model import API_VERSION, InvalidSpec
 from ...core.pod_problems import find_problem
-from ...core.reconcile import Pass, run
+from ...core.reconcile import Pass, StatusAfterApply, run
 from ...core.runner import Runner, own_kind_handlers
 from ...defaults import Defaulted, EndpointDefaults
 from ...defaults import feature_view as feature_view_defaults
@@ -182,10 +182,9 @@ class Observed:
     apply_result: JobResult | None = None
 
 
-class ViewReconciler:
+class ViewReconciler(StatusAfterApply):
     kind: ClassVar[str] = KIND
     status_model: ClassVar[type[Any]] = FeatureViewStatus
-    status_first: ClassVar[bool] = False
 
     def __init__(self, settings: OperatorSettings) -> None:
         self.image = settings.features_image

@@ -24,7 +24,7 @@ from ...core.kit import Event, Manifest
 from ...core.model import API_VERSION, GROUP, VERSION
 from ...core.pod_problems import find_problem
 from ...core.pods import PodIndex, pods_of
-from ...core.reconcile import Pass, run
+from ...core.reconcile import Pass, StatusAfterApply, run
 from ...core.runner import Indexes, LastSeen, Runner, child_handlers, own_kind_handlers, register_pod_index
 from ...settings import OperatorSettings
 from .api import InferenceGraphSpec, InferenceGraphStatus
@@ -69,10 +69,9 @@ class Plan:
     problem: GraphProblem | None
 
 
-class GraphReconciler:
+class GraphReconciler(StatusAfterApply):
     kind: ClassVar[str] = KIND
     status_model: ClassVar[type[Any]] = InferenceGraphStatus
-    status_first: ClassVar[bool] = False
 
     def __init__(self, settings: OperatorSettings, pods: PodIndex | None = None) -> None:
         self.settings = settings

@@ -29,7 +29,7 @@ from ...core.kit import Event, Manifest
 from ...core.model import API_VERSION, GROUP, VERSION, first_error
 from ...core.pod_problems import find_problem
 from ...core.pods import PodIndex, pods_of
-from ...core.reconcile import Pass, run
+from ...core.reconcile import Pass, StatusAfterApply, run
 from ...core.runner import Indexes, LastSeen, Runner, child_handlers, own_kind_handlers, register_pod_index
 from ...defaults import Defaulted, EndpointDefaults, model_problem, training_job_manifest
 from ...defaults import inference_service as inference_service_defaults
@@ -168,10 +168,9 @@ class Plan:
     admission: Admission | None = None  # queued by Kueue: the replicas admitted (caps the rollout's total)
 
 
-class ServiceReconciler:
+class ServiceReconciler(StatusAfterApply):
     kind: ClassVar[str] = KIND
     status_model: ClassVar[type[Any]] = InferenceServiceStatus
-    status_first: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -217,6 +217,25 @@ class Controller:
         status.conditions = set_condition(list(status.conditions or []), invalid)
         return status, []
 
+    async def prepare(
+        self,
+        ctx: Pass[endpoint_defaults.Defaulted[TrainingJobSpec]],
+        seen: Observed,
+        decision: Decision | None,
+        *,
+        owner_written: bool,
+    ) -> None:
+        """The rendezvous Service and the ConfigMap (and the PodGroup), while the status is written: they name no
+        attempt. The pods, which do, wait for both (`apply`): a child the API server refuses (a role missing a
+        rule) must keep the pods from being created (e2e test_helm_install). Applying the two children together
+        saved a new job one round trip (P1: per-job p50 0.87-1.12 -> 0.51-0.71 s, bench/bench_kubeflow_p1.py),
+        applying them beside the status another."""
+        assert ctx.spec is not None and decision is not None
+        if seen.endpoint_problem is not None or seen.base_wait is not None:
+            return  # nothing renders without the endpoint or the base model; a later pass goes on
+        if children_due(decision, spec_changed=seen.status.observed_generation != ctx.generation):
+            await self.apply_children(ctx.body, ctx.spec.spec, owner_written=owner_written)
+
     async def apply(
         self, ctx: Pass[endpoint_defaults.Defaulted[TrainingJobSpec]], seen: Observed, decision: Decision | None
     ) -> Observed:
@@ -225,8 +244,7 @@ class Controller:
             self.pace(ctx, seen, None)
             return seen  # nothing renders without the endpoint or the base model; a later pass goes on
         spec, status = ctx.spec.spec, seen.status
-        spec_changed = status.observed_generation != ctx.generation
-        await self.act(ctx.body, spec, decision, seen.views, spec_changed=spec_changed, queue=seen.queue)
+        await self.act(ctx.body, spec, decision, seen.views, queue=seen.queue)
         if decision.status.phase in FINISHED and status.phase not in FINISHED:
             await self.close_run(spec, decision)
         if needs_registration(spec, decision.status):
@@ -296,7 +314,6 @@ class Controller:
         decision: Decision,
         views: tuple[WorkerView, ...],
         *,
-        spec_changed: bool,
         queue: QueueObservation | None = None,
     ) -> None:
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
@@ -311,11 +328,7 @@ class Controller:
                 [f"{d.name}{' (force)' if d.force else ''}" for d in decision.delete],
                 ", delete children" if decision.delete_children else "",
             )
-        # The Service and ConfigMap before the pods, though applying them together saves a new job one round trip
-        # (P1: per-job p50 0.87-1.12 -> 0.51-0.71 s, bench/bench_kubeflow_p1.py): a child the API server refuses
-        # (a role missing a rule) must keep the pods from being created (e2e test_helm_install).
-        if decision.create or (spec_changed and status.phase not in FINISHED and not decision.delete_children):
-            await self.apply_children(job, spec)
+        # The Service and the ConfigMap were applied beside the status (`prepare`), before this.
         if queue is not None:
             await self.act_on_workload(job, spec, decision, queue)
         if decision.create:
@@ -379,8 +392,13 @@ class Controller:
         except (kube.Conflict, kube.NotFound):
             log.info("Workload %s/%s changed meanwhile; the next pass writes it again", namespace, view.name)
 
-    async def apply_children(self, job: kube.Manifest, spec: TrainingJobSpec) -> None:
-        await asyncio.gather(kube.apply(render.headless_service(job)), kube.apply(render.config_map(job, spec)))
+    async def apply_children(self, job: kube.Manifest, spec: TrainingJobSpec, *, owner_written: bool) -> None:
+        """Beside the status write (`prepare`); when one goes out, its answer is their owner check (kube.apply)."""
+        service, config = render.headless_service(job), render.config_map(job, spec)
+        await asyncio.gather(
+            kube.apply(service, owner_written_beside=owner_written),
+            kube.apply(config, owner_written_beside=owner_written),
+        )
         group = render.pod_group(job, spec)
         if group is None:
             return
@@ -469,6 +487,13 @@ def register(settings: OperatorSettings) -> None:
 
     # Every TrainingJob, flagged due while the periodic resync has something to do for it.
     own_kind_handlers(runner, PLURAL, JOB_INDEX, due=resync_due, deleted=deleted)
+
+
+def children_due(decision: Decision, *, spec_changed: bool) -> bool:
+    """Whether the pass applies the job's Service and ConfigMap: before it creates workers, and after a spec change
+    of a job that still runs (the ConfigMap renders the spec)."""
+    phase = decision.status.phase
+    return bool(decision.create) or (spec_changed and phase not in FINISHED and not decision.delete_children)
 
 
 def rank0_poll(
