@@ -51,14 +51,17 @@ def test_inference_service_serves_what_a_training_job_produced(
         "spec": {
             "engine": "fsdp",
             "entrypoint": {"module": "loom.workloads.trainer.examples.chargpt:task", "args": TINY_MODEL},
-            "maxSteps": 40,
+            # Long enough for checkpoints to come after the operator's first answer from the trainer: a trainer that
+            # starts answering is seen up to 8 s late (progress.py UNANSWERED_MAX_REUSE_S), and 40 or 120 steps, done
+            # in a few seconds here, could end before it, leaving the follower nothing to roll out but the final model.
+            "maxSteps": 400,
             "env": env,
             "workers": {"replicas": 1, "nodeSelector": {"kubernetes.io/hostname": AGENT_NODE_NAME}},
             "checkpoint": {
                 "uri": f"s3://{bucket}/gpt",
                 "endpoint": s3.url,
                 "secretRef": {"name": "s3-credentials"},
-                "everySteps": 10,
+                "everySteps": 40,
             },
         },
     }

@@ -52,6 +52,8 @@ FINISHED = ("Succeeded", "Failed")
 POD_INDEX = "loom_training_pods"
 NODE_INDEX = "loom_training_nodes"
 JOB_INDEX = "loom_training_jobs"
+# How long a worker pod's event waits for the others of its burst before the job's pass that reads them all.
+WORKER_EVENTS_S = 0.25
 
 PodIndex = kopf.Index[tuple[str, str], tuple[WorkerView, str | None]]
 NodeIndex = kopf.Index[str, NodeView]
@@ -442,10 +444,12 @@ def register(settings: OperatorSettings) -> None:
     async def loom_training_nodes(body: kopf.Body, **_: Any) -> dict[str, NodeView]:
         return {str(body.metadata.name): observe_node(dict(body))}
 
+    # A worker's events come in bursts (created, bound to a node, started, ready: the gang's pods at once), and
+    # each is a reason for a pass: one pass, WORKER_EVENTS_S after the first of them, reads them all.
     @kopf.on.event("pods", labels={render.JOB_LABEL: kopf.PRESENT})
     async def trainingjob_worker_event(body: kopf.Body, **kwargs: Any) -> None:
         runner.resync(kwargs.get(JOB_INDEX))
-        await runner.trigger(str(body.metadata.namespace), body.metadata.labels[render.JOB_LABEL])
+        runner.later(str(body.metadata.namespace), body.metadata.labels[render.JOB_LABEL], WORKER_EVENTS_S)
 
     # A queued job's Workload: Kueue admitting or evicting it is a reason to reconcile the job at once. Without
     # Kueue's CRDs Kopf only warns that the resource is not served, and watches once it is.
