@@ -66,3 +66,20 @@ def test_a_finished_or_failing_job_is_not() -> None:
     assert not is_steady(running(), done)
     failed = (worker(0), worker(1, phase="Failed", exit_code=1))
     assert not is_steady(running(), failed)
+
+
+def test_a_node_readiness_change_reaches_the_jobs_with_a_worker_on_it() -> None:
+    # A steady job has no periodic pass: the node index's handler triggers these jobs when a node's readiness changes.
+    from loom.operator.kinds.trainingjob.controller import jobs_with_workers_on
+
+    def on(node: str | None, name: str) -> tuple[WorkerView, str | None]:
+        return WorkerView(name=name, uid=name, index=0, attempt=0, phase="Running", node_name=node), None
+
+    pods = {
+        ("ml", "a"): [on("n1", "a-0"), on("n2", "a-1")],
+        ("ml", "b"): [on("n2", "b-0")],
+        ("ml", "c"): [on(None, "c")],  # not scheduled yet
+    }
+    assert jobs_with_workers_on(pods, "n2") == [("ml", "a"), ("ml", "b")]
+    assert jobs_with_workers_on(pods, "n1") == [("ml", "a")]
+    assert jobs_with_workers_on(pods, "n3") == [] and jobs_with_workers_on(None, "n1") == []

@@ -26,6 +26,7 @@ from ...core import client as kube
 from ...core import kueue, kueue_io
 from ...core.events import post_events
 from ...core.kit import Event, set_condition
+from ...core.leadership import LEADERSHIP
 from ...core.model import API_VERSION, Condition
 from ...core.reconcile import Pass, previous_status, run
 from ...core.runner import Indexes, LastSeen, Runner, own_kind_handlers
@@ -440,9 +441,23 @@ def register(settings: OperatorSettings) -> None:
         key = (str(body.metadata.namespace), body.metadata.labels[render.JOB_LABEL])
         return {key: (view, body.status.get("podIP"))}
 
+    # A node going NotReady (or coming back) moves its workers' jobs with the clock (the node-lost grace period):
+    # their passes at once, since a steady job has no periodic one to notice it. Noticed here, in the index, not in
+    # an event handler: a replica standing by must run no handler at all (e2e test_operator_ha), and Kopf's peering
+    # does not pause a namespaced operator's watch of the cluster-scoped nodes; the leader alone triggers.
+    readiness: LastSeen[bool] = LastSeen()
+
     @kopf.index("nodes", id=NODE_INDEX)
     async def loom_training_nodes(body: kopf.Body, **_: Any) -> dict[str, NodeView]:
-        return {str(body.metadata.name): observe_node(dict(body))}
+        name, view = str(body.metadata.name), observe_node(dict(body))
+        key = ("", name)  # nodes have no namespace
+        # A node seen for the first time (the operator starting) changed nothing: its jobs' first passes read it.
+        known = key in readiness
+        if readiness.changed(key, view.ready) and known and await LEADERSHIP.leads():
+            pods: PodIndex | None = controller.indexes.get(POD_INDEX)
+            for job in jobs_with_workers_on(pods, name):
+                runner.later(*job, 0)  # after this handler returned: the pass reads the node's new view
+        return {name: view}
 
     # A worker's events come in bursts (created, bound to a node, started, ready: the gang's pods at once), and
     # each is a reason for a pass: one pass, WORKER_EVENTS_S after the first of them, reads them all.
@@ -464,33 +479,19 @@ def register(settings: OperatorSettings) -> None:
     controller.progress = progress = ProgressPoller(on_news=runner.trigger, interval_s=settings.training_poll_s)
     controller.quiet = runner.quiet
 
-    # A node going NotReady (or coming back) moves its workers' jobs with the clock (the node-lost grace period):
-    # their passes at once, since a steady job has no periodic one to notice it.
-    readiness: LastSeen[bool] = LastSeen()
-
-    @kopf.on.event("nodes", id="loom_training_node_readiness")
-    async def trainingjob_node_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-        key = ("", str(body.metadata.name))  # nodes have no namespace
-        if type == "DELETED":
-            changed = key in readiness
-            readiness.forget(key)
-        else:
-            # A node seen for the first time (the operator starting) changed nothing: its jobs' first passes read it.
-            known = key in readiness
-            changed = readiness.changed(key, observe_node(dict(body)).ready) and known
-        node = key[1]
-        pods: PodIndex | None = controller.indexes.get(POD_INDEX)
-        if not changed or pods is None:
-            return
-        jobs = [key for key, views in list(pods.items()) if any(v.node_name == node for v, _ in views)]
-        await asyncio.gather(*(runner.trigger(*key) for key in jobs))
-
     async def deleted(namespace: str, name: str, _spec: Mapping[str, Any]) -> None:
         progress.forget((namespace, name))
         controller.created.forget((namespace, name))
 
     # Every TrainingJob, flagged due while the periodic resync has something to do for it.
     own_kind_handlers(runner, PLURAL, JOB_INDEX, due=resync_due, deleted=deleted)
+
+
+def jobs_with_workers_on(pods: PodIndex | None, node: str) -> list[tuple[str, str]]:
+    """The jobs (namespace, name) with a worker on this node, from the pod index."""
+    if pods is None:
+        return []
+    return [key for key, views in list(pods.items()) if any(view.node_name == node for view, _ in views)]
 
 
 def children_due(decision: Decision, *, spec_changed: bool) -> bool:
