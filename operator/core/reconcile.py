@@ -156,7 +156,7 @@ async def run(
     plan = reconciler.decide(ctx, observed)
     if reconciler.status_first:
         status, events = reconciler.status(ctx, observed, plan, previous)
-        patch = status_patch(dict(body.get("status") or {}), status.to_wire())
+        patch = status_change(body, status)
         writes = [write_status(kind, body, patch, events)]
         if ctx.valid:
             # What need not wait for the status goes out beside it, checked by its answer when one goes out.
@@ -171,7 +171,12 @@ async def run(
     if ctx.valid:
         observed = await reconciler.apply(ctx, observed, plan)
     status, events = reconciler.status(ctx, observed, plan, previous)
-    await write_status(kind, body, status_patch(dict(body.get("status") or {}), status.to_wire()), events)
+    await write_status(kind, body, status_change(body, status), events)
+
+
+def status_change(body: Manifest, status: StatusBase) -> Manifest | None:
+    """The merge patch from the object's status to the pass's (None: nothing changed, nothing is written)."""
+    return status_patch(dict(body.get("status") or {}), status.to_wire())
 
 
 async def write_status(kind: str, body: Manifest, patch: Manifest | None, events: Sequence[Event]) -> None:
