@@ -29,7 +29,7 @@ from ...core.kit import Event, set_condition
 from ...core.leadership import LEADERSHIP
 from ...core.model import API_VERSION, Condition
 from ...core.reconcile import Pass, previous_status, run
-from ...core.runner import Indexes, LastSeen, Runner, own_kind_handlers
+from ...core.runner import Indexes, Runner, own_kind_handlers
 from ...settings import OperatorSettings
 from . import render
 from .api import MlflowRun, TrainingJobSpec, TrainingJobStatus
@@ -82,6 +82,11 @@ class Observed:
     @property
     def views(self) -> tuple[WorkerView, ...]:
         return tuple(v for v, _ in self.observed)
+
+    @property
+    def renders(self) -> bool:
+        """Whether the job's children can be rendered: not without its endpoint or its base model (a later pass)."""
+        return self.endpoint_problem is None and self.base_wait is None
 
 
 @dataclass
@@ -234,18 +239,16 @@ class Controller:
         saved a new job one round trip (P1: per-job p50 0.87-1.12 -> 0.51-0.71 s, bench/bench_kubeflow_p1.py),
         applying them beside the status another."""
         assert ctx.spec is not None and decision is not None
-        if seen.endpoint_problem is not None or seen.base_wait is not None:
-            return  # nothing renders without the endpoint or the base model; a later pass goes on
-        if children_due(decision, spec_changed=seen.status.observed_generation != ctx.generation):
+        if seen.renders and children_due(decision, spec_changed=seen.status.observed_generation != ctx.generation):
             await self.apply_children(ctx.body, ctx.spec.spec, owner_written=owner_written)
 
     async def apply(
         self, ctx: Pass[endpoint_defaults.Defaulted[TrainingJobSpec]], seen: Observed, decision: Decision | None
     ) -> Observed:
         assert ctx.spec is not None and decision is not None
-        if seen.endpoint_problem is not None or seen.base_wait is not None:
+        if not seen.renders:
             self.pace(ctx, seen, None)
-            return seen  # nothing renders without the endpoint or the base model; a later pass goes on
+            return seen
         spec, status = ctx.spec.spec, seen.status
         await self.act(ctx.body, spec, decision, seen.views, queue=seen.queue)
         if decision.status.phase in FINISHED and status.phase not in FINISHED:
@@ -444,16 +447,15 @@ def register(settings: OperatorSettings) -> None:
     # A node going NotReady (or coming back) moves its workers' jobs with the clock (the node-lost grace period):
     # their passes at once, since a steady job has no periodic one to notice it. Noticed here, in the index, not in
     # an event handler: a replica standing by must run no handler at all (e2e test_operator_ha), and Kopf's peering
-    # does not pause a namespaced operator's watch of the cluster-scoped nodes; the leader alone triggers.
-    readiness: LastSeen[bool] = LastSeen()
-
+    # does not pause a namespaced operator's watch of the cluster-scoped nodes; the leader alone triggers. The index
+    # still holds the node's view from before this event (Kopf replaces it when the handler returns).
     @kopf.index("nodes", id=NODE_INDEX)
     async def loom_training_nodes(body: kopf.Body, **_: Any) -> dict[str, NodeView]:
         name, view = str(body.metadata.name), observe_node(dict(body))
-        key = ("", name)  # nodes have no namespace
+        nodes: NodeIndex | None = controller.indexes.get(NODE_INDEX)
+        before = next(iter(nodes.get(name, ())), None) if nodes is not None else None
         # A node seen for the first time (the operator starting) changed nothing: its jobs' first passes read it.
-        known = key in readiness
-        if readiness.changed(key, view.ready) and known and await LEADERSHIP.leads():
+        if before is not None and before.ready != view.ready and await LEADERSHIP.leads():
             pods: PodIndex | None = controller.indexes.get(POD_INDEX)
             for job in jobs_with_workers_on(pods, name):
                 runner.later(*job, 0)  # after this handler returned: the pass reads the node's new view
