@@ -18,6 +18,7 @@ from .admission.server import webhook_server
 from .api import KINDS
 from .core import client as kube
 from .core import leadership, observability, runtime
+from .core.kit import MANAGED_BY
 from .core.namespace_watch import notice_namespaces_listed_by_the_watch
 from .settings import FINALIZER, PREFIX, OperatorSettings
 
@@ -40,6 +41,16 @@ class NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
+# The resources Loom watches only for its own children: each handler on them wants objects Loom made, and every
+# one of those carries `app.kubernetes.io/managed-by: loom-operator` (core/kit.py `labels`, on pod templates too).
+# Filtered by the API server, a cluster-wide operator no longer receives (and Kopf no longer parses) the events of
+# every other pod, Service, ConfigMap, Deployment and Job of the cluster. Nodes, Loom's kinds and Kueue's
+# Workloads are not Loom's children and stay unfiltered.
+CHILD_RESOURCES = (("", "v1", "pods"), ("", "v1", "services"), ("", "v1", "configmaps"),
+                   ("apps", "v1", "deployments"), ("batch", "v1", "jobs"))  # fmt: skip
+CHILD_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+
+
 def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
     """Apply Loom's conventions to Kopf's settings (pure: unit-tested)."""
     settings.persistence.finalizer = FINALIZER
@@ -49,6 +60,8 @@ def configure(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
     settings.watching.server_timeout = ours.watch_server_timeout_s
     settings.watching.client_timeout = ours.watch_client_timeout_s
     settings.watching.connect_timeout = 10
+    for resource in CHILD_RESOURCES:
+        settings.watching.label_selectors[resource] = CHILD_SELECTOR
     settings.posting.level = logging.INFO
     # One bad object must never stall the others: errors back off per object, up to a few minutes.
     settings.batching.error_delays = [1, 2, 5, 10, 30, 60, 120, 300]

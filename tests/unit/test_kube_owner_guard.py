@@ -41,9 +41,11 @@ class FakeServer:
     def __init__(self) -> None:
         self.objects: dict[str, Any] = {OWNER_PATH: OWNER}
         self.calls: list[tuple[str, str]] = []
+        self.options: list[dict[str, Any]] = []
 
-    async def __call__(self, method: str, path: str, **_: Any) -> Any:
+    async def __call__(self, method: str, path: str, **options: Any) -> Any:
         self.calls.append((method, path))
+        self.options.append(options)
         if method == "GET":
             await asyncio.sleep(0)  # in flight: other requests go out meanwhile
             if path not in self.objects:
@@ -124,6 +126,12 @@ async def test_the_pass_status_write_is_the_owner_check_of_the_children_after_it
     server.calls.clear()
     await asyncio.gather(kube.apply(child("bot-config")), kube.apply(child("bot-svc")))
     assert [method for method, _ in server.calls] == ["PATCH", "PATCH"]
+
+
+async def test_the_status_write_names_loom_as_its_field_manager(server: FakeServer) -> None:
+    await kube.patch_status("loom.dev/v1alpha1", "InferenceService", "ml", "bot", {"phase": "Pending"})
+    assert server.calls == [("PATCH", OWNER_PATH + "/status")]
+    assert ("fieldManager", "loom-operator") in server.options[0]["query"]
 
 
 async def test_a_deleted_event_or_a_deletion_ends_the_proof_at_once(server: FakeServer, clock: list[float]) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from loom.devstack.images import IMAGE_ENV, IMAGE_SETTINGS
 from loom.devstack.servers import free_port
+from loom.operator.core.kit import labels
 from loom.operator.main import configure, endpoint
 from loom.operator.settings import FINALIZER, OperatorSettings
 
@@ -85,6 +86,29 @@ def test_kopf_uses_loom_prefix_and_finalizer() -> None:
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
     assert settings.persistence.progress_storage.prefix == "loom.dev"
     assert settings.watching.server_timeout == 120
+
+
+def test_the_api_server_sends_only_loom_labelled_children_and_every_loom_object_and_node() -> None:
+    from kopf._cogs.structs.references import Resource
+
+    settings = kopf.OperatorSettings()
+    configure(settings, OperatorSettings(**IMAGE_SETTINGS))
+
+    def selectors(group: str, plural: str, kind: str) -> list[str]:
+        resource = Resource(group, "v1", plural, kind=kind, singular=kind.lower(), namespaced=True)
+        return settings.watching.label_selectors.collect(resource)
+
+    children = [("", "pods", "Pod"), ("", "services", "Service"), ("", "configmaps", "ConfigMap"),
+                ("apps", "deployments", "Deployment"), ("batch", "jobs", "Job")]  # fmt: skip
+    for group, plural, kind in children:
+        assert selectors(group, plural, kind) == ["app.kubernetes.io/managed-by=loom-operator"], plural
+    # The labels every child is rendered with carry it.
+    owner = {"kind": "TrainingJob", "metadata": {"name": "t", "namespace": "ml", "uid": "u"}}
+    assert labels(owner, "worker")["app.kubernetes.io/managed-by"] == "loom-operator"
+    # Loom's own kinds, nodes and Kueue's Workloads: everything, as before.
+    for group, plural, kind in [("loom.dev", "trainingjobs", "TrainingJob"), ("", "nodes", "Node"),
+                                ("kueue.x-k8s.io", "workloads", "Workload")]:  # fmt: skip
+        assert selectors(group, plural, kind) == [], plural
 
 
 def test_kopf_keeps_no_record_of_the_last_handled_spec() -> None:
