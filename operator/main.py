@@ -131,6 +131,7 @@ def run(settings: OperatorSettings | None = None) -> None:
     @kopf.on.startup()
     async def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings, ours)
+        await kube.warm_up()  # the first burst's passes find their connections open (client.WARM_CONNECTIONS)
         settings.admission.server = server  # the chart owns the ValidatingWebhookConfiguration (managed: None)
         prometheus_client.start_http_server(ours.metrics_port, addr=ours.metrics_host)
         background.add(asyncio.get_running_loop().create_task(runtime.measure_loop_lag()))
