@@ -323,6 +323,12 @@ async def _owner_exists(namespace: str | None, ref: Manifest) -> bool:
     return bool(meta.get("uid") == ref["uid"] and not meta.get("deletionTimestamp"))
 
 
+async def _require_owner(namespace: str | None, owner: Manifest | None) -> None:
+    """OwnerGone unless the controlling owner `owner` (None: the child has none Loom knows) still exists."""
+    if owner is not None and not await _owner_exists(namespace, owner):
+        raise OwnerGone(f"{owner['kind']} {namespace}/{owner['name']} uid {owner['uid']}")
+
+
 async def apply(
     manifest: Manifest, *, subresource: str | None = None, force: bool = True, owner_written_beside: bool = False
 ) -> Manifest:
@@ -355,8 +361,7 @@ async def apply(
         if unchanged is not None:
             return unchanged
 
-    if owner is not None and not await _owner_exists(meta.get("namespace"), owner):
-        raise OwnerGone(f"{owner['kind']} {meta.get('namespace')}/{owner['name']} uid {owner['uid']}")
+    await _require_owner(meta.get("namespace"), owner)
     result = await _call("PATCH", path, body=body, query=query, content_type=APPLY_CONTENT_TYPE)
     assert result is not None
     if subresource is not None:
@@ -364,6 +369,25 @@ async def apply(
     elif cached and _managed(result):
         WATCHED.applied(result, digest, time.monotonic())
     return result
+
+
+async def create(manifest: Manifest) -> Manifest | None:
+    """Create `manifest` (POST) under Loom's field manager, for a child Loom only ever creates (a TrainingJob's
+    worker pods: a pod's spec cannot change, so there is nothing to converge). None when one of that name exists
+    already: it is left as it is (a worker of the previous attempt still terminating is not relabelled into the new
+    one; the pass after its deletion creates the new worker). Owner check as in `apply`.
+
+    Cheaper than an apply for the API server: 400 pods created by POST against server-side apply, alternating,
+    four rounds each: its CPU 2.83 against 3.58 s, etcd's 0.70 against 0.94 s (2026-11-28, bench/bench_kubeflow_p1
+    .py's machine); an apply computes the whole object's field ownership, and the stored pod carries it."""
+    res = resource(manifest["apiVersion"], manifest["kind"])
+    meta = manifest["metadata"]
+    await _require_owner(meta.get("namespace"), _controller(manifest))
+    try:
+        query = [("fieldManager", FIELD_MANAGER)]
+        return await _call("POST", res.path(meta.get("namespace")), body=manifest, query=query)
+    except Conflict:
+        return None
 
 
 async def get(

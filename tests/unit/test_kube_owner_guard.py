@@ -53,6 +53,10 @@ class FakeServer:
             return self.objects[path]
         if path.endswith("/status"):  # a status write answers with the whole object
             return self.objects[path.removesuffix("/status")]
+        if method == "POST":  # a create: to the collection, the name in the body
+            path = f"{path}/{options['body']['metadata']['name']}"
+            if path in self.objects:
+                raise client.Conflict(path)
         self.objects[path] = {"metadata": {"name": path.rsplit("/", 1)[-1]}}
         return self.objects[path]
 
@@ -132,6 +136,28 @@ async def test_the_status_write_names_loom_as_its_field_manager(server: FakeServ
     await kube.patch_status("loom.dev/v1alpha1", "InferenceService", "ml", "bot", {"phase": "Pending"})
     assert server.calls == [("PATCH", OWNER_PATH + "/status")]
     assert ("fieldManager", "loom-operator") in server.options[0]["query"]
+
+
+async def test_a_created_child_is_posted_after_its_owner_check_and_an_existing_one_is_left_alone(
+    server: FakeServer, clock: list[float]
+) -> None:
+    pod = {**child("bot-worker-0"), "kind": "Pod"}
+    created = await kube.create(pod)
+    assert created == {"metadata": {"name": "bot-worker-0"}}
+    assert server.calls == [("GET", OWNER_PATH), ("POST", "/api/v1/namespaces/ml/pods")]
+    assert ("fieldManager", "loom-operator") in server.options[-1]["query"]
+    assert server.options[-1]["body"] is pod
+    # Created before (a worker of the previous attempt still terminating, say): left as it is, no error.
+    server.calls.clear()
+    assert await kube.create(pod) is None
+    assert [method for method, _ in server.calls] == ["POST"]  # the first GET's answer is still the owner check
+
+
+async def test_a_deleted_owner_stops_a_create(server: FakeServer) -> None:
+    del server.objects[OWNER_PATH]
+    with pytest.raises(kube.OwnerGone):
+        await kube.create({**child("bot-worker-0"), "kind": "Pod"})
+    assert [method for method, _ in server.calls] == ["GET"]
 
 
 async def test_a_deleted_event_or_a_deletion_ends_the_proof_at_once(server: FakeServer, clock: list[float]) -> None:

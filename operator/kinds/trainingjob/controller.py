@@ -348,7 +348,7 @@ class Controller:
             pods = [pod for pod in pods if (pod["metadata"]["name"], status.attempt) not in expected]
             if queue is not None:  # admitted: on the admitted flavor's nodes
                 pods = [kueue.place(pod, queue.admitted_flavors()) for pod in pods]
-            await asyncio.gather(*(kube.apply(pod) for pod in pods))
+            await asyncio.gather(*(kube.create(pod) for pod in pods))  # created, never converged (client.create)
             self.created.created(
                 (namespace, name), [(pod["metadata"]["name"], status.attempt) for pod in pods], time.monotonic()
             )
