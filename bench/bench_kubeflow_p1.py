@@ -290,8 +290,15 @@ def one_round(
         )
     for thread in threads:
         thread.join(timeout=1)
-    # The next round's pods need the kwok nodes' room: wait for this round's to go.
-    while cluster.kubectl("get", "pods", "-n", namespace, "-o", "name", check=False).stdout.strip():
+    # The next round starts once this round's namespace is gone, every object in it: its pods (the kwok nodes' room)
+    # and the rest. Waiting for the pods alone left the namespace controller deleting the rest (Kubeflow's two
+    # Services a job and their endpoints, Loom's Service and ConfigMap, both's Events) during the next round, a cost
+    # of the round before charged to the other contender's round (its control plane's CPU and its API server's
+    # latency), and larger after Kubeflow's rounds, which leave more objects.
+    deadline = time.monotonic() + 600
+    while cluster.kubectl("get", "namespace", namespace, "-o", "name", check=False).returncode == 0:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"namespace {namespace} still there 600 s after its deletion")
         time.sleep(1)
     return {
         "total": done - applied,

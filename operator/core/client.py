@@ -45,12 +45,11 @@ READ_TIMEOUT_S = 30.0
 KUBE_CONNECTIONS = 128
 # Every connection is HTTPS, and a new one costs a TLS handshake on both ends (the API server verifies the client's
 # certificate chain, the operator the server's) on the way to the request that needed it. In a burst of 200
-# TrainingJobs (P1), the first fifth of the jobs waited about twice as long for their pods as the rest (p50
-# 0.39-0.73 s against 0.25-0.35 s, the round's slowest jobs) while the operator opened its first 40 connections;
-# with WARM_CONNECTIONS opened at start-up it was gone (p50 0.25-0.35 s in every fifth, per-job p99 0.53-0.56 s
-# against 0.63-1.04 s the same hour). Kept open across a quiet minute instead of aiohttp's 15 s, so a burst after a
-# pause finds them too; below the API server's own idle limit (90 s), so the operator closes an idle one first and
-# never sends a request down one the server is closing.
+# TrainingJobs (P1), the first fifth of the jobs waited longest for their pods in five rounds of six (p50 0.39-0.73
+# s, the later fifths' 0.25-0.51 s) while the operator opened its first 40 connections; with WARM_CONNECTIONS
+# opened at start-up, 0.24-0.35 s in five rounds of five, no longer the slowest. Kept open across a quiet minute
+# instead of aiohttp's 15 s, so a burst after a pause finds them too; below the API server's own idle limit (90 s),
+# so the operator closes an idle one first and never sends a request down one the server is closing.
 WARM_CONNECTIONS = 32  # one per pass slot (pass_gate.PASS_SLOTS): a burst's first passes each find one open
 KEEPALIVE_S = 60.0
 
