@@ -348,10 +348,11 @@ class Controller:
             pods = [pod for pod in pods if (pod["metadata"]["name"], status.attempt) not in expected]
             if queue is not None:  # admitted: on the admitted flavor's nodes
                 pods = [kueue.place(pod, queue.admitted_flavors()) for pod in pods]
-            await asyncio.gather(*(kube.create(pod) for pod in pods))  # created, never converged (client.create)
-            self.created.created(
-                (namespace, name), [(pod["metadata"]["name"], status.attempt) for pod in pods], time.monotonic()
-            )
+            made = await asyncio.gather(*(kube.create(pod) for pod in pods))  # created, never converged (client.create)
+            # A namesake that exists already (the previous attempt's, terminating) is not this attempt's worker: not
+            # expected, so the pass after its deletion creates the worker at once, not EXPECT_S later.
+            created = [pod["metadata"]["name"] for pod, body in zip(pods, made, strict=True) if body is not None]
+            self.created.created((namespace, name), [(pod, status.attempt) for pod in created], time.monotonic())
         deletes = [
             kube.delete("v1", "Pod", namespace, d.name, grace_period_seconds=0 if d.force else None, uid=d.uid)
             for d in decision.delete
