@@ -450,16 +450,7 @@ async def delete(
 async def patch_status(api_version: str, kind: str, namespace: str, name: str, status: Manifest) -> None:
     """Merge-patch the status subresource: the skeleton's status write (core/reconcile.py). As Loom's field manager:
     the status's managedFields name the operator (without it, the client library's default user agent)."""
-    path = resource(api_version, kind).path(namespace, name, "status")
-    result = await _call(
-        "PATCH",
-        path,
-        body={"status": status},
-        query=[("fieldManager", FIELD_MANAGER)],
-        content_type="application/merge-patch+json",
-    )
-    # Until the watch brings this write back, a pass reads the object as this write left it (watch_cache.py).
-    WATCHED.wrote((api_version, kind, namespace, name), version_of(result), time.monotonic(), answer=result)
+    result = await merge_patch(api_version, kind, namespace, name, {"status": status}, subresource="status")
     if (api_version, kind) in CACHED_OBJECTS:
         WATCHED.answered(result, time.monotonic())  # it exists: the owner check of the children applied next
 
