@@ -84,48 +84,95 @@ test-real-node: venv image-tools
 	  --basetemp=$(REAL_NODE_STATE)/pytest e2e; rc=$$?; \
 	LOOM_STATE_DIR=$(REAL_NODE_STATE) $(BIN)/loom dev down; exit $$rc
 
-# `make test` must fit 45 minutes on a fresh 2-core machine, cold stack build included. A cold run has two
-# phases of different kinds: the stack's build (about 9 minutes of both cores cold, a no-op once cached) and
-# the e2e tier (15 minutes, mostly waiting on pods, half a core on average). So:
-# - the static checks and the cluster-free tiers (tests/, about 13 minutes alone) run in the background at a
-#   lower priority (nice), filling whatever CPU the build and then the e2e tier leave idle, instead of sharing
-#   the cores evenly with the build and so delaying the e2e tier that waits for it (a cold run took 47m39s that
-#   way, 26m29s this way; docs/measurements.md); their output goes to
-#   .state/cluster-free.log and is printed when they are done;
-# - the e2e tier starts as soon as the stack is built, in $(E2E_WORKERS) pytest-xdist workers, a test module per
-#   worker at a time (each worker is its own test session with its own operator and namespaces on the one shared
-#   stack); tests marked `serial` (they restart a stack component every session shares) run afterwards on their own;
-# - the real node's tier (`make test-real-node`, 11 tests on a stack of its own: its own API server, kubelet and
-#   containerd) starts in the background as soon as the main stack is built, at normal priority, beside the e2e tier
-#   (it shares no component with it; the serial tests restart only the main stack's); its output goes to
-#   .state/real-node.log and is printed when the e2e tier is done;
-# - every tier runs even when an earlier one failed, and --durations keeps the slowest tests in the CI log.
+# The test tiers (README "Tests"; how long each takes: docs/measurements.md). Kueue, KServe and Kubeflow Trainer split
+# their proof by cost the same way:
+# - test-static: ruff, import contracts, mypy strict;
+# - test-unit: every test of tests/ not marked slow: pure code and single processes, no cluster;
+# - test-integration: e2e tests marked `integration`: a real API server, controller manager, scheduler and kwok's
+#   simulated nodes, no pod really runs (Kueue's integration tier);
+# - test-e2e: e2e tests marked `core`: each capability's main path once, with pods that really run: on the real node
+#   (kubelet, containerd, runc, kube-proxy) where the scenario has moved there, on the node agent otherwise;
+# - test (the README's test command, what CI runs): all four, on one stack with the real node (.state/real-node),
+#   the static and unit tiers in the background at a lower priority while the stack starts and the cluster tiers run;
+# - test-all: every test there is: the above, the slow tests of tests/, and every e2e test (serial ones last,
+#   the real node's on a stack of its own beside the others), as `make test` ran before the tiers.
 E2E_WORKERS ?= 2
 CLUSTER_FREE_NICE ?= 10
-test: venv image-tools venv-vllm
+TEST_STATE ?= $(CURDIR)/.state/real-node
+TEST_STACK := LOOM_STATE_DIR=$(TEST_STATE) LOOM_STACK_REAL_NODE=1
+.PHONY: test-static test-unit test-integration test-e2e test-all node-tools
+
+test-static: lint typecheck
+
+test-unit: venv
+	OMP_NUM_THREADS=1 $(BIN)/pytest -q --durations=15 -m "not slow" tests
+
+# The real node's host tools (Debian's runc, nftables; mmdebstrap for its development image).
+node-tools:
+	bash images/tools.sh mmdebstrap runc nft:nftables
+
+# The cluster tiers on the test stack; `loom dev down` afterwards restores what the real node changed on the host.
+test-integration: venv node-tools
+	$(TEST_STACK) $(BIN)/pytest -q --durations=15 -n $(E2E_WORKERS) --dist loadfile -m "integration" e2e; rc=$$?; \
+	$(TEST_STACK) $(BIN)/loom dev down; exit $$rc
+
+test-e2e: venv venv-vllm image-tools node-tools
+	$(TEST_STACK) $(BIN)/pytest -q --durations=15 -n $(E2E_WORKERS) --dist loadfile -m "core and not serial" e2e; \
+	rc=$$?; $(TEST_STACK) $(BIN)/pytest -q -m "core and serial" e2e || rc=1; \
+	$(TEST_STACK) $(BIN)/loom dev down; exit $$rc
+
+# `make test`: the static and unit tiers run niced in the background (.state/unit.log, printed at the end) while the
+# stack builds and starts and the cluster tiers run in the foreground: the integration and e2e tiers in one pytest
+# session per worker (they share each worker's operator and services), then the serial core tests (the secrets
+# scan reads what every session left). Every tier runs even when an earlier one failed.
+test: venv image-tools venv-vllm node-tools
+	@mkdir -p .state; rm -f .state/unit.failed; failed=""; \
+	( nice -n $(CLUSTER_FREE_NICE) $(MAKE) --no-print-directory test-static test-unit > .state/unit.log 2>&1 \
+	  || touch .state/unit.failed; echo "static and unit tiers done at $${SECONDS}s of make test" >> .state/unit.log ) & \
+	background=$$!; echo "make test: static and unit tiers in the background (.state/unit.log)"; \
+	if $(TEST_STACK) $(BIN)/loom dev build --real-node; then \
+	  echo "make test: stack built at $${SECONDS}s; integration and e2e tiers"; \
+	  $(TEST_STACK) $(BIN)/pytest -q --durations=25 -n $(E2E_WORKERS) --dist loadfile \
+	    -m "(integration or core) and not serial" e2e || failed="$$failed integration/e2e"; \
+	  echo "make test: serial core tests at $${SECONDS}s"; \
+	  $(TEST_STACK) $(BIN)/pytest -q -m "core and serial" e2e || failed="$$failed e2e-serial"; \
+	else failed="$$failed stack-build"; fi; \
+	$(TEST_STACK) $(BIN)/loom dev down >/dev/null || failed="$$failed stack-down"; \
+	echo "make test: cluster tiers done at $${SECONDS}s"; wait $$background; \
+	echo "== static and unit tiers (.state/unit.log)"; cat .state/unit.log; \
+	[ ! -f .state/unit.failed ] || failed="$$failed static/unit"; \
+	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed (at $${SECONDS}s)"; exit 1; fi; \
+	echo "make test: every tier passed in $${SECONDS}s"
+
+# `make test-all`: every test. The stack builds in the foreground while the static checks and every test of tests/
+# run niced in the background (.state/cluster-free.log); the e2e tests not marked real_node run in $(E2E_WORKERS)
+# pytest-xdist workers on the main stack (a test module per worker at a time), the serial ones afterwards on their
+# own (they restart components every session shares); the real node's tests run on a stack of their own
+# (.state/real-node) beside them. Its time: README "Tests".
+test-all: venv image-tools venv-vllm node-tools
 	@mkdir -p .state; rm -f .state/cluster-free.failed .state/real-node.failed; failed=""; real_node=""; \
 	( nice -n $(CLUSTER_FREE_NICE) $(MAKE) --no-print-directory test-cluster-free > .state/cluster-free.log 2>&1 ) & cluster_free=$$!; \
-	echo "make test: static checks and cluster-free tiers running in the background (.state/cluster-free.log)"; \
+	echo "make test-all: static checks and cluster-free tiers running in the background (.state/cluster-free.log)"; \
 	if $(BIN)/loom dev build; then \
-	  echo "make test: stack ready at $${SECONDS}s; real node's tier in the background (.state/real-node.log); e2e tier"; \
+	  echo "make test-all: stack ready at $${SECONDS}s; real node's tests in the background (.state/real-node.log); e2e"; \
 	  ( $(MAKE) --no-print-directory test-real-node > .state/real-node.log 2>&1 || touch .state/real-node.failed; \
-	    echo "make test-real-node: done at $${SECONDS}s of make test" >> .state/real-node.log ) & real_node=$$!; \
+	    echo "make test-real-node: done at $${SECONDS}s of make test-all" >> .state/real-node.log ) & real_node=$$!; \
 	  $(BIN)/pytest -q --durations=40 -n $(E2E_WORKERS) --dist loadfile -m "not serial and not real_node" e2e || failed="$$failed e2e"; \
-	  echo "make test: serial tests at $${SECONDS}s"; \
+	  echo "make test-all: serial tests at $${SECONDS}s"; \
 	  $(BIN)/pytest -q --durations=10 -m "serial and not real_node" e2e; rc=$$?; [ $$rc = 0 ] || [ $$rc = 5 ] || failed="$$failed e2e-serial"; \
 	else failed="$$failed stack-build"; fi; \
-	echo "make test: e2e done at $${SECONDS}s"; \
-	if [ -n "$$real_node" ]; then wait $$real_node; echo "== the real node's tier (.state/real-node.log)"; \
+	echo "make test-all: e2e done at $${SECONDS}s"; \
+	if [ -n "$$real_node" ]; then wait $$real_node; echo "== the real node's tests (.state/real-node.log)"; \
 	  cat .state/real-node.log; [ ! -f .state/real-node.failed ] || failed="$$failed real-node"; fi; \
 	wait $$cluster_free; \
 	echo "== static checks and cluster-free tiers (.state/cluster-free.log), done at $${SECONDS}s"; cat .state/cluster-free.log; \
 	if [ -f .state/cluster-free.failed ]; then failed="$$failed$$(cat .state/cluster-free.failed)"; \
 	else failed="$$failed cluster-free(no result)"; fi; \
-	if [ -n "$$failed" ]; then echo "make test: FAILED:$$failed"; exit 1; fi; echo "make test: every tier passed"
+	if [ -n "$$failed" ]; then echo "make test-all: FAILED:$$failed"; exit 1; fi; echo "make test-all: every test passed in $${SECONDS}s"
 
-# The part of `make test` that needs no cluster; writes the names of the parts that failed to .state/cluster-free.failed.
-# One OpenMP thread per test process, as the operator gives pods that name no CPU (kinds' `cpu_threads_env`): beside
-# the e2e tier, a second thread per process only spins waiting for a core.
+# Every test of tests/ (the slow ones too) and the static checks; writes the names of the parts that failed to
+# .state/cluster-free.failed. One OpenMP thread per test process, as the operator gives pods that name no CPU (kinds'
+# `cpu_threads_env`): beside the e2e tier, a second thread per process only spins waiting for a core.
 .PHONY: test-cluster-free
 test-cluster-free: venv venv-vllm
 	@failed=""; \

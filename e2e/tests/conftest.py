@@ -25,6 +25,7 @@ state that controllers converge to. Every test in this folder is marked ``e2e``.
 from __future__ import annotations
 
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,10 +41,12 @@ from loom.devstack.cluster.lifecycle import join_session, leave_session
 from loom.devstack.cluster.paths import AGENT_STATE_DIR, LOG_DIR
 from loom.devstack.prometheus import PrometheusEndpoint
 from loom.e2e.exporter import local_prometheus
+from loom.e2e.failure_evidence import gather
 from loom.e2e.pytest_operator import OperatorProcess, apply_crds, operator_process
 from loom.e2e.secrets_scan import finish_session, record_namespace
 
 HERE = Path(__file__).resolve().parent
+_STARTED = pytest.StashKey[float]()
 
 
 def _in_this_tier(item: pytest.Item) -> bool:
@@ -56,6 +59,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
     # The secrets scan looks at what every other test left behind: it runs last (a stable sort keeps the rest).
     items.sort(key=lambda item: Path(str(item.path)).name == "test_secrets_scan.py")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_STARTED] = time.time()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed e2e test's report carries the evidence that names the cause (loom.e2e.failure_evidence): the
+    objects, pods, events and logs of the namespaces it touched, whatever in it failed (a wait, an assertion)."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if not report.failed or call.when == "teardown" or not _in_this_tier(item):
+        return
+    fixtures = getattr(item, "funcargs", {})
+    cluster = fixtures.get("cluster")
+    if cluster is None:
+        return
+    started = item.stash.get(_STARTED, time.time())
+    report.sections.append(("evidence (e2e/failure_evidence.py)", gather(cluster, fixtures, started)))
 
 
 def _progress(line: str) -> None:

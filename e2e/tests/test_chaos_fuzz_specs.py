@@ -23,7 +23,7 @@ from loom.e2e.chaos.specs import cases
 from loom.e2e.chaos.storm import sample, storm
 from loom.e2e.pytest_operator import OperatorProcess
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(420)]
 
 KINDS = ("TrainingJob", "InferenceService", "InferenceGraph", "FeatureView")
 DRY_RUN_PER_KIND = 500

@@ -12,7 +12,7 @@ import pytest
 from loom.devstack.cluster import Cluster
 from loom.e2e.chaos.churn import churn
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_objects_converge_to_the_calm_state_with_nothing_created_twice_and_no_orphans(

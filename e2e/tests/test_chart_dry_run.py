@@ -21,7 +21,7 @@ from loom.devstack.cluster.gomod import module_dir
 from loom.e2e.helm_operator import CHART, helm
 from loom.operator.settings import OperatorSettings
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.timeout(180)]
 
 PROMETHEUS_OPERATOR_MODULE = "github.com/prometheus-operator/prometheus-operator"
 PROMETHEUS_OPERATOR_VERSION = "v0.85.0"

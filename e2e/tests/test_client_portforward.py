@@ -27,7 +27,7 @@ from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.nodes import kwok_placement
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.timeout(300)]
 
 POD_PORT = 8080
 

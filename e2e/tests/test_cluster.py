@@ -19,7 +19,7 @@ from loom.devstack.cluster.build import KUBERNETES_VERSION
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.nodes import GPU_RESOURCE, KWOK_TOLERATION, kwok_placement
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
 def _deployment(name: str, image: str, replicas: int) -> dict[str, Any]:

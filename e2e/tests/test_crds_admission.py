@@ -12,7 +12,7 @@ import yaml
 from loom.e2e.pytest_operator import apply_crds
 from loom.operator.api.kinds import KINDS
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[2]
 

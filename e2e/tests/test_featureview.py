@@ -90,6 +90,7 @@ def online_features(url: str, drivers: list[int]) -> dict[int, dict[str, Any]]:
     }
 
 
+@pytest.mark.core
 def test_example_feature_view_is_registered_materialized_and_served(
     cluster: Cluster,
     loom_operator: OperatorProcess,

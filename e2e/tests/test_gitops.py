@@ -27,7 +27,7 @@ from loom.devstack.cluster.handle import wait_until
 from loom.e2e.pytest_operator import OperatorProcess, apply_crds, operator_namespace_for, operator_process
 from loom.e2e.tests.test_helm_install import training_job
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = [

@@ -103,6 +103,7 @@ def can_i(cluster: Cluster, op: InClusterOperator, *args: str) -> bool:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_chart_lints_and_renders_what_the_api_server_accepts(cluster: Cluster, tmp_path: Path) -> None:
     lint = helm(cluster, "lint", "--strict", str(CHART), *REGISTRY)
     assert "0 chart(s) failed" in lint.stdout

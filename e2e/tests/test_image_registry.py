@@ -26,7 +26,7 @@ from loom.e2e.helm_operator import CHART, helm
 from loom.e2e.stack_images import build_stand_ins, push_tool
 from loom.operator.settings import OperatorSettings
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.timeout(300)]
 
 push = push_tool()
 VERSION = push.app_version()

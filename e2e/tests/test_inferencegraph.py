@@ -107,6 +107,7 @@ def deployment_generations(cluster: Cluster, ns: str) -> dict[str, int]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.core
 def test_sequence_through_the_graph_service_with_an_oip_client(
     cluster: Cluster, loom_operator: OperatorProcess, graph_namespace: str
 ) -> None:

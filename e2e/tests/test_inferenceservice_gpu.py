@@ -22,7 +22,7 @@ from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.nodes import GPU_RESOURCE, KWOK_TAINT, KWOK_TOLERATION
 from loom.e2e.pytest_operator import OperatorProcess
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from loom.e2e.pytest_operator import OperatorProcess
 
 from .test_trainingjob_kueue import QUEUE_LABEL, apply_ns, phases, queue, queued_job, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.timeout(420)]
 __all__ = ["queue"]  # the fixture, shared with the TrainingJob tests
 
 

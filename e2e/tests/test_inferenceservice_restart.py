@@ -23,7 +23,7 @@ from loom.devstack.cluster.nodes import kwok_placement
 from loom.e2e.pytest_operator import apply_crds, operator_process
 from loom.e2e.rollout_evidence import rollout_evidence
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
 @pytest.fixture

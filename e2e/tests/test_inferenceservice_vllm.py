@@ -36,7 +36,7 @@ from loom.e2e.pytest_operator import OperatorProcess, operator_namespace_for
 from loom.e2e.pytest_services import apply_s3_secret
 from loom.workloads.llm.hf_model import LlamaShape, write_llama_folder
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.core, pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 NAME = "tiny-llama"
 API_KEY = f"key-{uuid.uuid4().hex}"

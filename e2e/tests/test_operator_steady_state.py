@@ -21,7 +21,7 @@ from loom.e2e.chaos.churn import _namespace, create, mixed_objects, settled
 from loom.e2e.chaos.kwok_only import kwok_only
 from loom.e2e.pytest_operator import apply_crds, operator_process
 
-pytestmark = [pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 OBJECTS = 50
 QUIET_S = 60.0

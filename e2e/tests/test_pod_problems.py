@@ -168,6 +168,7 @@ def test_inferenceservice_names_a_missing_model_secret_and_a_crash_loops_last_te
     assert s3.secret_key not in json.dumps(crashed["status"])
 
 
+@pytest.mark.integration
 def test_inferencegraph_names_an_unschedulable_router_with_the_schedulers_message(
     cluster: Cluster, loom_operator: OperatorProcess, operator_namespace: str
 ) -> None:

@@ -25,7 +25,7 @@ from loom.devstack.cluster.paths import REPO_ROOT
 from loom.devstack.cluster.realnode import config
 from loom.devstack.cluster.realnode.images import DEV_IMAGE, checkout_environment
 
-pytestmark = [pytest.mark.real_node, pytest.mark.slow]
+pytestmark = [pytest.mark.core, pytest.mark.real_node, pytest.mark.slow]
 PORT = 8080
 # Serves its own pod name on PORT: which pod answered is then visible to every client.
 SERVE_OWN_NAME = (

@@ -35,9 +35,11 @@ import pytest
 import yaml
 
 from loom.devstack.cluster import Cluster
+from loom.devstack.cluster.build import node_bin_dir
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.realnode import config
-from loom.devstack.cluster.realnode.images import DEV_IMAGE, dev_archive
+from loom.devstack.cluster.realnode.images import DEV_IMAGE, NAMESPACE, dev_archive
+from loom.devstack.cluster.realnode.node import CONTAINERD_SOCKET
 from loom.devstack.images import WORKLOADS
 from loom.devstack.servers import S3Endpoint
 from loom.e2e.helm_operator import InClusterOperator, operator_in_cluster, wait_default_service_account
@@ -48,9 +50,9 @@ from loom.e2e.tests.test_helm_install import kubectl_json, training_job, wait_ru
 from loom.e2e.tests.test_image_registry import manifest as registry_manifest
 from loom.e2e.tests.test_inferenceservice import infer_body, manifest, upload_placeholder_model, wait_rolled_out
 from loom.e2e.tests.test_real_node import real_node as real_node  # the fixture
-from loom.e2e.tests.test_trainingjob_training import TINY_MODEL, wait_finished
+from loom.e2e.tests.test_trainingjob_training import TINY_MODEL, committed_steps, events, wait_finished
 
-pytestmark = [pytest.mark.real_node, pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.core, pytest.mark.real_node, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES_STATE = REPO / ".state" / "images"  # `make images`' own default: a second run reuses the build
@@ -225,11 +227,30 @@ def s3_on_the_node(s3: S3Endpoint) -> Iterator[S3Endpoint]:
         relay.wait(timeout=10)
 
 
-def test_a_trainingjob_trains_to_success_in_pods_on_the_real_node(
-    cluster: Cluster, operator_on_the_real_node: InClusterOperator
+def kill_container(pod: dict[str, Any]) -> None:
+    """SIGKILL the worker's container through containerd, as a crash would end it: its init (torchrun) dies, and with
+    it every process of the container's PID namespace; the kubelet records the exit and the pod fails."""
+    [status] = pod["status"]["containerStatuses"]
+    container_id = status["containerID"].removeprefix("containerd://")
+    killed = subprocess.run(
+        [str(node_bin_dir() / "ctr"), "--address", str(CONTAINERD_SOCKET), "-n", NAMESPACE,
+         "task", "kill", "--signal", "SIGKILL", container_id],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert killed.returncode == 0, killed.stderr
+
+
+def test_a_trainingjob_survives_a_killed_worker_by_resuming_from_its_s3_checkpoint_on_the_real_node(
+    cluster: Cluster, operator_on_the_real_node: InClusterOperator, s3_on_the_node: S3Endpoint, bucket: str
 ) -> None:
+    """The training main path in real containers: two workers meet through the headless Service's DNS names,
+    checkpoint to S3 (the session's server, relayed onto the node's address), one worker's container is killed by
+    the runtime mid-run, the operator restarts the gang, and the new gang resumes from the last committed checkpoint
+    and trains to Succeeded. (The same recovery with MLflow's resume tag and the loss curve's continuity:
+    e2e/tests/test_trainingjob_training.py, on the node agent, in make test-all.)"""
     op = operator_on_the_real_node
     ns = op.watch[0]
+    apply_s3_secret(cluster, ns, s3_on_the_node)
     job = {
         "apiVersion": "loom.dev/v1alpha1",
         "kind": "TrainingJob",
@@ -237,14 +258,31 @@ def test_a_trainingjob_trains_to_success_in_pods_on_the_real_node(
         "spec": {
             "engine": "fsdp",
             "entrypoint": {"module": "loom.workloads.trainer.examples.chargpt:task", "args": TINY_MODEL},
-            "maxSteps": 20,
-            "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+            "maxSteps": 60,
+            "env": [
+                {"name": "OMP_NUM_THREADS", "value": "1"},
+                {"name": "AWS_DEFAULT_REGION", "value": s3_on_the_node.region},
+            ],
             "workers": on_the_real_node({"replicas": 2}),
+            "checkpoint": {
+                "uri": f"s3://{bucket}/tiny",
+                "endpoint": s3_on_the_node.url,
+                "secretRef": {"name": "s3-credentials"},
+                "everySteps": 10,
+                "keepLast": 2,
+            },
+            "runPolicy": {"backoffLimit": 2},
         },
     }
     cluster.kubectl("apply", "--server-side", "-n", ns, "-f", "-", stdin=yaml.safe_dump(job))
-    status = wait_finished(cluster, op, ns, "tiny", timeout=300)  # type: ignore[arg-type]  # duck-typed: log_tail()
-    assert status["phase"] == "Succeeded", (status, op.log_tail())
+    # Training speed on the node decides how long the first checkpoint takes: torch's import and the rendezvous
+    # (about 20 CPU-seconds a rank), then 10 steps of a model this small.
+    wait_until(
+        lambda: [s for s in committed_steps(s3_on_the_node, bucket, "tiny") if s >= 10],
+        timeout=300,
+        what="a committed checkpoint at step >= 10 in S3",
+        interval=1,
+    )
     pods = worker_pods(cluster, ns, "tiny")
     assert sorted(p["metadata"]["name"] for p in pods) == ["tiny-worker-0", "tiny-worker-1"]
     for pod in pods:
@@ -252,7 +290,18 @@ def test_a_trainingjob_trains_to_success_in_pods_on_the_real_node(
         assert pod["status"]["podIP"].startswith(POD_PREFIX), pod["status"]
     # Two pods, two addresses: they met through the headless Service's DNS names, not through loopback.
     assert len({p["status"]["podIP"] for p in pods}) == 2
-    assert status["progress"]["step"] == 20, status
+    kill_container(next(p for p in pods if p["metadata"]["name"] == "tiny-worker-1"))
+
+    status = wait_finished(cluster, op, ns, "tiny", timeout=420)  # type: ignore[arg-type]  # duck-typed: log_tail()
+    assert status["phase"] == "Succeeded", (status, op.log_tail())
+    assert status["progress"]["step"] == 60, status
+    assert (status["restarts"], status["failures"]) == (1, 1), status
+    assert max(committed_steps(s3_on_the_node, bucket, "tiny")) == 60
+    # The new gang's rank 0 resumed from a committed checkpoint (the trainer logs it), not from step 0.
+    log = cluster.kubectl("logs", "-n", ns, "tiny-worker-0").stdout
+    resumed = events(log, "resume")
+    assert resumed and resumed[0]["step"] >= 10, log[-3000:]
+    assert min(e["step"] for e in events(log, "step")) == resumed[0]["step"] + 1
 
 
 def test_an_inferenceservice_serves_from_pods_on_the_real_node(

@@ -25,7 +25,7 @@ from loom.e2e.secrets_scan import (
 
 # serial: `make test` runs it after the parallel e2e sessions ended, so it also reads what they left
 # (loom.e2e.secrets_scan.finish_session).
-pytestmark = [pytest.mark.e2e, pytest.mark.serial, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.core, pytest.mark.e2e, pytest.mark.serial, pytest.mark.timeout(300)]
 
 
 def test_no_secret_in_logs_events_status_or_config_maps(

@@ -148,6 +148,7 @@ def workload_of(cluster: Cluster, namespace: str, job: str) -> dict[str, Any]:
     return found
 
 
+@pytest.mark.integration
 def test_a_queue_of_16_gpus_runs_two_8_gpu_jobs_and_starts_the_third_when_one_finishes(
     cluster: Cluster, loom_operator: OperatorProcess, operator_namespace: str, queue: dict[str, str]
 ) -> None:
@@ -193,6 +194,7 @@ def apply_ns(cluster: Cluster, namespace: str, obj: dict[str, Any]) -> None:
     cluster.kubectl("apply", "--server-side", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(obj))
 
 
+@pytest.mark.integration
 def test_a_high_priority_job_preempts_a_low_one_which_requeues_without_a_restart_and_runs_again(
     cluster: Cluster, loom_operator: OperatorProcess, operator_namespace: str, queue: dict[str, str]
 ) -> None:
@@ -259,6 +261,7 @@ def test_a_high_priority_job_preempts_a_low_one_which_requeues_without_a_restart
         cluster.kubectl("delete", "workloadpriorityclass", low, high, "--wait=false", check=False)
 
 
+@pytest.mark.integration
 def test_the_example_queue_setup_admits_the_example_job_as_written(
     cluster: Cluster, loom_operator: OperatorProcess, operator_namespace: str
 ) -> None:

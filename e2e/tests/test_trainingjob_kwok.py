@@ -20,7 +20,7 @@ from loom.devstack.cluster.nodes import KWOK_TOLERATION, kwok_placement
 from loom.e2e.pytest_operator import OperatorProcess, operator_process
 from loom.workloads.trainer.config import TrainerConfig
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
 def training_job(name: str, **spec: Any) -> dict[str, Any]:
