@@ -116,6 +116,18 @@ def run_pod(api: client.ApiClient, namespace: str, manifest: dict[str, Any]) -> 
     return wait_until(running, timeout=90, what=f"pod {name} on the real node")
 
 
+def finished_log(cluster: Cluster, namespace: str, pod: str) -> str:
+    """A finished container's log, once it has any: right after the container exits the kubelet can still serve an
+    empty log (seen once in make test: empty at once, both lines a second later), and every pod read this way prints
+    something."""
+    return wait_until(
+        lambda: cluster.kubectl("logs", "-n", namespace, pod).stdout,
+        timeout=30,
+        what=f"the log of the finished pod {pod}",
+        interval=0.5,
+    )
+
+
 def test_the_node_is_ready_with_containerd_2(real_node: client.V1Node, cluster: Cluster) -> None:
     shown = json.loads(cluster.kubectl("get", "node", config.NODE_NAME, "-o", "json").stdout)
     conditions = {c["type"]: c["status"] for c in shown["status"]["conditions"]}
@@ -134,7 +146,7 @@ def test_a_pod_has_its_own_address_and_reaches_the_api_server_through_the_kubern
     pod = run_pod(kube_api, namespace, manifest)
     assert ipaddress.ip_address(pod.status.pod_ip) in ipaddress.ip_network(config.POD_CIDR)
     assert pod.status.host_ip == config.NODE_IP
-    log = cluster.kubectl("logs", "-n", namespace, "api-caller").stdout.splitlines()
+    log = finished_log(cluster, namespace, "api-caller").splitlines()
     # Cluster DNS (CoreDNS on the node) resolves the Service's name to its ClusterIP.
     assert log == [f"dns {config.KUBERNETES_SERVICE_IP}", f"service {config.KUBERNETES_SERVICE_IP} version v1.37.2"]
 
@@ -244,7 +256,7 @@ def test_a_pod_runs_loom_from_the_checkout_mounted_read_only(
         volumes=volumes,
     )
     run_pod(kube_api, namespace, manifest)
-    assert cluster.kubectl("logs", "-n", namespace, "loom-env").stdout.strip() == str(REPO_ROOT / "operator")
+    assert finished_log(cluster, namespace, "loom-env").strip() == str(REPO_ROOT / "operator")
     # Read-only: the pod cannot change the checkout (which is writable on the host: the mount refuses the write).
     target = REPO_ROOT / f".realnode-write-test-{uuid.uuid4().hex[:6]}"
     writer = pod_manifest(
@@ -261,5 +273,5 @@ def test_a_pod_runs_loom_from_the_checkout_mounted_read_only(
         return bool(pod.status.phase == "Failed")
 
     wait_until(failed, timeout=60, what="the pod writing into the read-only checkout to fail")
-    assert "Read-only file system" in cluster.kubectl("logs", "-n", namespace, "loom-env-write").stdout
+    assert "Read-only file system" in finished_log(cluster, namespace, "loom-env-write")
     assert not target.exists()

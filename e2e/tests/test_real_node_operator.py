@@ -49,6 +49,7 @@ from loom.e2e.tests.test_admission_webhook import CYCLIC, apply, denied
 from loom.e2e.tests.test_helm_install import kubectl_json, training_job, wait_running, worker_pods
 from loom.e2e.tests.test_image_registry import manifest as registry_manifest
 from loom.e2e.tests.test_inferenceservice import infer_body, manifest, upload_placeholder_model, wait_rolled_out
+from loom.e2e.tests.test_real_node import finished_log
 from loom.e2e.tests.test_real_node import real_node as real_node  # the fixture
 from loom.e2e.tests.test_trainingjob_training import TINY_MODEL, committed_steps, events, wait_finished
 
@@ -298,7 +299,7 @@ def test_a_trainingjob_survives_a_killed_worker_by_resuming_from_its_s3_checkpoi
     assert (status["restarts"], status["failures"]) == (1, 1), status
     assert max(committed_steps(s3_on_the_node, bucket, "tiny")) == 60
     # The new gang's rank 0 resumed from a committed checkpoint (the trainer logs it), not from step 0.
-    log = cluster.kubectl("logs", "-n", ns, "tiny-worker-0").stdout
+    log = finished_log(cluster, ns, "tiny-worker-0")
     resumed = events(log, "resume")
     assert resumed and resumed[0]["step"] >= 10, log[-3000:]
     assert min(e["step"] for e in events(log, "step")) == resumed[0]["step"] + 1
