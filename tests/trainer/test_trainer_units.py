@@ -102,6 +102,21 @@ def test_bad_config_exits_with_the_permanent_code_and_a_clear_message(tmp_path: 
     assert message["exitCode"] == EXIT_PERMANENT and "deepspeed.zeroStage" in message["message"]
 
 
+def test_an_entrypoint_that_cannot_be_imported_exits_with_the_permanent_code_naming_the_module(tmp_path: Path) -> None:
+    """A typo in the task's module is a user error, not a crash to retry: the trainer's permanent exit code and a
+    termination message that names the module (the operator then fails the job at once: unit and kwok tiers). Its
+    proof through torchrun on the node agent is e2e test_trainingjob_training, in make test-all."""
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"entrypoint": "loom.workloads.trainer.examples.no_such_module:task"}))
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "LOOM_TERMINATION_LOG": str(tmp_path / "termination")}
+    done = subprocess.run(
+        [sys.executable, "-m", "loom.workloads.trainer", "--config", str(path)], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == EXIT_PERMANENT, done.stderr[-2000:]
+    message = json.loads((tmp_path / "termination").read_text())
+    assert message["exitCode"] == EXIT_PERMANENT and "no_such_module" in message["message"], message
+
+
 def test_manifest_merges_every_rank_and_refuses_gaps() -> None:
     reports = [
         RankReport(
