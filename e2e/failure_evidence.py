@@ -15,6 +15,7 @@ failure is what the report is about). Secrets are never listed (the kinds below 
 
 from __future__ import annotations
 
+import calendar
 import json
 import time
 from collections.abc import Iterable
@@ -49,34 +50,31 @@ def _kubectl(cluster: Any, *args: str) -> str:
     return (result.stdout or result.stderr or "(nothing)").rstrip()
 
 
-def namespaces_created_since(cluster: Any, since: float) -> list[str]:
-    """Namespaces the API server created at or after `since` (epoch seconds, a second of slack for clock rounding)."""
-    listed = _kubectl(cluster, "get", "namespaces", "-o", "json")
+def _items(cluster: Any, *args: str) -> list[dict[str, Any]]:
+    """The items of a `kubectl get ... -o json`; none when kubectl could not answer."""
     try:
-        items = json.loads(listed)["items"]
+        items: list[dict[str, Any]] = json.loads(_kubectl(cluster, "get", *args, "-o", "json"))["items"]
     except (ValueError, KeyError):
         return []
+    return items
+
+
+def namespaces_created_since(cluster: Any, since: float) -> list[str]:
+    """Namespaces the API server created at or after `since` (epoch seconds, a second of slack for clock rounding)."""
     found = []
-    for item in items:
-        created = time.mktime(time.strptime(item["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ"))
-        created -= time.timezone  # the timestamp is UTC; mktime read it as local time
+    for item in _items(cluster, "namespaces"):
+        created = calendar.timegm(time.strptime(item["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ"))
         if created >= since - 1:
             found.append(item["metadata"]["name"])
     return found
 
 
 def _not_ready_pods(cluster: Any, namespace: str) -> list[str]:
-    listed = _kubectl(cluster, "get", "pods", "-n", namespace, "-o", "json")
-    try:
-        items = json.loads(listed)["items"]
-    except (ValueError, KeyError):
-        return []
     names = []
-    for pod in items:
-        ready = any(
-            c.get("type") == "Ready" and c.get("status") == "True" for c in pod.get("status", {}).get("conditions", [])
-        )
-        if not ready and pod.get("status", {}).get("phase") != "Succeeded":
+    for pod in _items(cluster, "pods", "-n", namespace):
+        status = pod.get("status", {})
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
+        if not ready and status.get("phase") != "Succeeded":
             names.append(pod["metadata"]["name"])
     return names
 
