@@ -74,9 +74,10 @@ stack: venv
 
 e2e: venv venv-vllm stack image-tools
 	$(BIN)/pytest -q -m "not real_node" e2e
-# The real node's tier (devstack/cluster/realnode; needs root): its own stack in .state/real-node, started with the real
-# node, so it never changes the Services' range of a stack other tests share; its own pytest basetemp, so it can run
-# beside another test session. `loom dev down` afterwards restores what the node changed on the host.
+# The real node's tests alone (devstack/cluster/realnode; needs root), on the stack `make test` uses (.state/real-node,
+# started with the real node, so it never changes the Services' range of the main stack `make test-all` shares); its
+# own pytest basetemp, so it can run beside another test session on the main stack. A machine has one real node: two
+# of these stacks never run at once. `loom dev down` afterwards restores what the node changed on the host.
 REAL_NODE_STATE ?= $(CURDIR)/.state/real-node
 test-real-node: venv image-tools
 	bash images/tools.sh mmdebstrap runc nft:nftables
@@ -98,7 +99,7 @@ test-real-node: venv image-tools
 #   the real node's on a stack of its own beside the others), as `make test` ran before the tiers.
 E2E_WORKERS ?= 2
 CLUSTER_FREE_NICE ?= 10
-TEST_STATE ?= $(CURDIR)/.state/real-node
+TEST_STATE ?= $(REAL_NODE_STATE)
 TEST_STACK := LOOM_STATE_DIR=$(TEST_STATE) LOOM_STACK_REAL_NODE=1
 .PHONY: test-static test-unit test-integration test-e2e test-all node-tools
 
