@@ -125,7 +125,8 @@ test-e2e: venv venv-vllm image-tools node-tools
 # `make test`: the static and unit tiers run niced in the background (.state/unit.log, printed at the end) while the
 # stack builds and starts and the cluster tiers run in the foreground: the integration and e2e tiers in one pytest
 # session per worker (they share each worker's operator and services), then the serial core tests (the secrets
-# scan reads what every session left). Every tier runs even when an earlier one failed.
+# scan reads what every session left). Every tier runs even when an earlier one failed. `make -n test` (and test-all)
+# does not just print: its one recipe line calls $(MAKE), and make runs such lines even under -n.
 test: venv image-tools venv-vllm node-tools
 	@mkdir -p .state; rm -f .state/unit.failed; failed=""; \
 	( nice -n $(CLUSTER_FREE_NICE) $(MAKE) --no-print-directory test-static test-unit > .state/unit.log 2>&1 \
