@@ -59,19 +59,20 @@ def _items(cluster: Any, *args: str) -> list[dict[str, Any]]:
     return items
 
 
-def namespaces_created_since(cluster: Any, since: float) -> list[str]:
-    """Namespaces the API server created at or after `since` (epoch seconds, a second of slack for clock rounding)."""
+def namespaces_created_since(namespaces: list[dict[str, Any]], since: float) -> list[str]:
+    """Of these namespaces, those created at or after `since` (epoch seconds, a second of slack for clock rounding)."""
     found = []
-    for item in _items(cluster, "namespaces"):
+    for item in namespaces:
         created = calendar.timegm(time.strptime(item["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ"))
         if created >= since - 1:
             found.append(item["metadata"]["name"])
     return found
 
 
-def _not_ready_pods(cluster: Any, namespace: str) -> list[str]:
+def not_ready(pods: list[dict[str, Any]]) -> list[str]:
+    """The pods that are neither Ready nor finished: the ones whose logs say why."""
     names = []
-    for pod in _items(cluster, "pods", "-n", namespace):
+    for pod in pods:
         status = pod.get("status", {})
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
         if not ready and status.get("phase") != "Succeeded":
@@ -96,7 +97,7 @@ def namespace_evidence(cluster: Any, namespace: str) -> str:
     parts.append("workloads:\n" + _kubectl(cluster, "get", WORKLOADS, "-n", namespace, "-o", "wide"))
     events = _kubectl(cluster, "get", "events", "-n", namespace, "--sort-by=.lastTimestamp")
     parts.append(f"events (last {EVENTS}):\n" + "\n".join(events.splitlines()[-EVENTS:]))
-    for pod in _not_ready_pods(cluster, namespace)[:6]:
+    for pod in not_ready(_items(cluster, "pods", "-n", namespace))[:6]:
         log = _kubectl(cluster, "logs", "-n", namespace, pod, "--all-containers", f"--tail={POD_LOG_LINES}")
         parts.append(f"log of {pod} (not Ready), last {POD_LOG_LINES} lines:\n{log}")
     return "\n".join(parts)
@@ -126,23 +127,22 @@ def operator_logs(fixtures: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def fixture_namespaces(cluster: Any, fixtures: dict[str, Any]) -> list[str]:
+def fixture_namespaces(fixtures: dict[str, Any], existing: set[str]) -> list[str]:
     """Namespaces named by the test's fixtures: string values that are namespaces, and operators' watched ones."""
     candidates: list[str] = []
     for value in fixtures.values():
-        if isinstance(value, str) and 0 < len(value) <= 63:
+        if isinstance(value, str):
             candidates.append(value)
         candidates.extend(str(n) for n in getattr(value, "watch", None) or () if isinstance(n, str))
-    if not candidates:
-        return []
-    existing = set(_kubectl(cluster, "get", "namespaces", "-o", "name").replace("namespace/", "").split())
     return [c for c in dict.fromkeys(candidates) if c in existing]
 
 
 def gather(cluster: Any, fixtures: dict[str, Any], started: float, limit: int = 4) -> str:
     """The whole evidence of a failed test that started at `started` (epoch seconds)."""
-    namespaces = list(dict.fromkeys(fixture_namespaces(cluster, fixtures) + namespaces_created_since(cluster, started)))
-    namespaces = [n for n in namespaces if not n.startswith("kube-")][:limit]
+    listed = _items(cluster, "namespaces")
+    existing = {item["metadata"]["name"] for item in listed}
+    found = fixture_namespaces(fixtures, existing) + namespaces_created_since(listed, started)
+    namespaces = [n for n in dict.fromkeys(found) if not n.startswith("kube-")][:limit]
     parts = [namespace_evidence(cluster, ns) for ns in namespaces] or ["(no namespace of the test found)"]
     parts.append(_kubectl(cluster, "get", "nodes", "-o", "wide"))
     parts.append(component_evidence(LOG_DIR, AGENT_STATE_DIR / "logs", namespaces))

@@ -36,8 +36,6 @@ class RecordedCluster:
         out = ""
         if args[:2] == ("get", "namespaces") and "json" in args:
             out = json.dumps({"items": self.namespaces})
-        elif args[:2] == ("get", "namespaces"):
-            out = " ".join(f"namespace/{n['metadata']['name']}" for n in self.namespaces)
         elif args[:2] == ("get", "pods") and "json" in args:
             out = json.dumps({"items": self.pods})
         elif args[0] == "logs":
@@ -53,10 +51,8 @@ class Operator:
 
 
 def test_namespaces_created_at_or_after_the_start_are_found_utc() -> None:
-    cluster = RecordedCluster(
-        [_namespace("old", "2026-11-28T17:59:00Z"), _namespace("new", "2026-11-28T18:00:09Z")], []
-    )
-    assert namespaces_created_since(cluster, NOW) == ["new"]  # one second of slack, read as UTC
+    listed = [_namespace("old", "2026-11-28T17:59:00Z"), _namespace("new", "2026-11-28T18:00:09Z")]
+    assert namespaces_created_since(listed, NOW) == ["new"]  # one second of slack, read as UTC
 
 
 def test_evidence_covers_the_fixtures_namespaces_the_new_ones_and_logs_of_pods_not_ready() -> None:
