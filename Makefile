@@ -101,6 +101,9 @@ E2E_WORKERS ?= 2
 CLUSTER_FREE_NICE ?= 10
 TEST_STATE ?= $(REAL_NODE_STATE)
 TEST_STACK := LOOM_STATE_DIR=$(TEST_STATE) LOOM_STACK_REAL_NODE=1
+# The cluster tiers' pytest on the test stack: a test module per xdist worker at a time (each worker its own session,
+# operator and namespaces), then a marker expression.
+CLUSTER_PYTEST := $(TEST_STACK) $(BIN)/pytest -q -n $(E2E_WORKERS) --dist loadfile
 .PHONY: test-static test-unit test-integration test-e2e test-all node-tools
 
 test-static: lint typecheck
@@ -114,11 +117,11 @@ node-tools:
 
 # The cluster tiers on the test stack; `loom dev down` afterwards restores what the real node changed on the host.
 test-integration: venv node-tools
-	$(TEST_STACK) $(BIN)/pytest -q --durations=15 -n $(E2E_WORKERS) --dist loadfile -m "integration" e2e; rc=$$?; \
+	$(CLUSTER_PYTEST) --durations=15 -m "integration" e2e; rc=$$?; \
 	$(TEST_STACK) $(BIN)/loom dev down; exit $$rc
 
 test-e2e: venv venv-vllm image-tools node-tools
-	$(TEST_STACK) $(BIN)/pytest -q --durations=15 -n $(E2E_WORKERS) --dist loadfile -m "core and not serial" e2e; \
+	$(CLUSTER_PYTEST) --durations=15 -m "core and not serial" e2e; \
 	rc=$$?; $(TEST_STACK) $(BIN)/pytest -q -m "core and serial" e2e || rc=1; \
 	$(TEST_STACK) $(BIN)/loom dev down; exit $$rc
 
@@ -134,8 +137,7 @@ test: venv image-tools venv-vllm node-tools
 	background=$$!; echo "make test: static and unit tiers in the background (.state/unit.log)"; \
 	if $(TEST_STACK) $(BIN)/loom dev build --real-node; then \
 	  echo "make test: stack built at $${SECONDS}s; integration and e2e tiers"; \
-	  $(TEST_STACK) $(BIN)/pytest -q --durations=25 -n $(E2E_WORKERS) --dist loadfile \
-	    -m "(integration or core) and not serial" e2e || failed="$$failed integration/e2e"; \
+	  $(CLUSTER_PYTEST) --durations=25 -m "(integration or core) and not serial" e2e || failed="$$failed integration/e2e"; \
 	  echo "make test: serial core tests at $${SECONDS}s"; \
 	  $(TEST_STACK) $(BIN)/pytest -q -m "core and serial" e2e || failed="$$failed e2e-serial"; \
 	else failed="$$failed stack-build"; fi; \
