@@ -16,7 +16,7 @@ from .autoscale.adapters import KindAdapter
 from .core.runner import watch_objects
 from .kinds.featureview.adapter import ADAPTER as FEATURE_VIEW
 from .kinds.inferencegraph.adapter import ADAPTER as INFERENCE_GRAPH
-from .kinds.inferenceservice.adapter import ADAPTER as INFERENCE_SERVICE
+from .kinds.inferenceservice.autoscaling.target import ADAPTER as INFERENCE_SERVICE
 from .settings import OperatorSettings
 
 # Each kind's package; its controller module exposes register(settings).

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from .core.model import S3Credentials
 from .kinds.featureview.api import FeatureViewSpec
 from .kinds.inferenceservice.api import InferenceServiceSpec
-from .kinds.inferenceservice.model import ResolveError
+from .kinds.inferenceservice.source.model import ResolveError
 from .kinds.trainingjob.api import TrainingJobSpec
 
 if TYPE_CHECKING:

@@ -44,15 +44,6 @@ from ..kinds.inferencegraph.api import (
     NodeStatus,
     StepStatus,
 )
-from ..kinds.inferenceservice.analysis_api import (
-    Analysis,
-    AnalysisCheck,
-    AnalysisStatus,
-    CanaryStep,
-    CheckStatus,
-    RejectedVersion,
-    RolloutStatus,
-)
 from ..kinds.inferenceservice.api import (
     Adapter,
     AdapterFromTrainingJob,
@@ -71,9 +62,18 @@ from ..kinds.inferenceservice.api import (
     RateLimit,
     Rollout,
 )
-from ..kinds.inferenceservice.queue_api import ServiceQueueStatus
-from ..kinds.inferenceservice.routing_api import Routing, SessionAffinity
-from ..kinds.inferenceservice.vllm import VllmSpec
+from ..kinds.inferenceservice.canary.api import (
+    Analysis,
+    AnalysisCheck,
+    AnalysisStatus,
+    CanaryStep,
+    CheckStatus,
+    RejectedVersion,
+    RolloutStatus,
+)
+from ..kinds.inferenceservice.llm.api import VllmSpec
+from ..kinds.inferenceservice.queue.api import ServiceQueueStatus
+from ..kinds.inferenceservice.traffic.api import Routing, SessionAffinity
 from ..kinds.trainingjob.api import (
     BaseModelFromTrainingJob,
     BaseModelStatus,

@@ -110,9 +110,9 @@ async def test_a_training_job_registers_once_with_its_tags_and_alias(mlflow: MLf
 async def test_alias_following_asks_mlflow_at_most_once_per_interval(mlflow: MLflowEndpoint) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from loom.operator.kinds.inferenceservice.alias import change_reason, resolve_alias
+    from loom.operator.kinds.inferenceservice.source.alias import change_reason, resolve_alias
     from loom.operator.kinds.inferenceservice.api import ModelSource
-    from loom.operator.kinds.inferenceservice.model import resolve_model
+    from loom.operator.kinds.inferenceservice.source.model import resolve_model
 
     name = f"follow-{uuid.uuid4().hex[:6]}"
     source = ModelSource.model_validate({"mlflow": f"models:/{name}@champion", "trackingUri": mlflow.url})
@@ -143,9 +143,9 @@ async def test_alias_following_asks_mlflow_at_most_once_per_interval(mlflow: MLf
 
 
 async def test_rejection_tag_and_promotion_alias(mlflow: MLflowEndpoint) -> None:
-    from loom.operator.kinds.inferenceservice.alias import registry_writes
-    from loom.operator.kinds.inferenceservice.analysis_api import RejectedVersion, RolloutStatus
-    from loom.operator.kinds.inferenceservice.model import ModelRef
+    from loom.operator.kinds.inferenceservice.source.alias import registry_writes
+    from loom.operator.kinds.inferenceservice.canary.api import RejectedVersion, RolloutStatus
+    from loom.operator.kinds.inferenceservice.source.model import ModelRef
 
     name = f"judge-{uuid.uuid4().hex[:6]}"
     async with Registry(mlflow.url) as registry:
@@ -177,9 +177,9 @@ async def test_a_rejected_candidate_of_the_followed_alias_gives_it_back_to_the_s
 ) -> None:
     """A service following `champion` (its promotion alias) reads a move of it as a candidate: rejected, `champion`
     names the version that serves again; a service following another alias (or a newer move) is left alone."""
-    from loom.operator.kinds.inferenceservice.alias import registry_writes
-    from loom.operator.kinds.inferenceservice.analysis_api import RejectedVersion, RolloutStatus
-    from loom.operator.kinds.inferenceservice.model import ModelRef
+    from loom.operator.kinds.inferenceservice.source.alias import registry_writes
+    from loom.operator.kinds.inferenceservice.canary.api import RejectedVersion, RolloutStatus
+    from loom.operator.kinds.inferenceservice.source.model import ModelRef
 
     name = f"restore-{uuid.uuid4().hex[:6]}"
     async with Registry(mlflow.url) as registry:

@@ -9,8 +9,11 @@ import pytest
 
 from loom.devstack.images import IMAGE_SETTINGS
 from loom.e2e.stack_images import DISTINCT_IMAGE_SETTINGS, pod_images
-from loom.operator.kinds.inferenceservice import routing as controller
-from loom.operator.kinds.inferenceservice.activator import (
+from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
+from loom.operator.kinds.inferenceservice.render import server_selector
+from loom.operator.kinds.inferenceservice.rollout import RolloutPlan, desired_total_replicas
+from loom.operator.kinds.inferenceservice.traffic import io as controller
+from loom.operator.kinds.inferenceservice.traffic.activator import (
     activator_config,
     activator_enabled,
     activator_selector,
@@ -18,9 +21,6 @@ from loom.operator.kinds.inferenceservice.activator import (
     render_routed_service,
     routes_to_activator,
 )
-from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
-from loom.operator.kinds.inferenceservice.render import server_selector
-from loom.operator.kinds.inferenceservice.rollout import RolloutPlan, desired_total_replicas
 from loom.operator.settings import OperatorSettings
 from loom.workloads.activator.config import ActivatorConfig
 

@@ -30,7 +30,7 @@ from loom.operator.kinds.inferencegraph.adapter import ADAPTER as GRAPH_ADAPTER
 from loom.operator.kinds.inferencegraph.api import GraphRouter, InferenceGraphSpec, InferenceGraphStatus
 from loom.operator.kinds.inferencegraph.render import render_deployment as render_router
 from loom.operator.kinds.inferencegraph.status import Observed, compute_status
-from loom.operator.kinds.inferenceservice.adapter import ADAPTER as ISVC_ADAPTER
+from loom.operator.kinds.inferenceservice.autoscaling.target import ADAPTER as ISVC_ADAPTER
 from loom.operator.settings import OperatorSettings
 
 NODES = {"root": {"routerType": "Sequence", "steps": [{"serviceName": "a"}]}}

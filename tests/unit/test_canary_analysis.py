@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from loom.operator.kinds.inferenceservice.analysis import (
+from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
+from loom.operator.kinds.inferenceservice.canary.analysis import (
     Outcome,
     Reading,
     Rejections,
@@ -19,8 +20,7 @@ from loom.operator.kinds.inferenceservice.analysis import (
     judge,
     seconds_until_due,
 )
-from loom.operator.kinds.inferenceservice.analysis_api import Analysis, AnalysisCheck, AnalysisStatus
-from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
+from loom.operator.kinds.inferenceservice.canary.api import Analysis, AnalysisCheck, AnalysisStatus
 
 T0 = datetime(2026, 11, 26, 2, 0, 0, tzinfo=UTC)
 NAN = float("nan")
@@ -259,7 +259,7 @@ def test_due_and_next_pass() -> None:
 
 
 def test_rejections_are_bounded_and_keyed() -> None:
-    from loom.operator.kinds.inferenceservice.analysis_api import RejectedVersion
+    from loom.operator.kinds.inferenceservice.canary.api import RejectedVersion
 
     entries: tuple[RejectedVersion, ...] = ()
     for i in range(40):

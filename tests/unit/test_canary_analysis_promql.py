@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from loom.operator.autoscale.promql import PodSelector
-from loom.operator.kinds.inferenceservice.analysis_api import AnalysisCheck
-from loom.operator.kinds.inferenceservice.analysis_promql import Version, check_query
+from loom.operator.kinds.inferenceservice.canary.api import AnalysisCheck
+from loom.operator.kinds.inferenceservice.canary.promql import Version, check_query
 
 CANARY = Version("3", PodSelector.for_owner("ml", "chat-canary"))
 SEL = 'namespace="ml",pod=~"chat-canary-[a-z0-9]+-[a-z0-9]+"'

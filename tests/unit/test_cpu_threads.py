@@ -10,8 +10,8 @@ import pytest
 from loom.operator.core.kit import cpu_cores, cpu_threads_env
 from loom.operator.core.model import ResourceRequirements
 from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
-from loom.operator.kinds.inferenceservice.model import resolve_model
 from loom.operator.kinds.inferenceservice.render import render_deployment
+from loom.operator.kinds.inferenceservice.source.model import resolve_model
 from loom.operator.kinds.trainingjob import render as trainingjob_render
 from loom.operator.kinds.trainingjob.api import TrainingJobSpec
 

@@ -18,8 +18,8 @@ from loom.operator import defaults
 from loom.operator.defaults import EndpointDefaults
 from loom.operator.kinds.featureview.api import FeatureViewSpec
 from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
-from loom.operator.kinds.inferenceservice.model import resolve_model
 from loom.operator.kinds.inferenceservice.rollout import RolloutPlan
+from loom.operator.kinds.inferenceservice.source.model import resolve_model
 from loom.operator.kinds.inferenceservice.status import Observed, compute_status
 from loom.operator.kinds.trainingjob import render
 from loom.operator.kinds.trainingjob.api import TrainingJobSpec, TrainingJobStatus

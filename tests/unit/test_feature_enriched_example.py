@@ -10,7 +10,7 @@ import yaml
 
 from loom.devstack import backing
 from loom.operator.kinds.inferenceservice.api import InferenceService
-from loom.operator.kinds.inferenceservice.features import resolve_features
+from loom.operator.kinds.inferenceservice.enrichment.resolve import resolve_features
 from loom.workloads.server.enrichment import tensor_name
 from loom.workloads.server.tabular import EXAMPLE_MODEL
 

@@ -13,14 +13,14 @@ import yaml
 from pydantic import ValidationError
 
 from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
-from loom.operator.kinds.inferenceservice.lora import (
+from loom.operator.kinds.inferenceservice.llm.adapters import (
     adapter_status,
     name_problem,
     resolve_adapters,
     settled,
 )
-from loom.operator.kinds.inferenceservice.model import resolve_model
 from loom.operator.kinds.inferenceservice.render import CONFIG_HASH_ANNOTATION, render_deployment
+from loom.operator.kinds.inferenceservice.source.model import resolve_model
 from loom.workloads.llm.adapters import AdapterList
 from loom.workloads.llm.config import LlmServerConfig
 from loom.workloads.llm.engine import engine_argv, engine_environment

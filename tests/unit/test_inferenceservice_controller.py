@@ -17,7 +17,7 @@ import pytest
 from loom.devstack.images import IMAGE_SETTINGS
 from loom.e2e.stack_images import DISTINCT_IMAGE_SETTINGS, pod_images
 from loom.operator.kinds.inferenceservice import controller
-from loom.operator.kinds.inferenceservice.model import MODEL_ANNOTATION, ModelRef
+from loom.operator.kinds.inferenceservice.source.model import MODEL_ANNOTATION, ModelRef
 from loom.operator.settings import OperatorSettings
 
 Key = tuple[str, str, str | None, str]

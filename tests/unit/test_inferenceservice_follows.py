@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loom.operator.kinds.inferenceservice.follows import followed, followers, index_entries
+from loom.operator.kinds.inferenceservice.source.follows import followed, followers, index_entries
 
 
 def test_the_model_the_adapters_and_the_feature_view_are_followed() -> None:

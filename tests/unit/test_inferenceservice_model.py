@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from loom.operator.kinds.inferenceservice.api import ModelSource
-from loom.operator.kinds.inferenceservice.model import ModelRef, ResolveError, resolve_model
+from loom.operator.kinds.inferenceservice.source.model import ModelRef, ResolveError, resolve_model
 
 
 def source(**wire: Any) -> ModelSource:

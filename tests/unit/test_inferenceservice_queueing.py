@@ -8,8 +8,7 @@ from typing import Any
 
 from loom.operator.core import kueue
 from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec, InferenceServiceStatus
-from loom.operator.kinds.inferenceservice.model import resolve_model
-from loom.operator.kinds.inferenceservice.queueing import (
+from loom.operator.kinds.inferenceservice.queue.admission import (
     STEP_LABEL,
     ServiceQueue,
     admit,
@@ -19,6 +18,7 @@ from loom.operator.kinds.inferenceservice.queueing import (
     workloads,
 )
 from loom.operator.kinds.inferenceservice.render import render_deployment
+from loom.operator.kinds.inferenceservice.source.model import resolve_model
 
 OWNER = {
     "apiVersion": "loom.dev/v1alpha1",

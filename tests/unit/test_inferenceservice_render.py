@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
-from loom.operator.kinds.inferenceservice.model import MODEL_ANNOTATION, ModelRef, resolve_model
 from loom.operator.kinds.inferenceservice.render import (
     CONFIG_HASH_ANNOTATION,
     InvalidSpec,
@@ -19,6 +18,7 @@ from loom.operator.kinds.inferenceservice.render import (
     selector_string,
     service_url,
 )
+from loom.operator.kinds.inferenceservice.source.model import MODEL_ANNOTATION, ModelRef, resolve_model
 from loom.workloads.server.config import ServerConfig
 
 IMAGE = "loom/server:test"

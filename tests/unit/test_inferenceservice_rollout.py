@@ -7,13 +7,13 @@ from typing import Any
 import pytest
 
 from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
-from loom.operator.kinds.inferenceservice.model import MODEL_ANNOTATION, ModelRef
 from loom.operator.kinds.inferenceservice.rollout import (
     desired_total_replicas,
     plan_rollout,
     rolled_out,
     split_replicas,
 )
+from loom.operator.kinds.inferenceservice.source.model import MODEL_ANNOTATION, ModelRef
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from loom.operator.kinds.inferenceservice.api import InferenceServiceStatus
-from loom.operator.kinds.inferenceservice.model import MODEL_ANNOTATION, ModelRef, ResolveError
 from loom.operator.kinds.inferenceservice.render import CONFIG_HASH_ANNOTATION
 from loom.operator.kinds.inferenceservice.rollout import RolloutPlan
+from loom.operator.kinds.inferenceservice.source.model import MODEL_ANNOTATION, ModelRef, ResolveError
 from loom.operator.kinds.inferenceservice.status import Observed, compute_status, diagnose
 
 OWNER = {

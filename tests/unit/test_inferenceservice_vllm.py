@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from loom.operator.autoscale.promql import METRIC_KINDS, PodSelector, build_query
 from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
-from loom.operator.kinds.inferenceservice.model import resolve_model
 from loom.operator.kinds.inferenceservice.render import CONFIG_HASH_ANNOTATION, render_deployment
+from loom.operator.kinds.inferenceservice.source.model import resolve_model
 from loom.workloads.llm.__main__ import resolve_model_folder
 from loom.workloads.llm.config import LlmServerConfig
 from loom.workloads.server.fetch import MARKER

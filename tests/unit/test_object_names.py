@@ -19,7 +19,7 @@ from loom.operator.core.kit import labels
 from loom.operator.kinds.inferencegraph import render as graph_render
 from loom.operator.kinds.inferencegraph.api import InferenceGraphSpec
 from loom.operator.kinds.inferenceservice import render as service_render
-from loom.operator.kinds.inferenceservice.activator import activator_name
+from loom.operator.kinds.inferenceservice.traffic.activator import activator_name
 from loom.operator.kinds.trainingjob import render as job_render
 from loom.operator.kinds.trainingjob.config import rendezvous_service_name
 

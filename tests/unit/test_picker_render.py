@@ -10,17 +10,17 @@ import pytest
 from pydantic import ValidationError
 
 from loom.devstack.images import IMAGE_SETTINGS
-from loom.operator.kinds.inferenceservice import routing as controller
-from loom.operator.kinds.inferenceservice.activator import activator_selector
 from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
-from loom.operator.kinds.inferenceservice.picker import (
+from loom.operator.kinds.inferenceservice.render import server_selector
+from loom.operator.kinds.inferenceservice.rollout import RolloutPlan
+from loom.operator.kinds.inferenceservice.traffic import io as controller
+from loom.operator.kinds.inferenceservice.traffic.activator import activator_selector
+from loom.operator.kinds.inferenceservice.traffic.picker import (
     picker_config,
     picker_policy,
     picker_selector,
     render_picker,
 )
-from loom.operator.kinds.inferenceservice.render import server_selector
-from loom.operator.kinds.inferenceservice.rollout import RolloutPlan
 from loom.operator.settings import OperatorSettings
 from loom.workloads.picker.config import PickerConfig
 

@@ -31,10 +31,10 @@ from ...core.model import (
     cel,
     validations,
 )
-from .analysis_api import Analysis, RolloutStatus
-from .queue_api import ServiceQueueStatus
-from .routing_api import Routing
-from .vllm import VllmSpec
+from .canary.api import Analysis, RolloutStatus
+from .llm.api import VllmSpec
+from .queue.api import ServiceQueueStatus
+from .traffic.api import Routing
 
 ServingPhase = Literal["Pending", "Loading", "Ready", "RollingOut", "Degraded", "Failed"]
 

@@ -34,21 +34,18 @@ from ...core.runner import Indexes, LastSeen, Runner, child_handlers, own_kind_h
 from ...defaults import Defaulted, EndpointDefaults, model_problem, training_job_manifest
 from ...defaults import inference_service as inference_service_defaults
 from ...settings import OperatorSettings
-from . import lora
-from .activator import activator_enabled, activator_selector
-from .alias import change_reason, followed, previous_alias, resolve_alias
-from .analysis import seconds_until_due
 from .api import INFERENCE_SERVICE, AliasStatus, InferenceServiceSpec, InferenceServiceStatus
-from .canary import WEIGHT_ANNOTATION, AnalysisInput, Judgement, held_percent, judge_canary, persist_rollout
-from .canary import read_analysis as read_canary_analysis
-from .canary_report import analysis_condition
-from .features import resolve_features
-from .follows import Followed, followers, index_entries
-from .lora import ResolvedAdapters
-from .lora_observe import observe_adapters, read_reports
-from .model import ModelRef, ResolveError, resolve_model
-from .queueing import Admission, ServiceQueue, admit, report_status
-from .queueing_io import act_on_queue, observe_queue
+from .autoscaling.replicas import recommend_replicas
+from .canary.analysis import seconds_until_due
+from .canary.judge import WEIGHT_ANNOTATION, AnalysisInput, Judgement, held_percent, judge_canary, persist_rollout
+from .canary.judge import read_analysis as read_canary_analysis
+from .canary.report import analysis_condition
+from .enrichment.resolve import resolve_features
+from .llm import adapters as lora
+from .llm.adapters import ResolvedAdapters
+from .llm.io import observe_adapters, read_reports
+from .queue.admission import Admission, ServiceQueue, admit, report_status
+from .queue.io import act_on_queue, observe_queue
 from .render import (
     CONFIG_HASH_ANNOTATION,
     KIND_LABEL,
@@ -63,10 +60,13 @@ from .render import (
     server_selector,
 )
 from .rollout import RolloutPlan, desired_total_replicas, model_of, plan_rollout
-from .routing import apply_routing
-from .scaling import recommend_replicas
+from .source.alias import change_reason, followed, previous_alias, resolve_alias
+from .source.follows import Followed, followers, index_entries
+from .source.model import ModelRef, ResolveError, resolve_model
 from .status import Observed as StatusObserved
 from .status import compute_status
+from .traffic.activator import activator_enabled, activator_selector
+from .traffic.io import apply_routing
 
 log = logging.getLogger("loom.operator.inferenceservice")
 # While an adapter loads somewhere, the next look at the replicas' adapter states (status follows them).

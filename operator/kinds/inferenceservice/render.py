@@ -40,8 +40,8 @@ from ...core.kit import (
 )
 from ...core.model import InvalidSpec as InvalidSpec  # re-exported
 from .api import InferenceServiceSpec
-from .model import MODEL_ANNOTATION, ModelRef
-from .vllm_render import apply_vllm_runtime
+from .llm.vllm import apply_vllm_runtime
+from .source.model import MODEL_ANNOTATION, ModelRef
 
 Track = Literal["stable", "canary"]
 

@@ -22,7 +22,7 @@ from typing import Literal
 
 from ...core.kit import Manifest
 from .api import InferenceServiceSpec
-from .model import MODEL_ANNOTATION, ModelRef
+from .source.model import MODEL_ANNOTATION, ModelRef
 
 CanaryAction = Literal["none", "apply", "keep", "retire"]
 

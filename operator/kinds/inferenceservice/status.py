@@ -25,10 +25,10 @@ from ...core.kit import Condition, Event, Manifest, condition_events, set_condit
 from ...core.pod_problems import REASONS as POD_REASONS
 from ...core.pod_problems import PodProblem, find_problem
 from .api import CanaryStatus, InferenceServiceStatus, ServingPhase
-from .model import ResolveError
+from .llm.vllm import openai_base_url
 from .render import CONFIG_HASH_ANNOTATION, selector_string, service_url
 from .rollout import RolloutPlan, rolled_out
-from .vllm_render import openai_base_url
+from .source.model import ResolveError
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from ...core.model import ApiModel, DnsName, cel, validations
+from ....core.model import ApiModel, DnsName, cel, validations
 
 AnalysisMetric = Literal["error-rate", "latency-p99", "ttft-p99", "prometheus"]
 ANALYSIS_METRICS: tuple[AnalysisMetric, ...] = ("error-rate", "latency-p99", "ttft-p99", "prometheus")

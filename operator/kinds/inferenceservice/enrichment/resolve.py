@@ -13,11 +13,11 @@ from pydantic import ValidationError
 
 from loom.workloads.server.config import EnrichedFeature, EnrichmentConfig
 
-from ...core.kit import Manifest
-from ..featureview.api import FeatureViewSpec
-from ..featureview.config import feast_view_name, server_url
-from .api import FeatureEnrichment
-from .model import ResolveError
+from ....core.kit import Manifest
+from ...featureview.api import FeatureViewSpec
+from ...featureview.config import feast_view_name, server_url
+from ..api import FeatureEnrichment
+from ..source.model import ResolveError
 
 
 def _ready(view: Manifest) -> tuple[bool, str]:

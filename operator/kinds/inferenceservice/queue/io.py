@@ -5,14 +5,14 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
-from ...core import client as kube
-from ...core import kueue, kueue_io
-from ...core.events import post_events
-from ...core.kit import Event, Manifest
-from ...core.reconcile import Pass
-from ...defaults import Defaulted
-from .api import InferenceServiceSpec
-from .queueing import Admission, ServiceQueue, observe, workloads
+from ....core import client as kube
+from ....core import kueue, kueue_io
+from ....core.events import post_events
+from ....core.kit import Event, Manifest
+from ....core.reconcile import Pass
+from ....defaults import Defaulted
+from ..api import InferenceServiceSpec
+from .admission import Admission, ServiceQueue, observe, workloads
 
 log = logging.getLogger("loom.operator.inferenceservice")
 KIND = "InferenceService"

@@ -17,7 +17,7 @@ from loom.workloads.picker.config import (
     Policy,
 )
 
-from ...core.model import ApiModel
+from ....core.model import ApiModel
 
 
 class SessionAffinity(ApiModel):

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from ...core.kit import Event
-from ...core.model import format_time, parse_time
-from .analysis_api import Analysis, AnalysisCheck, AnalysisStatus, CheckStatus, CheckVerdict, RejectedVersion
+from ....core.kit import Event
+from ....core.model import format_time, parse_time
+from .api import Analysis, AnalysisCheck, AnalysisStatus, CheckStatus, CheckVerdict, RejectedVersion
 
 Action = Literal["wait", "hold", "advance", "promote", "rollback"]
 Override = Literal["promote", "abort"]

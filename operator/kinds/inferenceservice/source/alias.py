@@ -13,10 +13,10 @@ from datetime import datetime
 
 from loom.workloads.server.config import parse_mlflow_uri
 
-from ...core.model import Manifest, format_time, parse_time
-from ...core.registry import REJECTED_TAG, Registry, RegistryError
-from .analysis_api import RolloutStatus
-from .api import AliasStatus, ModelSource
+from ....core.model import Manifest, format_time, parse_time
+from ....core.registry import REJECTED_TAG, Registry, RegistryError
+from ..api import AliasStatus, ModelSource
+from ..canary.api import RolloutStatus
 from .model import ModelRef, ResolveError
 
 

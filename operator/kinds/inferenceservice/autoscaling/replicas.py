@@ -10,7 +10,7 @@ canary tracks by `split_replicas`, so an autoscaler never has to know about cana
 
 from __future__ import annotations
 
-from .api import InferenceServiceSpec
+from ..api import InferenceServiceSpec
 
 
 def recommend_replicas(spec: InferenceServiceSpec, current_replicas: int) -> int | None:

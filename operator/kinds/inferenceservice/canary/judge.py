@@ -18,22 +18,22 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from ...autoscale.prometheus import PrometheusClient
-from ...autoscale.promql import PodSelector
-from ...autoscale.samples import PrometheusError
-from ...core import client as kube
-from ...core.events import post_events
-from ...core.kit import status_patch
-from ...core.model import API_VERSION, Manifest
-from ...core.reconcile import Pass
-from .alias import registry_writes
+from ....autoscale.prometheus import PrometheusClient
+from ....autoscale.promql import PodSelector
+from ....autoscale.samples import PrometheusError
+from ....core import client as kube
+from ....core.events import post_events
+from ....core.kit import status_patch
+from ....core.model import API_VERSION, Manifest
+from ....core.reconcile import Pass
+from ..api import InferenceServiceSpec
+from ..render import deployment_name
+from ..rollout import model_of, rolled_out
+from ..source.alias import registry_writes
+from ..source.model import ModelRef
 from .analysis import Outcome, Override, Reading, Rejections, decide, is_due, model_key
-from .analysis_api import Analysis, AnalysisStatus, RejectedVersion, RolloutStatus
-from .analysis_promql import Version, check_query
-from .api import InferenceServiceSpec
-from .model import ModelRef
-from .render import deployment_name
-from .rollout import model_of, rolled_out
+from .api import Analysis, AnalysisStatus, RejectedVersion, RolloutStatus
+from .promql import Version, check_query
 
 OVERRIDE_ANNOTATION = "loom.dev/canary"  # promote | abort | retry
 WEIGHT_ANNOTATION = "loom.dev/canary-weight"

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from loom.workloads.picker.config import PickerConfig, Policy
 
-from ...core.kit import Manifest, child_metadata, labels, restricted_security_context
-from .api import InferenceServiceSpec
-from .render import DRAIN_SECONDS, KIND_LABEL, REQUEST_GRACE_SECONDS, SERVER_PORT, TRACK_LABEL, server_selector
+from ....core.kit import Manifest, child_metadata, labels, restricted_security_context
+from ..api import InferenceServiceSpec
+from ..render import DRAIN_SECONDS, KIND_LABEL, REQUEST_GRACE_SECONDS, SERVER_PORT, TRACK_LABEL, server_selector
 
 COMPONENT = "picker"
 ADMIN_PORT = 9090

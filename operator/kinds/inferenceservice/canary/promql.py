@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...autoscale.promql import REQUESTS, WORK_ENDPOINTS, PodSelector, quote
-from ...autoscale.promql_llm import TTFT
-from .analysis_api import AnalysisCheck
+from ....autoscale.promql import REQUESTS, WORK_ENDPOINTS, PodSelector, quote
+from ....autoscale.promql_llm import TTFT
+from .api import AnalysisCheck
 
 LATENCY = "loom_server_request_duration_seconds"
 LLM_REQUESTS = "loom_llm_requests_total"

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from ...autoscale.adapters import Engines, Target, raw_block, scale_self
-from ...autoscale.engines import HPA_API_VERSION, KEDA_API_VERSION, render_hpa, render_scaled_object
-from ...autoscale.spec import Autoscaling, scaling_config
-from ...core.kit import Manifest, child_metadata, owner_of
-from ...settings import OperatorSettings
-from .api import InferenceServiceSpec
-from .render import deployment_name, selector_string
-from .scaling import current_replicas
+from ....autoscale.adapters import Engines, Target, raw_block, scale_self
+from ....autoscale.engines import HPA_API_VERSION, KEDA_API_VERSION, render_hpa, render_scaled_object
+from ....autoscale.spec import Autoscaling, scaling_config
+from ....core.kit import Manifest, child_metadata, owner_of
+from ....settings import OperatorSettings
+from ..api import InferenceServiceSpec
+from ..render import deployment_name, selector_string
+from .replicas import current_replicas
 
 
 def engine_object(

@@ -12,7 +12,7 @@ from pydantic import Field, field_validator
 
 from loom.workloads.llm.config import RESERVED_FLAGS, Dtype, EngineOptions, LoraRank
 
-from ...core.model import ApiModel, cel, validations
+from ....core.model import ApiModel, cel, validations
 
 # Hyphens need no escape outside a character class (and CEL strings refuse "\\-").
 _RESERVED_RE = "^(" + "|".join(RESERVED_FLAGS) + ")(=.*)?$"

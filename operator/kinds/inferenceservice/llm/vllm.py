@@ -17,9 +17,9 @@ from loom.workloads.llm.adapters import ADAPTERS_FILE, AdapterList
 from loom.workloads.llm.config import LlmLimits, LlmServerConfig
 from loom.workloads.server.config import AuthConfig, ServerConfig
 
-from ...core.kit import Manifest
-from .api import InferenceServiceSpec
-from .vllm import VllmSpec
+from ....core.kit import Manifest
+from ..api import InferenceServiceSpec
+from .api import VllmSpec
 
 LLM_CONFIG_FILE = "llm.json"
 ENGINE_PORT = 8081

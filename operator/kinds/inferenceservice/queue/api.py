@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ...core.model import ApiModel
+from ....core.model import ApiModel
 
 
 class ServiceQueueStatus(ApiModel):

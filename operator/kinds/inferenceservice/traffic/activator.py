@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from loom.workloads.activator.config import DEFAULT_MAX_HELD, DEFAULT_TIMEOUT_SECONDS, ActivatorConfig
 
-from ...core.kit import Manifest, child_metadata, labels, restricted_security_context
-from .api import InferenceServiceSpec
-from .render import KIND_LABEL, SERVER_PORT, render_service, server_selector
+from ....core.kit import Manifest, child_metadata, labels, restricted_security_context
+from ..api import InferenceServiceSpec
+from ..render import KIND_LABEL, SERVER_PORT, render_service, server_selector
 
 COMPONENT = "activator"
 ADMIN_PORT = 9090

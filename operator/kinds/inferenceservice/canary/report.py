@@ -3,8 +3,8 @@ Unknown while it runs, its reason and message the analysis' own (events come fro
 
 from __future__ import annotations
 
-from ...core.model import Condition, set_condition
-from .analysis_api import RolloutStatus
+from ....core.model import Condition, set_condition
+from .api import RolloutStatus
 
 CONDITION = "CanaryAnalysis"
 

@@ -13,13 +13,13 @@ import httpx
 
 from loom.workloads.llm.adapters import ADAPTERS_PATH
 
-from ...core import client as kube
-from ...core.kit import Manifest
-from ...core.model import API_VERSION
-from ...defaults import EndpointDefaults, training_job_manifest
-from .api import InferenceServiceSpec
-from .lora import ResolvedAdapters, resolve_adapters
-from .render import SERVER_PORT
+from ....core import client as kube
+from ....core.kit import Manifest
+from ....core.model import API_VERSION
+from ....defaults import EndpointDefaults, training_job_manifest
+from ..api import InferenceServiceSpec
+from ..render import SERVER_PORT
+from .adapters import ResolvedAdapters, resolve_adapters
 
 log = logging.getLogger("loom.operator.inferenceservice.adapters")
 TIMEOUT = httpx.Timeout(2.0)

@@ -9,9 +9,11 @@ once the picker's Deployment reports a Ready replica (read from the apply's answ
 
 from __future__ import annotations
 
-from ...core import client as kube
-from ...core.kit import Manifest
-from ...settings import OperatorSettings
+from ....core import client as kube
+from ....core.kit import Manifest
+from ....settings import OperatorSettings
+from ..api import InferenceServiceSpec
+from ..rollout import RolloutPlan
 from .activator import (
     OBJECTS,
     activator_config,
@@ -21,10 +23,8 @@ from .activator import (
     render_routed_service,
     routes_to_activator,
 )
-from .api import InferenceServiceSpec
 from .picker import OBJECTS as PICKER_OBJECTS
 from .picker import picker_config, picker_name, picker_policy, render_picker, service_selector
-from .rollout import RolloutPlan
 
 
 def _ready(deployment: Manifest | None) -> int:

@@ -15,9 +15,9 @@ from typing import Any
 
 from loom.workloads.llm.adapters import AdapterList, AdapterSource
 
-from ...core.kit import Manifest
-from .api import AdapterPhase, AdapterReplicaStatus, AdapterStatus, InferenceServiceSpec
-from .model import final_export_uri
+from ....core.kit import Manifest
+from ..api import AdapterPhase, AdapterReplicaStatus, AdapterStatus, InferenceServiceSpec
+from ..source.model import final_export_uri
 
 NOT_SEEN = "the replica has not read this adapter list yet"
 

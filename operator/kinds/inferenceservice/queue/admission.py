@@ -28,10 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ...core import kueue
-from ...core.kit import Condition, Event, Manifest, condition_events, set_condition
-from .api import InferenceServiceSpec, InferenceServiceStatus
-from .queue_api import ServiceQueueStatus
+from ....core import kueue
+from ....core.kit import Condition, Event, Manifest, condition_events, set_condition
+from ..api import InferenceServiceSpec, InferenceServiceStatus
+from .api import ServiceQueueStatus
 
 POD_SET = "replicas"
 STEP_LABEL = "loom.dev/scale-step"  # on a scale step's Workload: which step (1, 2, ...); absent on the minimum's
