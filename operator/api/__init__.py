@@ -45,20 +45,12 @@ from ..kinds.inferencegraph.api import (
     StepStatus,
 )
 from ..kinds.inferenceservice.api import (
-    Adapter,
-    AdapterFromTrainingJob,
-    AdapterReplicaStatus,
-    AdapterStatus,
-    AliasStatus,
     Auth,
     Batching,
     CanaryStatus,
-    FeatureEnrichment,
-    FromTrainingJob,
     InferenceService,
     InferenceServiceSpec,
     InferenceServiceStatus,
-    ModelSource,
     RateLimit,
     Rollout,
 )
@@ -71,8 +63,16 @@ from ..kinds.inferenceservice.canary.api import (
     RejectedVersion,
     RolloutStatus,
 )
-from ..kinds.inferenceservice.llm.api import VllmSpec
+from ..kinds.inferenceservice.enrichment.api import FeatureEnrichment
+from ..kinds.inferenceservice.llm.api import (
+    Adapter,
+    AdapterFromTrainingJob,
+    AdapterReplicaStatus,
+    AdapterStatus,
+    VllmSpec,
+)
 from ..kinds.inferenceservice.queue.api import ServiceQueueStatus
+from ..kinds.inferenceservice.source.api import AliasStatus, FromTrainingJob, ModelSource
 from ..kinds.inferenceservice.traffic.api import Routing, SessionAffinity
 from ..kinds.trainingjob.api import (
     BaseModelFromTrainingJob,

@@ -111,7 +111,7 @@ async def test_alias_following_asks_mlflow_at_most_once_per_interval(mlflow: MLf
     from datetime import UTC, datetime, timedelta
 
     from loom.operator.kinds.inferenceservice.source.alias import change_reason, resolve_alias
-    from loom.operator.kinds.inferenceservice.api import ModelSource
+    from loom.operator.kinds.inferenceservice.source.api import ModelSource
     from loom.operator.kinds.inferenceservice.source.model import resolve_model
 
     name = f"follow-{uuid.uuid4().hex[:6]}"
@@ -143,8 +143,8 @@ async def test_alias_following_asks_mlflow_at_most_once_per_interval(mlflow: MLf
 
 
 async def test_rejection_tag_and_promotion_alias(mlflow: MLflowEndpoint) -> None:
-    from loom.operator.kinds.inferenceservice.source.alias import registry_writes
     from loom.operator.kinds.inferenceservice.canary.api import RejectedVersion, RolloutStatus
+    from loom.operator.kinds.inferenceservice.source.alias import registry_writes
     from loom.operator.kinds.inferenceservice.source.model import ModelRef
 
     name = f"judge-{uuid.uuid4().hex[:6]}"
@@ -177,8 +177,8 @@ async def test_a_rejected_candidate_of_the_followed_alias_gives_it_back_to_the_s
 ) -> None:
     """A service following `champion` (its promotion alias) reads a move of it as a candidate: rejected, `champion`
     names the version that serves again; a service following another alias (or a newer move) is left alone."""
-    from loom.operator.kinds.inferenceservice.source.alias import registry_writes
     from loom.operator.kinds.inferenceservice.canary.api import RejectedVersion, RolloutStatus
+    from loom.operator.kinds.inferenceservice.source.alias import registry_writes
     from loom.operator.kinds.inferenceservice.source.model import ModelRef
 
     name = f"restore-{uuid.uuid4().hex[:6]}"

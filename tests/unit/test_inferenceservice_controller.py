@@ -12,11 +12,13 @@ import copy
 import json
 from typing import Any
 
+import kopf
 import pytest
 
 from loom.devstack.images import IMAGE_SETTINGS
 from loom.e2e.stack_images import DISTINCT_IMAGE_SETTINGS, pod_images
 from loom.operator.kinds.inferenceservice import controller
+from loom.operator.kinds.inferenceservice.llm import io as llm_io
 from loom.operator.kinds.inferenceservice.source.model import MODEL_ANNOTATION, ModelRef
 from loom.operator.settings import OperatorSettings
 
@@ -101,7 +103,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
     for name in ("apply", "get", "list_objects", "delete", "patch_status"):
         monkeypatch.setattr(controller.kube, name, getattr(fake, name))
     monkeypatch.setattr(
-        controller.kopf, "event", lambda body, *, type, reason, message: fake.events.append((type, reason))
+        kopf, "event", lambda body, *, type, reason, message: fake.events.append((type, reason))
     )
     return fake
 
@@ -420,7 +422,7 @@ async def test_adapters_reach_the_configmap_in_place_and_their_states_reach_stat
     async def read_reports(pods: list[dict[str, Any]]) -> dict[str, Any]:
         return {p["metadata"]["name"]: reports.get(p["metadata"]["name"], "unreachable") for p in pods}
 
-    monkeypatch.setattr(controller, "read_reports", read_reports)
+    monkeypatch.setattr(llm_io, "read_reports", read_reports)
     job_key = ("loom.dev/v1alpha1", "TrainingJob", "ml", "tune")
     api.objects[job_key] = {"metadata": {"name": "tune", "uid": "job-uid-1"},
                             "spec": {"checkpoint": {"uri": "s3://ckpt/tune"}}, "status": {"phase": "Running"}}

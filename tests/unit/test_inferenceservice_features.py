@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from loom.operator.kinds.inferenceservice.api import FeatureEnrichment
+from loom.operator.kinds.inferenceservice.enrichment.api import FeatureEnrichment
 from loom.operator.kinds.inferenceservice.enrichment.resolve import resolve_features
 from loom.operator.kinds.inferenceservice.source.model import ResolveError
 from loom.workloads.server.config import EnrichedFeature

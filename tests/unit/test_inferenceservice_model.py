@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from loom.operator.kinds.inferenceservice.api import ModelSource
+from loom.operator.kinds.inferenceservice.source.api import ModelSource
 from loom.operator.kinds.inferenceservice.source.model import ModelRef, ResolveError, resolve_model
 
 

@@ -19,12 +19,10 @@ from ...autoscale.spec import (  # re-exported: the SDK and the tests name them 
 from ...core.kind import AGE, PHASE, Kind, NameRule, PrinterColumn
 from ...core.model import (
     ApiModel,
-    DnsName,
     EnvVar,
     IntOrPercent,
     Quantity,
     ResourceRequirements,
-    S3Credentials,
     SecretKeySelector,
     StatusBase,
     Toleration,
@@ -32,127 +30,13 @@ from ...core.model import (
     validations,
 )
 from .canary.api import Analysis, RolloutStatus
-from .llm.api import VllmSpec
+from .enrichment.api import FeatureEnrichment
+from .llm.api import Adapter, AdapterStatus, VllmSpec
 from .queue.api import ServiceQueueStatus
+from .source.api import AliasStatus, ModelSource
 from .traffic.api import Routing
 
 ServingPhase = Literal["Pending", "Loading", "Ready", "RollingOut", "Degraded", "Failed"]
-
-
-class FromTrainingJob(ApiModel):
-    """Serve what a TrainingJob in the same namespace produced; a newer checkpoint rolls out by itself."""
-
-    name: DnsName = Field(description="TrainingJob name.")
-    checkpoint: Literal["latest", "final"] = Field(
-        "latest", description="latest: follow every new checkpoint; final: only the one written on success."
-    )
-
-
-class ModelSource(ApiModel):
-    """Where the model comes from. It is fetched at boot into a cache volume, never baked into the image."""
-
-    model_config = validations(
-        cel(
-            "[has(self.uri), has(self.mlflow), has(self.fromTrainingJob)].filter(x, x).size() == 1",
-            "set exactly one of uri, mlflow or fromTrainingJob",
-        ),
-    )
-
-    name: DnsName | None = Field(None, description="Model name in the inference protocol (default: object name).")
-    uri: str | None = Field(
-        None, description="s3://bucket/prefix of a model folder.", pattern=r"^s3://.+", max_length=1024
-    )
-    mlflow: str | None = Field(
-        None,
-        description="MLflow registry URI: models:/name/version or models:/name@alias (resolved version in status).",
-        pattern=r"^models:/[^/@]+(/[0-9]+|@[A-Za-z0-9_\-]+)$",
-        max_length=512,
-    )
-    from_training_job: FromTrainingJob | None = None
-    version: str | None = Field(
-        None,
-        description="Version label the server reports and status shows (default: the MLflow version, the "
-        "checkpoint step, or the last path segment of the uri).",
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$",
-        max_length=63,
-    )
-    tracking_uri: str | None = Field(
-        None,
-        description="MLflow tracking URL for mlflow sources (default: the operator's, defaults.mlflow.trackingUri).",
-        max_length=1024,
-    )
-    endpoint: str | None = Field(
-        None, description="S3 endpoint URL for non-AWS stores (default: the operator's, defaults.s3.endpoint).",
-        max_length=1024,
-    )
-    secret_ref: S3Credentials | None = Field(
-        None, description="Secret with S3 credentials for fetching (default: the operator's, defaults.s3.secretName)."
-    )
-    alias_poll_seconds: int = Field(
-        30, ge=5, le=86400, description="For models:/name@alias: how often the operator asks MLflow where the alias "
-        "points (never more often, per service); a move rolls the new version out (as a canary under analysis)."
-    )
-
-
-class AdapterFromTrainingJob(ApiModel):
-    """A TrainingJob's LoRA adapter: its peft export (<checkpoint.uri>/final/adapter) once the job succeeded; a job
-    that succeeds again (re-created) loads its new adapter into the running replicas."""
-
-    name: DnsName = Field(description="TrainingJob name (same namespace; spec.finetune trains an adapter).")
-
-
-class Adapter(ApiModel):
-    """A LoRA adapter served beside the base model: requests select it by `model: <name>`. Loaded into and
-    unloaded from the running engine when the list changes, without restarting a replica."""
-
-    model_config = validations(
-        cel(
-            "[has(self.uri), has(self.mlflow), has(self.fromTrainingJob)].filter(x, x).size() == 1",
-            "set exactly one of uri, mlflow or fromTrainingJob",
-        ),
-    )
-
-    name: str = Field(
-        description="The adapter's model name in the OpenAI API (unique; not the base model's name).",
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", max_length=63,
-    )
-    uri: str | None = Field(
-        None, description="s3://bucket/prefix of a peft adapter folder (adapter_config.json, "
-        "adapter_model.safetensors), read with the service's S3 settings (model.endpoint and model.secretRef, "
-        "or the operator's defaults).", pattern=r"^s3://.+", max_length=1024,
-    )
-    mlflow: str | None = Field(
-        None, description="MLflow registry URI of a registered adapter: models:/name/version or models:/name@alias "
-        "(an alias is resolved when the adapter is loaded).",
-        pattern=r"^models:/[^/@]+(/[0-9]+|@[A-Za-z0-9_\-]+)$", max_length=512,
-    )
-    from_training_job: AdapterFromTrainingJob | None = None
-    version: str | None = Field(
-        None, description="A version label: changing it loads the adapter again (new files at the same uri).",
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", max_length=63,
-    )
-    tracking_uri: str | None = Field(
-        None, description="MLflow tracking URL for an mlflow adapter (default: model.trackingUri, then the "
-        "operator's).", max_length=1024,
-    )
-
-    @model_validator(mode="after")
-    def _one_source(self) -> Adapter:
-        if [self.uri, self.mlflow, self.from_training_job].count(None) != 2:
-            raise ValueError(f"adapter {self.name}: set exactly one of uri, mlflow or fromTrainingJob")
-        return self
-
-
-class AliasStatus(ApiModel):
-    """Where a followed MLflow alias pointed when last asked."""
-
-    model: str
-    alias: str
-    version: str | None = None
-    checked_at: str | None = Field(None, description="When MLflow was last asked.")
-    changed_at: str | None = Field(None, description="When the alias was last seen to move.")
-    previous_version: str | None = None
-    error: str | None = Field(None, description="Why the last question to MLflow failed (the version kept).")
 
 
 class Batching(ApiModel):
@@ -212,11 +96,6 @@ class Rollout(ApiModel):
         if self.canary_percent is not None and self.analysis is not None:
             raise ValueError("set canaryPercent or analysis, not both")
         return self
-
-
-class FeatureEnrichment(ApiModel):
-    feature_view: DnsName = Field(description="FeatureView whose online features enrich requests.")
-    entity_keys: list[str] = Field(min_length=1, max_length=16, description="Request inputs used as entity keys.")
 
 
 class InferenceServiceSpec(ApiModel):
@@ -307,27 +186,6 @@ class CanaryStatus(ApiModel):
     model_version: str | None = None
     replicas: int = Field(0, description="Canary replicas; the traffic share is replicas / all replicas.")
     ready_replicas: int = 0
-
-
-AdapterPhase = Literal["Pending", "Loading", "Loaded", "Failed"]
-
-
-class AdapterReplicaStatus(ApiModel):
-    pod: str
-    state: AdapterPhase
-    reason: str | None = Field(None, description="Why it failed (Failed), or what it waits for.")
-
-
-class AdapterStatus(ApiModel):
-    """One adapter of spec.adapters: where it comes from now, and its state on each ready replica."""
-
-    name: str
-    state: AdapterPhase = Field(description="Loaded: on every ready replica; Failed: on one at least (reason); "
-                                "Pending: not resolved yet (reason) or no replica reported; else Loading.")
-    source: str | None = Field(None, description="The resolved location (s3:// or models:/).")
-    version: str | None = None
-    reason: str | None = None
-    replicas: list[AdapterReplicaStatus] = Field(default_factory=list)
 
 
 class InferenceServiceStatus(StatusBase):

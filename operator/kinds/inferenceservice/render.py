@@ -393,3 +393,17 @@ def render_deployment(
     return apply_vllm_runtime(
         spec, config_map, deployment, config, CONFIG_DIR, CONFIG_HASH_ANNOTATION, vllm_image or image, adapters
     )
+
+
+def replica_pod_template(
+    owner: Manifest,
+    spec: InferenceServiceSpec,
+    ref: ModelRef,
+    image: str,
+    features: EnrichmentConfig | None,
+    vllm_image: str | None,
+) -> Manifest:
+    """One replica's pod template, as a Kueue Workload accounts it (the stable track's, without placement)."""
+    _, deployment = render_deployment(owner, spec, "stable", ref, 1, image, features, vllm_image)
+    template: Manifest = deployment["spec"]["template"]
+    return template

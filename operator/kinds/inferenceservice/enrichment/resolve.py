@@ -16,8 +16,8 @@ from loom.workloads.server.config import EnrichedFeature, EnrichmentConfig
 from ....core.kit import Manifest
 from ...featureview.api import FeatureViewSpec
 from ...featureview.config import feast_view_name, server_url
-from ..api import FeatureEnrichment
 from ..source.model import ResolveError
+from .api import FeatureEnrichment
 
 
 def _ready(view: Manifest) -> tuple[bool, str]:

@@ -13,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from loom.workloads.llm.adapters import AdapterList, AdapterSource
+from loom.workloads.llm.adapters import AdapterList, AdapterSource, AdapterState
 
 from ....core.kit import Manifest
-from ..api import AdapterPhase, AdapterReplicaStatus, AdapterStatus, InferenceServiceSpec
+from ..api import InferenceServiceSpec
 from ..source.model import final_export_uri
+from .api import AdapterReplicaStatus, AdapterStatus
 
 NOT_SEEN = "the replica has not read this adapter list yet"
 
@@ -123,14 +124,14 @@ def adapter_status(
                 replicas.append(AdapterReplicaStatus(pod=pod, state="Pending", reason=NOT_SEEN))
                 continue
             state = entry.get("state")
-            phase: AdapterPhase = state if state in ("Pending", "Loading", "Loaded", "Failed") else "Pending"
+            phase: AdapterState = state if state in ("Pending", "Loading", "Loaded", "Failed") else "Pending"
             replicas.append(AdapterReplicaStatus(pod=pod, state=phase, reason=entry.get("reason") or None))
         out.append(AdapterStatus(name=name, source=source.uri, version=source.version,
                                  state=_summary(replicas), reason=_first_reason(replicas), replicas=replicas))
     return out
 
 
-def _summary(replicas: list[AdapterReplicaStatus]) -> AdapterPhase:
+def _summary(replicas: list[AdapterReplicaStatus]) -> AdapterState:
     states = {r.state for r in replicas}
     if not replicas:
         return "Pending"

@@ -1,5 +1,8 @@
-"""InferenceService spec.vllm: the vLLM engine's options for `runtime: vllm`, typed with vLLM's defaults (unset:
-vLLM decides), plus `extraArgs`, the documented passthrough of any other vllm flag.
+"""InferenceService spec.vllm, spec.adapters and status.adapters: the LLM runtime's API.
+
+spec.vllm: the vLLM engine's options for `runtime: vllm`, typed with vLLM's defaults (unset: vLLM decides), plus
+`extraArgs`, the documented passthrough of any other vllm flag. spec.adapters: LoRA adapters loaded into the running
+engines; status.adapters: their state per replica, in the front's own words (AdapterState).
 
 Limits and flag rules come from the runtime's own config model (loom.workloads.llm.config): one definition.
 """
@@ -8,11 +11,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from loom.workloads.llm.adapters import AdapterState
 from loom.workloads.llm.config import RESERVED_FLAGS, Dtype, EngineOptions, LoraRank
 
-from ....core.model import ApiModel, cel, validations
+from ....core.model import ApiModel, DnsName, cel, validations
 
 # Hyphens need no escape outside a character class (and CEL strings refuse "\\-").
 _RESERVED_RE = "^(" + "|".join(RESERVED_FLAGS) + ")(=.*)?$"
@@ -80,3 +84,70 @@ class VllmSpec(ApiModel):
             enable_lora=lora or None, max_loras=self.max_loaded_adapters if lora else None,
             max_lora_rank=self.max_adapter_rank if lora else None,
         )
+
+
+class AdapterFromTrainingJob(ApiModel):
+    """A TrainingJob's LoRA adapter: its peft export (<checkpoint.uri>/final/adapter) once the job succeeded; a job
+    that succeeds again (re-created) loads its new adapter into the running replicas."""
+
+    name: DnsName = Field(description="TrainingJob name (same namespace; spec.finetune trains an adapter).")
+
+
+class Adapter(ApiModel):
+    """A LoRA adapter served beside the base model: requests select it by `model: <name>`. Loaded into and
+    unloaded from the running engine when the list changes, without restarting a replica."""
+
+    model_config = validations(
+        cel(
+            "[has(self.uri), has(self.mlflow), has(self.fromTrainingJob)].filter(x, x).size() == 1",
+            "set exactly one of uri, mlflow or fromTrainingJob",
+        ),
+    )
+
+    name: str = Field(
+        description="The adapter's model name in the OpenAI API (unique; not the base model's name).",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", max_length=63,
+    )
+    uri: str | None = Field(
+        None, description="s3://bucket/prefix of a peft adapter folder (adapter_config.json, "
+        "adapter_model.safetensors), read with the service's S3 settings (model.endpoint and model.secretRef, "
+        "or the operator's defaults).", pattern=r"^s3://.+", max_length=1024,
+    )
+    mlflow: str | None = Field(
+        None, description="MLflow registry URI of a registered adapter: models:/name/version or models:/name@alias "
+        "(an alias is resolved when the adapter is loaded).",
+        pattern=r"^models:/[^/@]+(/[0-9]+|@[A-Za-z0-9_\-]+)$", max_length=512,
+    )
+    from_training_job: AdapterFromTrainingJob | None = None
+    version: str | None = Field(
+        None, description="A version label: changing it loads the adapter again (new files at the same uri).",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", max_length=63,
+    )
+    tracking_uri: str | None = Field(
+        None, description="MLflow tracking URL for an mlflow adapter (default: model.trackingUri, then the "
+        "operator's).", max_length=1024,
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Adapter:
+        if [self.uri, self.mlflow, self.from_training_job].count(None) != 2:
+            raise ValueError(f"adapter {self.name}: set exactly one of uri, mlflow or fromTrainingJob")
+        return self
+
+
+class AdapterReplicaStatus(ApiModel):
+    pod: str
+    state: AdapterState
+    reason: str | None = Field(None, description="Why it failed (Failed), or what it waits for.")
+
+
+class AdapterStatus(ApiModel):
+    """One adapter of spec.adapters: where it comes from now, and its state on each ready replica."""
+
+    name: str
+    state: AdapterState = Field(description="Loaded: on every ready replica; Failed: on one at least (reason); "
+                                "Pending: not resolved yet (reason) or no replica reported; else Loading.")
+    source: str | None = Field(None, description="The resolved location (s3:// or models:/).")
+    version: str | None = None
+    reason: str | None = None
+    replicas: list[AdapterReplicaStatus] = Field(default_factory=list)

@@ -1,7 +1,6 @@
-"""The adapters' I/O for a service's pass (an edge split out of the controller): the TrainingJobs spec.adapters
-names, and each ready replica's adapter states, read from its front (GET /v2/adapters on the pod's IP, as
-Prometheus scrapes it and the TrainingJob controller reads progress). Reading changes nothing: an operator killed
-mid-pass reads again next pass."""
+"""The LLM runtime's edge and hooks (LlmFeature): the TrainingJobs spec.adapters names, and each ready replica's
+adapter states, read from its front (GET /v2/adapters on the pod's IP, as Prometheus scrapes it and the TrainingJob
+controller reads progress). Reading changes nothing: an operator killed mid-pass reads again next pass."""
 
 from __future__ import annotations
 
@@ -14,15 +13,18 @@ import httpx
 from loom.workloads.llm.adapters import ADAPTERS_PATH
 
 from ....core import client as kube
-from ....core.kit import Manifest
+from ....core.kit import Event, Manifest
 from ....core.model import API_VERSION
 from ....defaults import EndpointDefaults, training_job_manifest
-from ..api import InferenceServiceSpec
+from ..api import InferenceServiceSpec, InferenceServiceStatus
+from ..feature import Feature, Observed, Plan, ServicePass
 from ..render import SERVER_PORT
-from .adapters import ResolvedAdapters, resolve_adapters
+from .adapters import ResolvedAdapters, adapter_status, name_problem, resolve_adapters, settled
 
 log = logging.getLogger("loom.operator.inferenceservice.adapters")
 TIMEOUT = httpx.Timeout(2.0)
+# While an adapter loads somewhere, the next look at the replicas' adapter states (status follows them).
+ADAPTER_POLL_SECONDS = 2.0
 
 
 async def observe_adapters(
@@ -70,3 +72,31 @@ async def read_reports(pods: list[Manifest], port: int = SERVER_PORT) -> dict[st
     async with httpx.AsyncClient(timeout=TIMEOUT, trust_env=False) as client:
         answers = await asyncio.gather(*(one(client, ip) for ip in targets.values()))
     return dict(zip(targets, answers, strict=True))
+
+
+class LlmFeature(Feature):
+    """spec.adapters: LoRA adapters resolved each pass and loaded by the replicas themselves (their states read
+    from each ready replica's front). spec.vllm is the runtime's render (vllm.py), called by the core's."""
+
+    def check(self, body: Manifest, spec: InferenceServiceSpec) -> str | None:
+        return name_problem(body, spec)
+
+    async def observe(self, p: ServicePass, seen: Observed) -> None:
+        if not p.ctx.valid:
+            return
+        seen.adapters = await observe_adapters(p.spec, p.ctx.namespace, p.defaults)
+        if seen.adapters is not None:
+            seen.adapter_reports = await read_reports(seen.pods)
+
+    async def after_apply(self, p: ServicePass, seen: Observed, plan: Plan) -> None:
+        # Replicas load adapters by themselves; look again soon while any is on its way (status follows).
+        if seen.adapters is not None and not settled(adapter_status(seen.adapters, seen.adapter_reports)):
+            p.later(ADAPTER_POLL_SECONDS)
+
+    def status(
+        self, p: ServicePass, seen: Observed, plan: Plan, status: InferenceServiceStatus,
+        previous: InferenceServiceStatus | None,
+    ) -> list[Event]:
+        if seen.adapters is not None:
+            status.adapters = adapter_status(seen.adapters, seen.adapter_reports)
+        return []

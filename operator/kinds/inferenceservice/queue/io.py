@@ -1,18 +1,23 @@
-"""The reads and writes of a queued InferenceService's Workloads (thin I/O; the decisions are in queueing.py)."""
+"""Kueue's edge and hooks for an InferenceService (QueueFeature): the reads and writes of a queued service's
+Workloads (thin I/O; the decisions are in admission.py)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Any
+
+import kopf
 
 from ....core import client as kube
 from ....core import kueue, kueue_io
 from ....core.events import post_events
 from ....core.kit import Event, Manifest
-from ....core.reconcile import Pass
-from ....defaults import Defaulted
-from ..api import InferenceServiceSpec
-from .admission import Admission, ServiceQueue, observe, workloads
+from ..api import InferenceServiceSpec, InferenceServiceStatus
+from ..feature import Draft, Feature, Observed, Plan, ServicePass
+from ..render import Track, replica_pod_template
+from .admission import Admission, ServiceQueue, admit, observe, report_status, workloads
 
 log = logging.getLogger("loom.operator.inferenceservice")
 KIND = "InferenceService"
@@ -71,8 +76,49 @@ async def act(
             log.info("Workload %s/%s changed meanwhile; the next pass releases it", namespace, view.name)
 
 
-async def act_on_queue(
-    ctx: Pass[Defaulted[InferenceServiceSpec]], adm: Admission, queue: ServiceQueue, pod: Manifest | None
-) -> None:
-    assert ctx.spec is not None
-    await act(ctx.owner, ctx.body["metadata"].get("labels") or {}, ctx.spec.spec, adm, queue, pod)
+class QueueFeature(Feature):
+    """Label kueue.x-k8s.io/queue-name: replicas run once Kueue admits them (the minimum, then scale steps)."""
+
+    async def observe(self, p: ServicePass, seen: Observed) -> None:
+        seen.queue = await observe_queue(p.ctx.body)
+
+    def decide(self, p: ServicePass, seen: Observed, draft: Draft) -> None:
+        if seen.queue is None:
+            return
+        # What Kueue admitted caps the replicas; the rest waits, reported (admission.py).
+        live = sum(max(int((d or {}).get("spec", {}).get("replicas", 0)), int((d or {}).get("status", {})
+                       .get("replicas", 0))) for d in (seen.stable, seen.canary))  # fmt: skip
+        draft.admission = admit(seen.queue, p.spec, draft.total, live)
+        draft.total = draft.admission.replicas
+
+    def render(self, p: ServicePass, seen: Observed, plan: Plan, track: Track, deployment: Manifest) -> None:
+        placement = seen.queue.admitted_flavors() if seen.queue is not None else None
+        if placement:  # on the admitted flavor's nodes
+            deployment["spec"]["template"] = kueue.place(deployment["spec"]["template"], placement)
+
+    async def after_apply(self, p: ServicePass, seen: Observed, plan: Plan) -> None:
+        if plan.admission is None or seen.queue is None:
+            return
+        # What a Workload accounts: one replica's pod template (none while no model resolves).
+        ref = plan.rollout.stable_ref or seen.desired
+        pod = None
+        if ref is not None and plan.invalid is None:
+            pod = replica_pod_template(p.ctx.owner, p.spec, ref, p.settings.server_image, seen.features,
+                                       p.settings.vllm_image)  # fmt: skip
+        await act(p.ctx.owner, p.ctx.body["metadata"].get("labels") or {}, p.spec, plan.admission, seen.queue, pod)
+
+    def status(
+        self, p: ServicePass, seen: Observed, plan: Plan, status: InferenceServiceStatus,
+        previous: InferenceServiceStatus | None,
+    ) -> list[Event]:
+        if plan.admission is None or seen.queue is None:
+            return []
+        return report_status(status, plan.admission, seen.queue, previous, p.ctx.generation)
+
+    def register(self, trigger: Callable[[str, str], Awaitable[None]]) -> None:
+        # A queued service's Workloads: Kueue admitting or evicting one is a reason for a pass at once.
+        @kopf.on.event(kueue.GROUP, "v1beta2", "workloads", labels={kueue.JOB_UID_LABEL: kopf.PRESENT})
+        async def inferenceservice_workload_event(body: kopf.Body, **_: Any) -> None:
+            for owner in body.metadata.get("ownerReferences") or []:
+                if owner.get("kind") == KIND and owner.get("controller"):
+                    await trigger(str(body.metadata.namespace), owner["name"])

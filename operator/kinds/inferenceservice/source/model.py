@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from loom.workloads.server.config import BUILTIN_HANDLERS, parse_mlflow_uri
 
 from ....core.model import ApiModel, S3Credentials
-from ..api import ModelSource
+from .api import ModelSource
 
 MODEL_ANNOTATION = "loom.dev/model"
 

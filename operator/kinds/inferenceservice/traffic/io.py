@@ -1,7 +1,7 @@
-"""Applying an InferenceService's routing: the scale-to-zero activator (activator.py) and the endpoint picker
-of a vllm service with several replicas (picker.py); the I/O around both.
+"""Traffic's edge and hooks (TrafficFeature): applying an InferenceService's routing, the scale-to-zero activator
+(activator.py) and the endpoint picker of a vllm service with several replicas (picker.py).
 
-Called by the reconcile pass in place of applying the Service alone. Order matters for traffic: the activator's
+Applied before the tracks, in place of applying the Service alone. Order matters for traffic: the activator's
 and the picker's objects go first and then the Service (which may select their pod); without them, the Service
 goes back to the model servers first and then their objects are deleted. The Service selects the picker only
 once the picker's Deployment reports a Ready replica (read from the apply's answer: no extra GET).
@@ -11,14 +11,17 @@ from __future__ import annotations
 
 from ....core import client as kube
 from ....core.kit import Manifest
+from ....core.pods import pods_of
 from ....settings import OperatorSettings
 from ..api import InferenceServiceSpec
+from ..feature import Feature, Observed, Plan, ServicePass
 from ..rollout import RolloutPlan
 from .activator import (
     OBJECTS,
     activator_config,
     activator_enabled,
     activator_name,
+    activator_selector,
     render_activator,
     render_routed_service,
     routes_to_activator,
@@ -72,3 +75,17 @@ async def apply_routing(
         for api_version, kind in PICKER_OBJECTS:
             await kube.delete(api_version, kind, namespace, picker_name(name))
     return to_activator
+
+
+class TrafficFeature(Feature):
+    """The Service, the scale-to-zero activator (autoscaling.minReplicas 0) and the endpoint picker (spec.routing)."""
+
+    async def observe(self, p: ServicePass, seen: Observed) -> None:
+        # The activator's pods (when it runs): one that cannot start is named in Ready at zero.
+        if activator_enabled(p.spec):
+            seen.activator_pods = pods_of(p.pods, p.ctx.namespace, p.ctx.name, activator_selector(p.ctx.owner))
+
+    async def before_apply(self, p: ServicePass, seen: Observed, plan: Plan) -> None:
+        # Before the tracks: the Service selects the activator while no replica is Ready.
+        if plan.applies:
+            await apply_routing(p.ctx.owner, p.spec, plan.rollout, seen.stable, seen.canary, p.settings)

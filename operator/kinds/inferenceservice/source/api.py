@@ -1,0 +1,77 @@
+"""InferenceService spec.model: where the served model comes from (an S3 folder, the MLflow registry, a
+TrainingJob's checkpoints), and status.alias, the followed MLflow alias as last asked."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ....core.model import ApiModel, DnsName, S3Credentials, cel, validations
+
+
+class FromTrainingJob(ApiModel):
+    """Serve what a TrainingJob in the same namespace produced; a newer checkpoint rolls out by itself."""
+
+    name: DnsName = Field(description="TrainingJob name.")
+    checkpoint: Literal["latest", "final"] = Field(
+        "latest", description="latest: follow every new checkpoint; final: only the one written on success."
+    )
+
+
+class ModelSource(ApiModel):
+    """Where the model comes from. It is fetched at boot into a cache volume, never baked into the image."""
+
+    model_config = validations(
+        cel(
+            "[has(self.uri), has(self.mlflow), has(self.fromTrainingJob)].filter(x, x).size() == 1",
+            "set exactly one of uri, mlflow or fromTrainingJob",
+        ),
+    )
+
+    name: DnsName | None = Field(None, description="Model name in the inference protocol (default: object name).")
+    uri: str | None = Field(
+        None, description="s3://bucket/prefix of a model folder.", pattern=r"^s3://.+", max_length=1024
+    )
+    mlflow: str | None = Field(
+        None,
+        description="MLflow registry URI: models:/name/version or models:/name@alias (resolved version in status).",
+        pattern=r"^models:/[^/@]+(/[0-9]+|@[A-Za-z0-9_\-]+)$",
+        max_length=512,
+    )
+    from_training_job: FromTrainingJob | None = None
+    version: str | None = Field(
+        None,
+        description="Version label the server reports and status shows (default: the MLflow version, the "
+        "checkpoint step, or the last path segment of the uri).",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$",
+        max_length=63,
+    )
+    tracking_uri: str | None = Field(
+        None,
+        description="MLflow tracking URL for mlflow sources (default: the operator's, defaults.mlflow.trackingUri).",
+        max_length=1024,
+    )
+    endpoint: str | None = Field(
+        None, description="S3 endpoint URL for non-AWS stores (default: the operator's, defaults.s3.endpoint).",
+        max_length=1024,
+    )
+    secret_ref: S3Credentials | None = Field(
+        None, description="Secret with S3 credentials for fetching (default: the operator's, defaults.s3.secretName)."
+    )
+    alias_poll_seconds: int = Field(
+        30, ge=5, le=86400, description="For models:/name@alias: how often the operator asks MLflow where the alias "
+        "points (never more often, per service); a move rolls the new version out (as a canary under analysis)."
+    )
+
+
+class AliasStatus(ApiModel):
+    """Where a followed MLflow alias pointed when last asked."""
+
+    model: str
+    alias: str
+    version: str | None = None
+    checked_at: str | None = Field(None, description="When MLflow was last asked.")
+    changed_at: str | None = Field(None, description="When the alias was last seen to move.")
+    previous_version: str | None = None
+    error: str | None = Field(None, description="Why the last question to MLflow failed (the version kept).")
