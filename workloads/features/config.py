@@ -13,13 +13,12 @@ Feast itself expands, so the rendered ``feature_store.yaml`` is safe to put in a
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, field_validator, model_validator
+
+from loom.workloads.common.config import CamelModel, WorkloadConfig
 
 # Exit codes of every command (the operator maps them to condition reasons).
 EXIT_OK = 0
@@ -86,11 +85,7 @@ def parse_duration(text: str) -> int:
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
-class _Camel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
-
-
-class EntityConfig(_Camel):
+class EntityConfig(CamelModel):
     """A Feast entity. Feast supports one join key per entity: a composite key is several entities."""
 
     name: str = Field(description="Entity name; also the join key when joinKeys is unset.")
@@ -121,7 +116,7 @@ class EntityConfig(_Camel):
         return self.join_keys[0] if self.join_keys else self.name
 
 
-class FeatureConfig(_Camel):
+class FeatureConfig(CamelModel):
     name: str
     dtype: str = Field(description=f"One of {', '.join(FEATURE_DTYPES)}.")
     description: str = ""
@@ -135,7 +130,7 @@ class FeatureConfig(_Camel):
         return value
 
 
-class SourceConfig(_Camel):
+class SourceConfig(CamelModel):
     """The offline source: one parquet file (or a folder of them) on a volume or in S3."""
 
     path: str = Field(description="Absolute parquet path or s3://bucket/key.")
@@ -157,7 +152,7 @@ class SourceConfig(_Camel):
         return self.path.startswith("s3://")
 
 
-class FeatureViewConfig(_Camel):
+class FeatureViewConfig(CamelModel):
     name: str
     entities: list[EntityConfig] = Field(min_length=1)
     features: list[FeatureConfig] = Field(min_length=1)
@@ -191,7 +186,7 @@ class FeatureViewConfig(_Camel):
         return self
 
 
-class RegistrySettings(_Camel):
+class RegistrySettings(CamelModel):
     """Where the Feast registry lives.
 
     ``file``: one registry file, a path on a volume or an s3:// object (read-modify-write, so one writer at
@@ -227,7 +222,7 @@ class RegistrySettings(_Camel):
         return self.path if self.type == "file" and self.path else f"sql (${{{self.url_env}}})"
 
 
-class OnlineStoreSettings(_Camel):
+class OnlineStoreSettings(CamelModel):
     """``sqlite``: a file on a volume (one node). ``redis``: a Redis server, connection string from env."""
 
     type: Literal["sqlite", "redis"] = "sqlite"
@@ -245,13 +240,13 @@ class OnlineStoreSettings(_Camel):
         return value
 
 
-class OfflineStoreSettings(_Camel):
+class OfflineStoreSettings(CamelModel):
     """Parquet files read by Feast's file (Dask) offline store."""
 
     type: Literal["file"] = "file"
 
 
-class ServeSettings(_Camel):
+class ServeSettings(CamelModel):
     host: str = "0.0.0.0"
     port: int = Field(6566, ge=1, le=65535, description="Feast's feature server HTTP port.")
     metrics: bool = Field(True, description="Prometheus metrics on metricsPort (Feast's own exporter).")
@@ -260,8 +255,10 @@ class ServeSettings(_Camel):
     registry_ttl_seconds: int = Field(5, ge=1, description="How often the server re-reads the registry.")
 
 
-class FeaturesConfig(_Camel):
+class FeaturesConfig(WorkloadConfig):
     """One Feast project: its store (shared by every view of the project) and its feature views."""
+
+    json_indent: ClassVar[int | None] = 2
 
     project: str
     feature_views: list[FeatureViewConfig] = Field(default_factory=list)
@@ -301,14 +298,6 @@ class FeaturesConfig(_Camel):
             if view.name == name:
                 return view
         raise KeyError(name)
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> FeaturesConfig:
-        return cls.model_validate(json.loads(Path(path).read_text()))
-
-    def to_json(self) -> str:
-        """The ConfigMap form: camelCase, defaults included so the pod sees exactly what was rendered."""
-        return self.model_dump_json(by_alias=True, indent=2)
 
     def feature_store_yaml(self) -> dict[str, Any]:
         """Feast's ``feature_store.yaml`` for this store, with ``${VAR}`` for every secret (Feast expands them).

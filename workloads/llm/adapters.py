@@ -17,36 +17,29 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from loom.workloads.common.model_name import MODEL_NAME_RULE, is_model_name
-
-from .config import _Camel
+from loom.workloads.common.config import CamelModel, WorkloadConfig
+from loom.workloads.common.model_name import MODEL_NAME_RULE, model_name
 
 AdapterKind = Literal["s3", "mlflow"]
 AdapterState = Literal["Pending", "Loading", "Loaded", "Failed"]
 ADAPTERS_FILE = "adapters.json"
+AdapterName = Annotated[str, model_name("adapter name")]
 # Where the front reports its adapters' states (open like the probes: names and states, no data).
 ADAPTERS_PATH = "/v2/adapters"
 
 
-class AdapterSource(_Camel):
+class AdapterSource(CamelModel):
     """One adapter as the pod sees it: a name requests select it by, and where its peft files are."""
 
-    name: str = Field(description=f"The adapter's model name (OpenAI 'model'); {MODEL_NAME_RULE}.")
+    name: AdapterName = Field(description=f"The adapter's model name (OpenAI 'model'); {MODEL_NAME_RULE}.")
     uri: str = Field(description="s3://bucket/prefix of a peft adapter folder, or models:/name/version|@alias.")
     kind: AdapterKind
     version: str | None = Field(None, description="A version label: a new one loads the adapter again.")
     tracking_uri: str | None = Field(None, description="MLflow tracking URL (kind mlflow).")
-
-    @field_validator("name")
-    @classmethod
-    def _check_name(cls, value: str) -> str:
-        if not is_model_name(value):
-            raise ValueError(f"adapter name {value!r}: {MODEL_NAME_RULE}")
-        return value
 
     @property
     def key(self) -> str:
@@ -63,7 +56,9 @@ def engine_name(name: str, key: str) -> str:
     return f"{name}@{key}"
 
 
-class AdapterList(_Camel):
+class AdapterList(WorkloadConfig):
+    json_exclude_none: ClassVar[bool] = True
+
     adapters: list[AdapterSource] = Field(default_factory=list)
 
     @field_validator("adapters")
@@ -73,13 +68,6 @@ class AdapterList(_Camel):
         if len(names) != len(set(names)):
             raise ValueError(f"adapter names must be unique: {sorted({n for n in names if names.count(n) > 1})}")
         return value
-
-    def to_json(self) -> str:
-        return self.model_dump_json(by_alias=True, exclude_none=True)
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> AdapterList:
-        return cls.model_validate(json.loads(Path(path).read_text()))
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,15 @@ environment variable, as for the default runtime (loom.workloads.server.config.A
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from loom.workloads.common.body_limit import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_BODY_TIMEOUT_S
-from loom.workloads.common.model_name import MODEL_NAME_RULE, is_model_name
+from loom.workloads.common.config import CamelModel, WorkloadConfig
+from loom.workloads.common.model_name import MODEL_NAME_RULE, ModelName
 from loom.workloads.server.config import AuthConfig
 
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
@@ -28,14 +28,7 @@ RESERVED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--api-k
 _FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]*(=.*)?$")
 
 
-class _Camel(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=lambda name: re.sub(r"_([a-z])", lambda m: m.group(1).upper(), name),
-        populate_by_name=True, extra="forbid", frozen=True,
-    )
-
-
-class EngineOptions(_Camel):
+class EngineOptions(CamelModel):
     """vLLM engine options a user sets, each mapped to its ``vllm`` flag (None keeps vLLM's default)."""
 
     max_model_len: Annotated[int, Field(ge=16, le=10_000_000)] | None = Field(
@@ -106,7 +99,7 @@ def engine_flags(options: EngineOptions, chat_template_file: Path | None = None)
     return flags + list(options.extra_args)
 
 
-class LlmLimits(_Camel):
+class LlmLimits(CamelModel):
     """Per-key budgets (per minute, moving window) and per-request limits."""
 
     requests_per_minute: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
@@ -118,8 +111,10 @@ class LlmLimits(_Camel):
         4096, description="Largest max_tokens a request may ask for.")
 
 
-class LlmServerConfig(_Camel):
-    model_name: str = Field(description=f"The served model name (OpenAI 'model'); {MODEL_NAME_RULE}.")
+class LlmServerConfig(WorkloadConfig):
+    json_exclude_none: ClassVar[bool] = True
+
+    model_name: ModelName = Field(description=f"The served model name (OpenAI 'model'); {MODEL_NAME_RULE}.")
     model_dir: str = Field(description="The Hugging Face-format model's folder (config.json, weights, tokenizer).")
     host: str = "0.0.0.0"
     port: Annotated[int, Field(ge=1, le=65_535)] = 8080
@@ -138,17 +133,3 @@ class LlmServerConfig(_Camel):
     adapters_dir: str | None = Field(None, description="Where adapters are downloaded (default: beside modelDir).")
     adapters_poll_s: Annotated[float, Field(gt=0, le=600)] | None = Field(
         None, description="How often the adapter list's file is looked at for a change (default 1 s).")
-
-    @field_validator("model_name")
-    @classmethod
-    def _check_name(cls, value: str) -> str:
-        if not is_model_name(value):
-            raise ValueError(f"modelName {value!r}: {MODEL_NAME_RULE}")
-        return value
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> LlmServerConfig:
-        return cls.model_validate(json.loads(Path(path).read_text()))
-
-    def to_json(self) -> str:
-        return self.model_dump_json(by_alias=True, exclude_none=True)

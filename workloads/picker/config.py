@@ -6,12 +6,11 @@ new pod template, so the Deployment rolls it out). Pydantic only: the operator i
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
+
+from loom.workloads.common.config import WorkloadConfig
 
 ENV_VAR = "LOOM_PICKER_CONFIG"
 Policy = Literal["prefix-cache", "least-loaded", "round-robin"]
@@ -29,10 +28,8 @@ MaxKvUsage = Annotated[float, Field(gt=0, le=1)]
 HeaderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*$", max_length=128)]
 
 
-class PickerConfig(BaseModel):
+class PickerConfig(WorkloadConfig):
     """Everything the picker needs to route one InferenceService's requests over its replicas."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
 
     namespace: str = Field(min_length=1)
     service: str = Field(min_length=1, description="Name of the InferenceService.")
@@ -60,17 +57,6 @@ class PickerConfig(BaseModel):
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="Larger request bodies get 413.")
     retry_after_seconds: int = Field(1, ge=1, le=3600)
     log_level: str = "info"
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> PickerConfig:
-        return cls.model_validate(json.loads(Path(path).read_text()))
-
-    @classmethod
-    def from_json(cls, text: str) -> PickerConfig:
-        return cls.model_validate(json.loads(text))
-
-    def to_json(self) -> str:
-        return self.model_dump_json(by_alias=True)
 
     def selector_string(self) -> str:
         return ",".join(f"{k}={v}" for k, v in sorted(self.pod_selector.items()))

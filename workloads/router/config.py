@@ -17,34 +17,40 @@ Secrets never travel through this object: the router forwards the caller's API k
 from __future__ import annotations
 
 import graphlib
-import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, field_validator, model_validator
 
 from loom.workloads.common.body_limit import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_BODY_TIMEOUT_S
-from loom.workloads.common.model_name import MODEL_NAME_RULE, is_model_name
+from loom.workloads.common.config import CamelModel, WorkloadConfig
+from loom.workloads.common.model_name import ModelName, model_name
 
+# ------------------------------------------------------------------------------------------- shared vocabulary
+# What an InferenceGraph's nodes and steps also declare is written here, once; the operator's API
+# (loom.operator.kinds.inferencegraph.api) imports it, and tests/unit/test_contracts.py fails if the two drift apart.
 RouterType = Literal["Sequence", "Switch", "Ensemble", "Splitter"]
 Protocol = Literal["oip-v2", "openai-chat"]
+# A step's input: the graph's request or the previous step's response.
+StepData = Literal["$request", "$response"]
+# Hard: a failure of the step fails the graph; Soft: its node goes on without it (README: Dependencies).
+Dependency = Literal["Soft", "Hard"]
+SplitterWeight = Annotated[int, Field(ge=0, le=100)]
+# The graph is served as a model of this name (its clients' /v2/models/{graphName}/infer).
+GraphName = Annotated[str, model_name("graphName")]
 # Fields of OIP v2 bodies that an OpenAI chat body never has: a condition of an openai-chat graph that reads one
 # would fail on every request (condition_error), so the graph is refused before it runs.
 _OIP_FIELDS = re.compile(r"\.(inputs|outputs|text_input|text_output)\b")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 ROOT = "root"
-class _Camel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
 
 
-class UpstreamConfig(_Camel):
+class UpstreamConfig(CamelModel):
     """One InferenceService as the router reaches it."""
 
     url: str = Field(description="Base URL of the service, e.g. http://classifier.team.svc:80 (no path).")
-    model_name: str = Field(description="The model name the service serves under /v2/models/{name}.")
+    model_name: ModelName = Field(description="The model name the service serves under /v2/models/{name}.")
 
     @field_validator("url")
     @classmethod
@@ -53,26 +59,19 @@ class UpstreamConfig(_Camel):
             raise ValueError(f"url must be http(s)://host[:port] without a path, got {value!r}")
         return value.rstrip("/")
 
-    @field_validator("model_name")
-    @classmethod
-    def _check_model(cls, value: str) -> str:
-        if not is_model_name(value):
-            raise ValueError(f"modelName must be {MODEL_NAME_RULE}")
-        return value
 
-
-class StepConfig(_Camel):
+class StepConfig(CamelModel):
     """One step of a node: call an InferenceService (``serviceName``) or another node (``nodeName``)."""
 
     name: str | None = Field(None, description="Step name: its key in an Ensemble, its label in metrics.")
     service_name: str | None = Field(None, description="Key into RouterConfig.services.")
     node_name: str | None = Field(None, description="Another node of this graph.")
-    data: Literal["$request", "$response"] = "$request"
+    data: StepData = "$request"
     condition: str | None = Field(
         None, description="CEL over `request` (the graph's request) and `response` (this node's input)."
     )
-    weight: int | None = Field(None, ge=0, le=100, description="Splitter: percent of traffic.")
-    dependency: Literal["Soft", "Hard"] = "Soft"
+    weight: SplitterWeight | None = Field(None, description="Splitter: percent of traffic.")
+    dependency: Dependency = "Soft"
     timeout_ms: int | None = Field(None, ge=1, le=3_600_000, description="Overrides stepTimeoutMs.")
     protocol: Protocol | None = Field(
         None, description="oip-v2 (the default) or openai-chat: POST /v1/chat/completions of the service."
@@ -99,15 +98,17 @@ class StepConfig(_Camel):
         return self.name or self.service_name or self.node_name or "?"
 
 
-class NodeConfig(_Camel):
+class NodeConfig(CamelModel):
     router_type: RouterType
     steps: list[StepConfig] = Field(min_length=1, max_length=32)
 
 
-class RouterConfig(_Camel):
+class RouterConfig(WorkloadConfig):
     """Everything the router needs to execute one InferenceGraph and serve it as an OIP v2 model."""
 
-    graph_name: str = Field(description="The model name clients use: /v2/models/{graphName}/infer.")
+    json_indent: ClassVar[int | None] = 2
+
+    graph_name: GraphName = Field(description="The model name clients use: /v2/models/{graphName}/infer.")
     nodes: dict[str, NodeConfig] = Field(min_length=1, description="Execution starts at 'root'.")
     services: dict[str, UpstreamConfig] = Field(
         default_factory=dict, description="Every InferenceService a step names, by serviceName."
@@ -128,13 +129,6 @@ class RouterConfig(_Camel):
     port: int = Field(8080, ge=1, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
-    @field_validator("graph_name")
-    @classmethod
-    def _check_graph_name(cls, value: str) -> str:
-        if not is_model_name(value):
-            raise ValueError(f"graphName must be {MODEL_NAME_RULE}")
-        return value
-
     @model_validator(mode="after")
     def _check_graph(self) -> RouterConfig:
         problems = graph_problems(self)
@@ -151,14 +145,6 @@ class RouterConfig(_Camel):
 
     def step_timeout_s(self, step: StepConfig) -> float:
         return (step.timeout_ms or self.step_timeout_ms) / 1000.0
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> RouterConfig:
-        return cls.model_validate(json.loads(Path(path).read_text()))
-
-    def to_json(self) -> str:
-        """The ConfigMap form: camelCase, defaults included so the pod sees exactly what was rendered."""
-        return self.model_dump_json(by_alias=True, indent=2)
 
 
 @dataclass(frozen=True)

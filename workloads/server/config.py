@@ -10,16 +10,14 @@ Secrets never travel through this object: API keys are named by the path of a mo
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, field_validator, model_validator
 
 from loom.workloads.common.body_limit import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_BODY_TIMEOUT_S
-from loom.workloads.common.model_name import MODEL_NAME_RULE, is_model_name
+from loom.workloads.common.config import CamelModel, WorkloadConfig
+from loom.workloads.common.model_name import ModelName
 
 # Handlers that ship with the server, by name -> the "module:Class" that implements it (imported only when
 # chosen, by handlers.load_handler_class, so this module stays free of torch). The one list of handler names:
@@ -54,13 +52,7 @@ DEFAULT_MAX_QUEUE = 256
 DEFAULT_BURST = 10
 
 
-class _Camel(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
-
-
-class BatchingConfig(_Camel):
+class BatchingConfig(CamelModel):
     """Adaptive batching: pool requests until ``max_batch_size`` or ``max_latency_ms``."""
 
     max_batch_size: MaxBatchSize = Field(DEFAULT_MAX_BATCH_SIZE, description="Most requests run in one predict call.")
@@ -70,14 +62,14 @@ class BatchingConfig(_Camel):
     max_queue: MaxQueue = Field(DEFAULT_MAX_QUEUE, description="Requests waiting beyond this are refused with 503.")
 
 
-class RateLimitConfig(_Camel):
+class RateLimitConfig(CamelModel):
     """Per-key limit: ``burst`` requests at once, ``requests_per_second`` sustained."""
 
     requests_per_second: RequestsPerSecond
     burst: Burst = DEFAULT_BURST
 
 
-class AuthConfig(_Camel):
+class AuthConfig(CamelModel):
     """API keys and rate limits. Keys are read from a mounted Secret file or an env variable."""
 
     api_keys_file: str | None = Field(
@@ -100,7 +92,7 @@ DEFAULT_ENRICHMENT_TIMEOUT_MS = 2000.0
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class EnrichedFeature(_Camel):
+class EnrichedFeature(CamelModel):
     """One online feature the server adds to each request, with its Feast dtype (which fixes the tensor's)."""
 
     name: str
@@ -124,7 +116,7 @@ class EnrichedFeature(_Camel):
         return value
 
 
-class EnrichmentConfig(_Camel):
+class EnrichmentConfig(CamelModel):
     """Enrich each infer request with one entity's online features from a Feast feature server (enrichment.py)."""
 
     url: str = Field(
@@ -144,10 +136,12 @@ class EnrichmentConfig(_Camel):
         return value
 
 
-class ServerConfig(_Camel):
+class ServerConfig(WorkloadConfig):
     """Everything the model server needs to fetch, load and serve one model."""
 
-    model_name: str = Field(description="Name clients use in /v2/models/{name}.")
+    json_indent: ClassVar[int | None] = 2
+
+    model_name: ModelName = Field(description="Name clients use in /v2/models/{name}.")
     model_version: str | None = Field(
         None, description="Version served; for MLflow URIs the fetch step records the resolved one."
     )
@@ -181,13 +175,6 @@ class ServerConfig(_Camel):
         DEFAULT_REQUEST_BODY_TIMEOUT_S, gt=0, le=3600, description="A body not received within this gets 408."
     )
 
-    @field_validator("model_name")
-    @classmethod
-    def _check_name(cls, value: str) -> str:
-        if not is_model_name(value):
-            raise ValueError(f"modelName must be {MODEL_NAME_RULE}")
-        return value
-
     @field_validator("handler")
     @classmethod
     def _check_handler(cls, value: str) -> str:
@@ -218,14 +205,6 @@ class ServerConfig(_Camel):
         if uri.startswith("s3://"):
             return "s3"
         return "local"
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> ServerConfig:
-        return cls.model_validate(json.loads(Path(path).read_text()))
-
-    def to_json(self) -> str:
-        """The ConfigMap form: camelCase, defaults included so the pod sees exactly what was rendered."""
-        return self.model_dump_json(by_alias=True, indent=2)
 
 
 def parse_mlflow_uri(uri: str) -> tuple[str, str | None, str | None]:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from loom.workloads.common.config import CamelModel, WorkloadConfig
 
 # Exit codes of a trainer worker (and of the launcher). The operator imports these: 0 is success,
 # EXIT_PERMANENT means retrying cannot help (bad config, user code that cannot be imported or is broken),
@@ -93,10 +94,12 @@ FINETUNE_EXPORTS_ADAPTER = (
 )
 
 
-class _Spec(BaseModel):
-    # Kubernetes style: camelCase on the wire, snake_case in Python; unknown fields are errors so a typo
-    # in a TrainingJob is reported instead of silently ignored.
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+# The trainer's config has always been mutable, unlike the other workloads' (CamelModel freezes them).
+_MUTABLE = ConfigDict(frozen=False)
+
+
+class _Spec(CamelModel):
+    model_config = _MUTABLE
 
 
 class DeepSpeedSpec(_Spec):
@@ -220,7 +223,11 @@ class OutputSpec(_Spec):
     format: ExportFormat = "loom"
 
 
-class TrainerConfig(_Spec):
+class TrainerConfig(WorkloadConfig):
+    model_config = _MUTABLE
+    json_indent: ClassVar[int | None] = 2
+    json_exclude_none: ClassVar[bool] = True
+
     engine: Engine = Engine.FSDP
     entrypoint: EntrypointRef = DEFAULT_ENTRYPOINT
     deepspeed: DeepSpeedSpec = Field(default_factory=DeepSpeedSpec)
@@ -249,10 +256,6 @@ class TrainerConfig(_Spec):
             return self.checkpoint.uri.rstrip("/") + "/final"
         return None
 
-    def to_json(self) -> str:
-        """The camelCase JSON the operator writes into the ConfigMap."""
-        return self.model_dump_json(by_alias=True, exclude_none=True, indent=2)
-
 
 class ConfigError(Exception):
     """The configuration cannot be used; retrying will not help (maps to EXIT_PERMANENT)."""
@@ -264,7 +267,7 @@ def load_config(path: str | Path) -> TrainerConfig:
     except OSError as error:
         raise ConfigError(f"cannot read trainer config {path}: {error}") from error
     try:
-        return TrainerConfig.model_validate(json.loads(raw))
+        return TrainerConfig.from_json(raw)
     except json.JSONDecodeError as error:
         raise ConfigError(f"trainer config {path} is not valid JSON: {error}") from error
     except ValidationError as error:

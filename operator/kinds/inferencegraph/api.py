@@ -6,12 +6,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from loom.workloads.router.config import Dependency, Protocol, RouterType, SplitterWeight, StepData
+
 from ...autoscale.spec import Autoscaling, AutoscalingStatus
 from ...core.kind import AGE, PHASE, Kind, NameRule, PrinterColumn
 from ...core.model import ApiModel, DnsName, StatusBase, cel, validations
 
-RouterType = Literal["Sequence", "Switch", "Ensemble", "Splitter"]
-StepProtocol = Literal["oip-v2", "openai-chat"]
 GraphPhase = Literal["Pending", "Ready", "Degraded", "Failed"]
 
 
@@ -30,16 +30,16 @@ class GraphStep(ApiModel):
     name: str | None = Field(None, description="Step name (the key of its result in an Ensemble).", max_length=63)
     service_name: DnsName | None = Field(None, description="InferenceService in the same namespace.")
     node_name: str | None = Field(None, description="Another node of this graph.", max_length=63)
-    data: Literal["$request", "$response"] = Field(
+    data: StepData = Field(
         "$request", description="Input of this step: the original request or the previous step's response."
     )
     condition: str | None = Field(
         None, description="Switch: CEL expression over the request, e.g. request.inputs[0].data[0] > 0.5.",
         max_length=1024,
     )
-    weight: int | None = Field(None, ge=0, le=100, description="Splitter: percent of traffic.")
-    dependency: Literal["Soft", "Hard"] = Field("Soft", description="Hard: a failure of this step fails the graph.")
-    protocol: StepProtocol | None = Field(
+    weight: SplitterWeight | None = Field(None, description="Splitter: percent of traffic.")
+    dependency: Dependency = Field("Soft", description="Hard: a failure of this step fails the graph.")
+    protocol: Protocol | None = Field(
         None,
         description="How the step calls its service: oip-v2 (the default: infer / generate / generate_stream) or "
         "openai-chat "
@@ -140,7 +140,7 @@ class StepStatus(ApiModel):
     name: str = Field(description="The step's name, else the service or node it calls.")
     service_name: str | None = None
     node_name: str | None = None
-    dependency: Literal["Soft", "Hard"] = "Soft"
+    dependency: Dependency = "Soft"
     ready: bool = Field(description="The InferenceService is Ready (a nodeName step: that node is ready).")
     reason: str | None = Field(None, description="Why not ready: NotFound, or the service's Ready reason.")
 

@@ -191,16 +191,8 @@ def deadline_ms(spec: InferenceGraphSpec) -> int:
 
 
 def _step(step: GraphStep) -> StepConfig:
-    return StepConfig(
-        name=step.name,
-        service_name=step.service_name,
-        node_name=step.node_name,
-        data=step.data,
-        condition=step.condition,
-        weight=step.weight,
-        dependency=step.dependency,
-        protocol=step.protocol,
-    )
+    # Every field of the API's step is the router's field of the same name (tests/unit/test_contracts.py).
+    return StepConfig.model_validate(step.model_dump())
 
 
 def _step_issues(name: str, index: int, exc: ValidationError) -> list[GraphIssue]:
