@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from loom.workloads.activator.config import DEFAULT_MAX_HELD, DEFAULT_TIMEOUT_SECONDS, HoldSeconds, MaxHeld
+
 PREFIX = "loom.dev"
 FIELD_MANAGER = "loom-operator"
 FINALIZER = f"{PREFIX}/finalizer"
@@ -82,8 +84,8 @@ class OperatorSettings(BaseModel):
     autoscale_rate_window_s: int = Field(30, ge=2, le=3600)
     # Scale to zero (minReplicas 0, engine builtin): the activator holds a request at most this long for a replica
     # to become Ready, then answers 503 with Retry-After; it holds at most this many requests at once.
-    activator_timeout_s: float = Field(120.0, gt=0, le=3600)
-    activator_max_held: int = Field(1000, ge=1, le=100_000)
+    activator_timeout_s: HoldSeconds = DEFAULT_TIMEOUT_SECONDS
+    activator_max_held: MaxHeld = DEFAULT_MAX_HELD
     # Cluster-wide endpoint defaults (the chart's `defaults.*` values), filled into the fields an object leaves
     # unset (operator/defaults.py; status.endpointDefaults shows what was used): the S3 endpoint and the
     # name of a credentials Secret expected in each object's namespace (referenced by pods, never read by the

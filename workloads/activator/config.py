@@ -6,24 +6,25 @@ of it is a new pod template, so the Deployment rolls it out). Pydantic only: the
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
+
+from loom.workloads.common.config import WorkloadConfig
 
 ENV_VAR = "LOOM_ACTIVATOR_CONFIG"
-# Bounds of what an operator may configure; the defaults are what a service gets when nothing is set.
+# Bounds of what an operator may configure (its settings activatorTimeoutS and activatorMaxHeld are declared with
+# these); the defaults are what a service gets when nothing is set.
+HoldSeconds = Annotated[float, Field(gt=0, le=3600)]
+MaxHeld = Annotated[int, Field(ge=1, le=100_000)]
 DEFAULT_TIMEOUT_SECONDS = 120.0
 DEFAULT_MAX_HELD = 1000
 DEFAULT_RETRY_AFTER_SECONDS = 5
 DEFAULT_MAX_HELD_BYTES = 64 * 1024 * 1024
 
 
-class ActivatorConfig(BaseModel):
+class ActivatorConfig(WorkloadConfig):
     """Everything the activator needs to hold, wake and forward for one InferenceService."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
 
     namespace: str = Field(min_length=1, description="Namespace of the InferenceService (and its pods).")
     service: str = Field(min_length=1, description="Name of the InferenceService woken through its scale path.")
@@ -34,26 +35,15 @@ class ActivatorConfig(BaseModel):
     host: str = "0.0.0.0"
     port: int = Field(8080, ge=1, le=65535, description="Where the activator takes requests (the Service's).")
     admin_port: int = Field(9090, ge=1, le=65535, description="/healthz and /metrics (never proxied).")
-    timeout_seconds: float = Field(
-        DEFAULT_TIMEOUT_SECONDS, gt=0, le=3600, description="Longest a request is held; then 503 + Retry-After."
+    timeout_seconds: HoldSeconds = Field(
+        DEFAULT_TIMEOUT_SECONDS, description="Longest a request is held; then 503 + Retry-After."
     )
-    max_held: int = Field(DEFAULT_MAX_HELD, ge=1, le=100_000, description="Held requests beyond this get 503.")
+    max_held: MaxHeld = Field(DEFAULT_MAX_HELD, description="Held requests beyond this get 503.")
     max_held_bytes: int = Field(
         DEFAULT_MAX_HELD_BYTES, ge=1024, description="Held request bytes beyond this get 503; a larger body 413."
     )
     retry_after_seconds: int = Field(DEFAULT_RETRY_AFTER_SECONDS, ge=1, le=3600)
     log_level: str = "info"
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> ActivatorConfig:
-        return cls.model_validate(json.loads(Path(path).read_text()))
-
-    @classmethod
-    def from_json(cls, text: str) -> ActivatorConfig:
-        return cls.model_validate(json.loads(text))
-
-    def to_json(self) -> str:
-        return self.model_dump_json(by_alias=True)
 
     def selector_string(self) -> str:
         return ",".join(f"{k}={v}" for k, v in sorted(self.pod_selector.items()))
