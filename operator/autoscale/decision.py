@@ -21,7 +21,7 @@ caller can raise a condition.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -47,6 +47,13 @@ DecisionReason = Literal[
 UnavailableReason = Literal["MetricMissing", "MetricStale", "QueryFailed"]
 
 
+# A direction's rules as HPAScalingRules bounds them. The API's spec.autoscaling.scaleUp / scaleDown
+# (autoscale/spec.py) spells the same rules as the HPA does (Pods, Max) and declares its fields with these.
+PolicyValue = Annotated[int, Field(gt=0)]
+PolicyPeriodSeconds = Annotated[int, Field(gt=0, le=1800)]
+StabilizationWindowSeconds = Annotated[int, Field(ge=0, le=3600)]
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -55,14 +62,14 @@ class ScalingPolicy(_Frozen):
     """At most `value` pods, or `value` percent of the replicas at the period's start, per period."""
 
     type: Literal["pods", "percent"]
-    value: int = Field(gt=0)
-    period_seconds: int = Field(gt=0, le=1800)
+    value: PolicyValue
+    period_seconds: PolicyPeriodSeconds
 
 
 class ScalingRules(_Frozen):
     """One direction's behaviour, as in autoscaling/v2 HPAScalingRules."""
 
-    stabilization_window_seconds: int = Field(ge=0, le=3600)
+    stabilization_window_seconds: StabilizationWindowSeconds
     policies: tuple[ScalingPolicy, ...] = ()
     # max: the policy allowing the biggest change wins; min: the smallest; disabled: never in this direction.
     select_policy: Literal["max", "min", "disabled"] = "max"

@@ -11,7 +11,14 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from ..core.model import ApiModel, cel, validations
-from .decision import DEFAULT_SCALE_DOWN, DEFAULT_SCALE_UP, ScalingConfig
+from .decision import (
+    DEFAULT_SCALE_DOWN,
+    DEFAULT_SCALE_UP,
+    PolicyPeriodSeconds,
+    PolicyValue,
+    ScalingConfig,
+    StabilizationWindowSeconds,
+)
 from .decision import ScalingPolicy as DecisionPolicy
 from .decision import ScalingRules as DecisionRules
 from .promql import MetricQuery, PodSelector, build_query
@@ -24,17 +31,15 @@ class ScalingPolicy(ApiModel):
     """At most `value` pods, or `value` percent of the replicas at the period's start, per period (as an HPA)."""
 
     type: Literal["Pods", "Percent"]
-    value: int = Field(gt=0, le=10000)
-    period_seconds: int = Field(gt=0, le=1800, description="How far back changes count against this policy.")
+    value: PolicyValue = Field(le=10000)
+    period_seconds: PolicyPeriodSeconds = Field(description="How far back changes count against this policy.")
 
 
 class ScalingRules(ApiModel):
     """One direction's behaviour, as autoscaling/v2 HPAScalingRules: a stabilization window and rate limits."""
 
-    stabilization_window_seconds: int | None = Field(
+    stabilization_window_seconds: StabilizationWindowSeconds | None = Field(
         None,
-        ge=0,
-        le=3600,
         description="Act on the least extreme recommendation of this many seconds (default: 0 up, 300 down).",
     )
     policies: list[ScalingPolicy] | None = Field(
