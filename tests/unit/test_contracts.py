@@ -6,7 +6,13 @@ flattened to camelCase field paths, and every field that exists on both sides (s
 `moved`) is compared. A field the workload restricts (type, enum, bounds, pattern) must carry the same restriction
 in the API, or admission would accept an object the workload refuses inside a pod; a default on both sides must
 be the same value, or the same object would mean two things. The API may restrict more (lengths for CEL cost
-budgets, an upper bound on keepLast): that only refuses earlier.
+budgets, an upper bound on keepLast): that only refuses earlier. Where both sides bound a field from above and the
+API's bound is lower on purpose, the contract declares it in `capped` (the API's maximum must then stay below).
+
+Every operator API model that renders a workload config has its contract here: TrainingJob -> trainer, the
+InferenceService -> model server, LLM server (engine options, limits, adapter list), endpoint picker, FeatureView ->
+Feast view, InferenceGraph -> router (its steps, nodes, router), and the operator's settings -> scale-to-zero
+activator.
 """
 
 from __future__ import annotations
@@ -20,12 +26,19 @@ import yaml
 from pydantic import BaseModel
 
 from loom.e2e.example_specs import resolved
+from loom.operator.api import Adapter, GraphNode, GraphRouter, GraphStep, Routing, VllmSpec
 from loom.operator.api.crd import model_schema
 from loom.operator.kinds.featureview.api import FeatureViewSpec
 from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
 from loom.operator.kinds.trainingjob.api import TrainingJobSpec
 from loom.operator.kinds.trainingjob.config import trainer_config
+from loom.operator.settings import OperatorSettings
+from loom.workloads.activator.config import ActivatorConfig
 from loom.workloads.features.config import FeatureViewConfig
+from loom.workloads.llm.adapters import AdapterSource
+from loom.workloads.llm.config import EngineOptions, LlmLimits
+from loom.workloads.picker.config import PickerConfig
+from loom.workloads.router.config import NodeConfig, RouterConfig, StepConfig
 from loom.workloads.server import handlers
 from loom.workloads.server.config import BUILTIN_HANDLERS, ServerConfig
 from loom.workloads.server.model import Model
@@ -52,6 +65,8 @@ class Contract:
     moved: dict[str, str] = field(default_factory=dict)
     # Paths on both sides whose value the operator translates, so nothing is compared; each says why.
     translated: dict[str, str] = field(default_factory=dict)
+    # API paths whose maximum is below the workload's on purpose (the API refuses earlier); each says why.
+    capped: dict[str, str] = field(default_factory=dict)
     # Fields that must be among the compared ones, so a rename cannot make the walk silently compare nothing.
     expected: frozenset[str] = frozenset()
 
@@ -110,10 +125,89 @@ FEATURES = Contract(
         {"online", "description", "owner", "tags", "source.path", "source.timestampField", "source.endpoint"}
     ),
 )
+# InferenceGraph -> the router's RouterConfig (render/inferencegraph: a GraphStep becomes the StepConfig of the same
+# fields, a GraphNode a NodeConfig, spec.router.timeoutMs the default step timeout).
+GRAPH_STEPS = Contract(
+    api=GraphStep,
+    workload=StepConfig,
+    expected=frozenset(
+        {"name", "serviceName", "nodeName", "data", "condition", "weight", "dependency", "protocol"}
+    ),
+)
+GRAPH_NODES = Contract(api=GraphNode, workload=NodeConfig, expected=frozenset({"routerType", "steps"}))
+GRAPH_ROUTER = Contract(
+    api=GraphRouter,
+    workload=RouterConfig,
+    moved={"timeoutMs": "stepTimeoutMs"},
+    capped={"timeoutMs": "the API allows a step 10 minutes; the router takes up to an hour (an earlier refusal)"},
+    expected=frozenset({"timeoutMs"}),
+)
+# InferenceService runtime vllm -> the LLM server's LlmServerConfig: spec.vllm's engine options and limits
+# (VllmSpec.engine_options, llm/vllm.llm_config) and spec.adapters as the adapter list (llm/adapters.py).
+LLM_ENGINE = Contract(
+    api=VllmSpec,
+    workload=EngineOptions,
+    moved={"maxLoadedAdapters": "maxLoras", "maxAdapterRank": "maxLoraRank"},
+    capped={"tensorParallelSize": "a replica asks for at most 16 GPUs (spec.gpus), the engine could split over 64"},
+    expected=frozenset(
+        {
+            "maxModelLen",
+            "gpuMemoryUtilization",
+            "kvCacheMemoryBytes",
+            "dtype",
+            "tensorParallelSize",
+            "enablePrefixCaching",
+            "maxNumSeqs",
+            "chatTemplate",
+            "enforceEager",
+            "maxLoadedAdapters",
+            "maxAdapterRank",
+            "extraArgs",
+        }
+    ),
+)
+LLM_LIMITS = Contract(
+    api=VllmSpec,
+    workload=LlmLimits,
+    moved={"requestTimeoutSeconds": "requestTimeoutS", "maxTokens": "maxTokensLimit"},
+    capped={"requestTimeoutSeconds": "the API allows a request an hour; the front takes up to a day (an earlier "
+            "refusal)"},
+    expected=frozenset({"requestsPerMinute", "tokensPerMinute", "requestTimeoutSeconds", "maxTokens"}),
+)
+LLM_ADAPTERS = Contract(
+    api=Adapter,
+    workload=AdapterSource,
+    # An mlflow adapter's models:/ URI is its source's uri (kind mlflow).
+    moved={"mlflow": "uri"},
+    expected=frozenset({"name", "uri", "mlflow", "version", "trackingUri"}),
+)
+# InferenceService spec.routing -> the endpoint picker's PickerConfig (traffic/picker.picker_config).
+PICKER = Contract(
+    api=Routing,
+    workload=PickerConfig,
+    moved={"sessionAffinity.header": "sessionHeader"},
+    expected=frozenset({"policy", "sessionAffinity.header", "maxWaitingRequests", "maxKvCacheUsage"}),
+)
+# InferenceService scale to zero -> the activator's ActivatorConfig, whose limits come from the operator's settings
+# (traffic/io: activator_config(owner, timeout_seconds=..., max_held=...)).
+ACTIVATOR = Contract(
+    api=OperatorSettings,
+    workload=ActivatorConfig,
+    moved={"activator_timeout_s": "timeoutSeconds", "activator_max_held": "maxHeld"},
+    expected=frozenset({"activator_timeout_s", "activator_max_held"}),
+)
 CONTRACTS = {
     "TrainingJob-TrainerConfig": TRAINING,
     "InferenceService-ServerConfig": SERVING,
     "FeatureView-FeatureViewConfig": FEATURES,
+    "GraphStep-StepConfig": GRAPH_STEPS,
+    "GraphNode-NodeConfig": GRAPH_NODES,
+    "GraphRouter-RouterConfig": GRAPH_ROUTER,
+    "VllmSpec-EngineOptions": LLM_ENGINE,
+    "VllmSpec-LlmLimits": LLM_LIMITS,
+    "Adapter-AdapterSource": LLM_ADAPTERS,
+    "Routing-PickerConfig": PICKER,
+    "OperatorSettings-ActivatorConfig": ACTIVATOR,
 }
 
 
@@ -142,6 +236,19 @@ def disagreements(api: Schema, workload: Schema) -> list[str]:
     return problems
 
 
+def capped_disagreements(api: Schema, workload: Schema) -> list[str]:
+    """As `disagreements`, but the API's maximum must be below the workload's instead of equal to it."""
+    mine, theirs = api.get("maximum"), workload.get("maximum")
+    problems = disagreements(
+        {key: value for key, value in api.items() if key != "maximum"},
+        {key: value for key, value in workload.items() if key != "maximum"},
+    )
+    if mine is None or theirs is None or mine >= theirs:
+        problems.append(f"maximum: API {api.get('maximum', '<unset>')!r} is not below workload "
+                        f"{workload.get('maximum', '<unset>')!r} (declared capped)")
+    return problems
+
+
 def compare(contract: Contract) -> tuple[set[str], list[str]]:
     """(API paths compared, problems found)."""
     api = leaves(model_schema(contract.api))
@@ -157,6 +264,7 @@ def compare(contract: Contract) -> tuple[set[str], list[str]]:
         for path in contract.translated
         if path not in api or path not in workload
     ]
+    problems += [f"capped {path} is not compared" for path in contract.capped if path not in pairs]
     # A name that is a field on one side and an object on the other is a reshaping nobody declared.
     for path in sorted(api.keys() ^ workload.keys()):
         other = workload if path in api else api
@@ -167,9 +275,10 @@ def compare(contract: Contract) -> tuple[set[str], list[str]]:
         if path in contract.translated or path not in api or target not in workload:
             continue
         compared.add(path)
+        judge = capped_disagreements if path in contract.capped else disagreements
         problems += [
             f"{contract.api.__name__} {path} <-> {contract.workload.__name__} {target}: {problem}"
-            for problem in disagreements(api[path], workload[target])
+            for problem in judge(api[path], workload[target])
         ]
     return compared, problems
 
@@ -196,6 +305,19 @@ def test_the_walk_sees_a_change_on_one_side() -> None:
         "maximum: API '<unset>' != workload 10",
         "default: API 8 != workload 5",
         "enum: API ['a', 'b'] != workload ['a', 'c']",
+    ]
+
+
+def test_a_capped_maximum_must_stay_below_the_workloads() -> None:
+    """A declared cap: a lower API maximum agrees, an equal or higher one (or none) does not."""
+    workload = {"type": "integer", "minimum": 1, "maximum": 100}
+    assert capped_disagreements({"type": "integer", "minimum": 1, "maximum": 10}, workload) == []
+    assert capped_disagreements({"type": "integer", "minimum": 1, "maximum": 100}, workload) == [
+        "maximum: API 100 is not below workload 100 (declared capped)"
+    ]
+    assert capped_disagreements({"type": "integer", "minimum": 0}, workload) == [
+        "minimum: API 0 != workload 1",
+        "maximum: API '<unset>' is not below workload 100 (declared capped)",
     ]
 
 
