@@ -168,7 +168,7 @@ def plan(
     elif checkpoint_dir is not None:
         raise LocalRunRefused("--checkpoint-dir needs spec.checkpoint (its uri names the bucket and prefix)")
     config = config.model_copy(update=updates)
-    config = trainer.TrainerConfig.model_validate(json.loads(config.to_json()))  # the trainer's own checks
+    config = trainer.TrainerConfig.from_json(config.to_json())  # the trainer's own checks
 
     run_env = {**os.environ}
     for var in spec.env or []:

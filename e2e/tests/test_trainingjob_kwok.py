@@ -116,7 +116,7 @@ def test_reconciles_to_running_with_correct_children(
     assert svc["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
     cm = get(cluster, ns, "configmap", "gpt-trainer")
     assert cm is not None
-    config = TrainerConfig.model_validate(json.loads(cm["data"]["config.json"]))
+    config = TrainerConfig.from_json(cm["data"]["config.json"])
     assert config.training.max_steps == 100 and config.training.device == "cuda"
 
     workers = sorted(pods(cluster, ns, "gpt"), key=lambda p: p["metadata"]["name"])

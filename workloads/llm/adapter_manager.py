@@ -64,9 +64,10 @@ class AdapterManager:
             return False
         self._text = text
         try:
-            adapters = AdapterList.model_validate_json(text).adapters
-        except ValidationError as exc:
-            self.list_error = f"the adapter list is not valid: {exc.errors()[0].get('msg')}"
+            adapters = AdapterList.from_json(text).adapters
+        except ValueError as exc:  # not JSON (json.JSONDecodeError) or not an adapter list (ValidationError)
+            why = exc.errors()[0].get("msg") if isinstance(exc, ValidationError) else str(exc)
+            self.list_error = f"the adapter list is not valid: {why}"
             return False
         self.list_error = None
         changed = adapters != self.desired

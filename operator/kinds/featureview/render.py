@@ -113,7 +113,7 @@ def _owner(namespace: str, member: Member) -> Manifest:
 
 
 def config_json(plan: ProjectPlan) -> str:
-    return str(plan.config.to_json())
+    return plan.config.to_json()
 
 
 def render_config_map(namespace: str, plan: ProjectPlan, registered: list[str]) -> Manifest:
