@@ -14,9 +14,9 @@ from .api import KINDS
 from .autoscale import loop as autoscaler
 from .autoscale.adapters import KindAdapter
 from .core.runner import watch_objects
-from .kinds.featureview.adapter import ADAPTER as FEATURE_VIEW
-from .kinds.inferencegraph.adapter import ADAPTER as INFERENCE_GRAPH
-from .kinds.inferenceservice.autoscaling.target import ADAPTER as INFERENCE_SERVICE
+from .kinds.featureview.autoscaling.io import ADAPTER as FEATURE_VIEW
+from .kinds.inferencegraph.autoscaling.io import ADAPTER as INFERENCE_GRAPH
+from .kinds.inferenceservice.autoscaling.io import ADAPTER as INFERENCE_SERVICE
 from .settings import OperatorSettings
 
 # Each kind's package; its controller module exposes register(settings).

@@ -46,7 +46,7 @@ from loom.e2e.exporter import Exporter
 from loom.e2e.pytest_operator import OperatorProcess, apply_crds, operator_namespace_for, operator_process
 from loom.e2e.pytest_services import apply_s3_secret
 from loom.operator.kinds.inferenceservice.api import Autoscaling
-from loom.operator.kinds.inferenceservice.autoscaling.target import engine_object
+from loom.operator.kinds.inferenceservice.autoscaling.io import engine_object
 from loom.operator.kinds.inferenceservice.render import SERVER_PORT
 from loom.operator.settings import OperatorSettings
 

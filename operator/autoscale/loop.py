@@ -2,7 +2,7 @@
 engine builtin), every few seconds, read its metric from Prometheus, run the pure decision
 (loom.operator.autoscale.decision) and write the replicas through a scale subresource, as an HPA does. What differs
 per kind (where autoscaling is declared, which pods, where replicas are written) is a small adapter
-(autoscale/adapters.py, each kind's in kinds/<kind>/adapter.py); one loop per kind, each with its own index.
+(autoscale/adapters.py, each kind's in kinds/<kind>/autoscaling/io.py); one loop per kind, each with its own index.
 
 - One loop for all autoscaled objects (a Kopf index says which), started once like the runner's resync: no
   timer, so no finalizer. A round decides every object once and the next round starts `autoscale_interval_s`

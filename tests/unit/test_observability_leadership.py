@@ -169,7 +169,7 @@ async def test_a_standing_by_replica_runs_no_resync_round(monkeypatch: pytest.Mo
 
 async def test_a_standing_by_replica_autoscales_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     from loom.operator.autoscale.loop import Autoscaler
-    from loom.operator.kinds.inferenceservice.autoscaling.target import ADAPTER as ISVC_ADAPTER
+    from loom.operator.kinds.inferenceservice.autoscaling.io import ADAPTER as ISVC_ADAPTER
 
     rounds: list[list[tuple[str, str]]] = []
     leading = False

@@ -150,7 +150,7 @@ def server_config(
     owner: Manifest, spec: InferenceServiceSpec, ref: ModelRef, features: EnrichmentConfig | None = None
 ) -> ServerConfig:
     """The contract with the server pod (loom.workloads.server.config), rendered into the ConfigMap; `features`
-    is spec.features resolved against its FeatureView (features.py)."""
+    is spec.features resolved against its FeatureView (enrichment/resolve.py)."""
     auth = AuthConfig()
     if spec.auth is not None:
         rate = spec.auth.rate_limit

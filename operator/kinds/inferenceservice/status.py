@@ -202,7 +202,7 @@ def compute_status(
         )  # fmt: skip
     elif ready > 0:
         ready_cond = _condition("Ready", True, "Serving", f"{ready} replica(s) ready", generation)
-    elif observed.queued is not None:  # nothing admitted by Kueue: nothing may run (queueing.py)
+    elif observed.queued is not None:  # nothing admitted by Kueue: nothing may run (queue/admission.py)
         ready_cond = _condition("Ready", False, *observed.queued, generation)
     elif plan.stable_ref is not None and wanted == 0 and (held := observed.activator_problem) is not None:
         # At zero the activator answers for the service: it cannot, so a request would find nothing.

@@ -1,6 +1,6 @@
 """`spec.rollout.analysis` and `status.rollout`: the API of automated canary analysis (models only).
 
-The decision itself is `analysis.py` (pure); the queries are `analysis_promql.py`. The CEL rules here are checked by
+The decision itself is `analysis.py` (pure); the queries are `promql.py`. The CEL rules here are checked by
 the API server at admission; the validators repeat them for objects that never went through admission (tests,
 the SDK, renders), with the same messages.
 """

@@ -62,7 +62,7 @@ def apply_vllm_runtime(
 ) -> tuple[Manifest, Manifest]:
     """The default runtime's (ConfigMap, Deployment) turned into the vllm runtime's; unchanged for other runtimes.
     `image` is the operator's vllm image (settings.vllm_image: vLLM and Loom's workloads, images/vllm.Dockerfile),
-    which both containers run unless spec.image names another. `adapters` is spec.adapters resolved (lora.py):
+    which both containers run unless spec.image names another. `adapters` is spec.adapters resolved (adapters.py):
     written beside llm.json but left out of the template's hash, so a new list changes no pod."""
     if spec.runtime != "vllm":
         return config_map, deployment

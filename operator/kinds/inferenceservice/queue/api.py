@@ -1,4 +1,4 @@
-"""status.queue of an InferenceService queued by Kueue (its own module, so api.py only names it: queueing.py)."""
+"""status.queue of an InferenceService queued by Kueue (the decisions that fill it: admission.py)."""
 
 from __future__ import annotations
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from ...autoscale.adapters import Engines, Target, raw_block
-from ...autoscale.spec import Autoscaling
-from ...core import client as kube
-from ...core.kit import Manifest, selector
-from ...core.model import API_VERSION
-from .api import FeatureViewSpec
-from .config import Member, plan_project, project_object_name
-from .render import server_selector
+from ....autoscale.adapters import Engines, Target, raw_block
+from ....autoscale.spec import Autoscaling
+from ....core import client as kube
+from ....core.kit import Manifest, selector
+from ....core.model import API_VERSION
+from ..api import FeatureViewSpec
+from ..config import Member, plan_project, project_object_name
+from ..render import server_selector
 
 
 def project_autoscaling(members: list[Member]) -> tuple[str, Autoscaling] | None:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from ...autoscale.adapters import Engines, Target, clamp, raw_block, scale_self
-from ...core.kit import Manifest, owner_of
-from .api import InferenceGraphSpec
-from .render import selector_string
+from ....autoscale.adapters import Engines, Target, clamp, raw_block, scale_self
+from ....core.kit import Manifest, owner_of
+from ..api import InferenceGraphSpec
+from ..render import selector_string
 
 
 class InferenceGraphAdapter:
