@@ -26,16 +26,25 @@ LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
 # Flags the front sets itself (where the engine listens, what it serves): a passthrough may not move them.
 RESERVED_FLAGS = ("--model", "--served-model-name", "--host", "--port", "--api-key", "--uds")
 _FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]*(=.*)?$")
+# The limits of each option and budget, declared once: the InferenceService's spec.vllm takes them from here.
+MaxModelLen = Annotated[int, Field(ge=16, le=10_000_000)]
+GpuMemoryUtilization = Annotated[float, Field(gt=0, le=1)]
+KvCacheMemoryBytes = Annotated[int, Field(ge=1)]
+MaxNumSeqs = Annotated[int, Field(ge=1, le=65_536)]
+MaxLoras = Annotated[int, Field(ge=1, le=256)]
+RequestsPerMinute = Annotated[int, Field(ge=1, le=10_000_000)]
+TokensPerMinute = Annotated[int, Field(ge=1, le=1_000_000_000)]
+MaxTokensLimit = Annotated[int, Field(ge=1, le=1_000_000)]
 
 
 class EngineOptions(CamelModel):
     """vLLM engine options a user sets, each mapped to its ``vllm`` flag (None keeps vLLM's default)."""
 
-    max_model_len: Annotated[int, Field(ge=16, le=10_000_000)] | None = Field(
+    max_model_len: MaxModelLen | None = Field(
         None, description="--max-model-len: longest prompt + completion in tokens (default: the model's).")
-    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = Field(
+    gpu_memory_utilization: GpuMemoryUtilization | None = Field(
         None, description="--gpu-memory-utilization: fraction of GPU memory for weights and KV cache (vLLM: 0.9).")
-    kv_cache_memory_bytes: Annotated[int, Field(ge=1)] | None = Field(
+    kv_cache_memory_bytes: KvCacheMemoryBytes | None = Field(
         None, description="--kv-cache-memory-bytes: KV-cache size; overrides the GPU memory fraction (and is "
                           "the CPU build's KV-cache space).")
     dtype: Dtype = Field("auto", description="--dtype of weights and activations.")
@@ -43,7 +52,7 @@ class EngineOptions(CamelModel):
         1, description="--tensor-parallel-size: GPUs of the pod one model is split over.")
     enable_prefix_caching: bool | None = Field(
         None, description="--enable-prefix-caching / --no-enable-prefix-caching (vLLM: on).")
-    max_num_seqs: Annotated[int, Field(ge=1, le=65_536)] | None = Field(
+    max_num_seqs: MaxNumSeqs | None = Field(
         None, description="--max-num-seqs: most sequences decoded together (vLLM: 256 on GPU).")
     chat_template: str | None = Field(
         None, description="--chat-template: a Jinja chat template (text) used instead of the tokenizer's.")
@@ -51,7 +60,7 @@ class EngineOptions(CamelModel):
     # None (not False) when off: configs rendered before adapters existed stay byte for byte the same (the pod
     # template's hash covers this file, so a new key would restart every vllm service at an operator upgrade).
     enable_lora: bool | None = Field(None, description="--enable-lora, adapters loaded and unloaded at run time.")
-    max_loras: Annotated[int, Field(ge=1, le=256)] | None = Field(
+    max_loras: MaxLoras | None = Field(
         None, description="--max-loras: adapters held by the engine at once (vLLM: 1); beyond it the least recently "
                           "used is unloaded and loaded again from its files when asked for.")
     max_lora_rank: LoraRank | None = Field(None, description="--max-lora-rank: the largest adapter rank (vLLM: 16).")
@@ -102,12 +111,12 @@ def engine_flags(options: EngineOptions, chat_template_file: Path | None = None)
 class LlmLimits(CamelModel):
     """Per-key budgets (per minute, moving window) and per-request limits."""
 
-    requests_per_minute: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
-    tokens_per_minute: Annotated[int, Field(ge=1, le=1_000_000_000)] | None = Field(
+    requests_per_minute: RequestsPerMinute | None = None
+    tokens_per_minute: TokensPerMinute | None = Field(
         None, description="Prompt + generated tokens a key may use per minute; past it requests get 429.")
     request_timeout_s: Annotated[float, Field(gt=0, le=86_400)] = Field(
         600.0, description="Longest a request (a whole stream included) may take; then it is cut off.")
-    max_tokens_limit: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+    max_tokens_limit: MaxTokensLimit = Field(
         4096, description="Largest max_tokens a request may ask for.")
 
 

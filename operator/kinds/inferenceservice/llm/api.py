@@ -14,7 +14,20 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 
 from loom.workloads.llm.adapters import AdapterState
-from loom.workloads.llm.config import RESERVED_FLAGS, Dtype, EngineOptions, LoraRank
+from loom.workloads.llm.config import (
+    RESERVED_FLAGS,
+    Dtype,
+    EngineOptions,
+    GpuMemoryUtilization,
+    KvCacheMemoryBytes,
+    LoraRank,
+    MaxLoras,
+    MaxModelLen,
+    MaxNumSeqs,
+    MaxTokensLimit,
+    RequestsPerMinute,
+    TokensPerMinute,
+)
 
 from ....core.model import ApiModel, DnsName, cel, validations
 
@@ -33,23 +46,24 @@ class VllmSpec(ApiModel):
             "extraArgs may not set " + ", ".join(RESERVED_FLAGS) + ": Loom sets them", field_path=".extraArgs"),
     )
 
-    max_model_len: Annotated[int, Field(ge=16, le=10_000_000)] | None = Field(
+    max_model_len: MaxModelLen | None = Field(
         None, description="vllm --max-model-len: longest prompt + completion in tokens (default: the model's).")
-    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = Field(
+    gpu_memory_utilization: GpuMemoryUtilization | None = Field(
         None, description="vllm --gpu-memory-utilization: GPU memory fraction for weights and KV cache (0.9).")
-    kv_cache_memory_bytes: Annotated[int, Field(ge=1)] | None = Field(
+    kv_cache_memory_bytes: KvCacheMemoryBytes | None = Field(
         None, description="vllm --kv-cache-memory-bytes: the KV cache's size (overrides the GPU memory fraction; "
                           "on CPU, the KV-cache space).")
     dtype: Dtype = Field("auto", description="vllm --dtype.")
+    # At most the GPUs a pod may ask for (spec.gpus), below the runtime's own bound.
     tensor_parallel_size: Annotated[int, Field(ge=1, le=16)] | None = Field(
         None, description="vllm --tensor-parallel-size (default: spec.gpus when GPUs are asked, else 1).")
     enable_prefix_caching: bool | None = Field(None, description="vllm --[no-]enable-prefix-caching (vLLM: on).")
-    max_num_seqs: Annotated[int, Field(ge=1, le=65_536)] | None = Field(
+    max_num_seqs: MaxNumSeqs | None = Field(
         None, description="vllm --max-num-seqs: most sequences decoded together.")
     chat_template: str | None = Field(
         None, max_length=65_536, description="A Jinja chat template used instead of the tokenizer's.")
     enforce_eager: bool = Field(False, description="vllm --enforce-eager: no graph compilation (faster start).")
-    max_loaded_adapters: Annotated[int, Field(ge=1, le=256)] | None = Field(
+    max_loaded_adapters: MaxLoras | None = Field(
         None, description="vllm --max-loras: LoRA adapters a replica holds in the engine at once (vLLM: 1); beyond "
                           "it the least recently used is unloaded and loaded again from its files when asked for.")
     max_adapter_rank: LoraRank | None = Field(
@@ -57,13 +71,14 @@ class VllmSpec(ApiModel):
     extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=list, max_length=64,
         description="Passthrough: any other vllm flag, '--flag' or '--flag=value' (see vLLM's engine arguments).")
-    requests_per_minute: Annotated[int, Field(ge=1, le=10_000_000)] | None = Field(
+    requests_per_minute: RequestsPerMinute | None = Field(
         None, description="Requests per minute per API key (429 past it).")
-    tokens_per_minute: Annotated[int, Field(ge=1, le=1_000_000_000)] | None = Field(
+    tokens_per_minute: TokensPerMinute | None = Field(
         None, description="Prompt + generated tokens per minute per API key (429 past it).")
+    # An hour at most through the API: a longer stream holds a replica's slot past any rollout's drain.
     request_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(
         600.0, description="Longest a request (a whole stream) may take.")
-    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+    max_tokens: MaxTokensLimit = Field(
         4096, description="Largest max_tokens a request may ask for.")
 
     @field_validator("extra_args")
