@@ -1,11 +1,12 @@
 """Examples as the operator renders them once their references resolved: a TrainingJob that fine-tunes another
 job's export (spec.finetune.baseModel.fromTrainingJob) renders only after that job succeeded, with the base
-recorded in its status (operator/kinds/trainingjob/finetune.py). Tests that render every example use this."""
+recorded in its status (operator/kinds/trainingjob/finetune/base_model.py). Tests that render every example use
+this."""
 
 from __future__ import annotations
 
 from loom.operator.kinds.trainingjob.api import BaseModelStatus, TrainingJobSpec
-from loom.operator.kinds.trainingjob.finetune import with_base
+from loom.operator.kinds.trainingjob.finetune.base_model import with_base
 
 
 def resolved(spec: TrainingJobSpec, base_uri: str = "s3://loom-checkpoints/base/final") -> TrainingJobSpec:

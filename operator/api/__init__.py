@@ -75,33 +75,25 @@ from ..kinds.inferenceservice.queue.api import ServiceQueueStatus
 from ..kinds.inferenceservice.source.api import AliasStatus, FromTrainingJob, ModelSource
 from ..kinds.inferenceservice.traffic.api import Routing, SessionAffinity
 from ..kinds.trainingjob.api import (
-    BaseModelFromTrainingJob,
-    BaseModelStatus,
     CheckpointSpec,
     CheckpointStatus,
     DeepSpeedOptions,
     Entrypoint,
-    Finetune,
-    FinetuneBaseModel,
     FsdpOptions,
-    MlflowRun,
-    MlflowTracking,
     Progress,
-    QueueEviction,
-    QueueStatus,
-    Register,
-    RegisteredModel,
     RunPolicy,
     Scheduling,
-    Tracking,
-    TrainingData,
-    TrainingDataStatus,
     TrainingJob,
     TrainingJobSpec,
     TrainingJobStatus,
     WorkerCounts,
     Workers,
 )
+from ..kinds.trainingjob.data.api import TrainingData, TrainingDataStatus
+from ..kinds.trainingjob.finetune.api import BaseModelFromTrainingJob, BaseModelStatus, Finetune, FinetuneBaseModel
+from ..kinds.trainingjob.queue.api import QueueEviction, QueueStatus
+from ..kinds.trainingjob.registration.api import Register, RegisteredModel
+from ..kinds.trainingjob.tracking.api import MlflowRun, MlflowTracking, Tracking
 from .crd import crd_for
 from .kinds import KINDS, Kind, NameRule
 

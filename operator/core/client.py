@@ -98,7 +98,7 @@ RESOURCES: dict[tuple[str, str], Resource] = {
     ("loom.dev/v1alpha1", "InferenceService"): Resource("loom.dev/v1alpha1", "inferenceservices"),
     ("loom.dev/v1alpha1", "InferenceGraph"): Resource("loom.dev/v1alpha1", "inferencegraphs"),
     ("loom.dev/v1alpha1", "FeatureView"): Resource("loom.dev/v1alpha1", "featureviews"),
-    # Kueue (kinds/*/queueing.py): Loom creates and releases Workloads, reads flavors and priority classes.
+    # Kueue (core/queue/io.py): Loom creates and releases Workloads, reads flavors and priority classes.
     ("kueue.x-k8s.io/v1beta2", "Workload"): Resource("kueue.x-k8s.io/v1beta2", "workloads"),
     ("kueue.x-k8s.io/v1beta2", "ResourceFlavor"): Resource(
         "kueue.x-k8s.io/v1beta2", "resourceflavors", namespaced=False

@@ -76,7 +76,8 @@ def job_and_spec(mlflow: MLflowEndpoint, name: str, uid: str, alias: str | None 
 
 
 async def test_a_training_job_registers_once_with_its_tags_and_alias(mlflow: MLflowEndpoint) -> None:
-    from loom.operator.kinds.trainingjob.register import needs_registration, register_model
+    from loom.operator.kinds.trainingjob.registration.io import register_model
+    from loom.operator.kinds.trainingjob.registration.version import needs_registration
 
     name = f"reg-{uuid.uuid4().hex[:6]}"
     job, spec, status = job_and_spec(mlflow, name, "uid-a")

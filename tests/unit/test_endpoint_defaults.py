@@ -23,7 +23,8 @@ from loom.operator.kinds.inferenceservice.source.model import resolve_model
 from loom.operator.kinds.inferenceservice.status import Observed, compute_status
 from loom.operator.kinds.trainingjob import render
 from loom.operator.kinds.trainingjob.api import TrainingJobSpec, TrainingJobStatus
-from loom.operator.kinds.trainingjob.state import Observation, Policy, decide
+from loom.operator.kinds.trainingjob.decision import Observation, Policy
+from loom.operator.kinds.trainingjob.state import decide
 from loom.operator.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[2]

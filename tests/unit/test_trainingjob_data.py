@@ -16,7 +16,7 @@ from loom.operator.kinds.featureview.render import PROJECT_LABEL
 from loom.operator.kinds.featureview.status import JobResult
 from loom.operator.kinds.trainingjob import render
 from loom.operator.kinds.trainingjob.api import TrainingDataStatus, TrainingJobSpec, TrainingJobStatus
-from loom.operator.kinds.trainingjob.data import (
+from loom.operator.kinds.trainingjob.data.retrieval import (
     DataObservation,
     data_job_name,
     observe_job,
@@ -25,7 +25,8 @@ from loom.operator.kinds.trainingjob.data import (
     render_data_job,
     view_not_ready,
 )
-from loom.operator.kinds.trainingjob.state import Decision, Observation, decide
+from loom.operator.kinds.trainingjob.decision import Decision, Observation
+from loom.operator.kinds.trainingjob.state import decide
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)

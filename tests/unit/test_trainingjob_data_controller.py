@@ -12,7 +12,7 @@ import yaml
 
 from loom.operator.core import client as kube
 from loom.operator.kinds.trainingjob.api import TrainingJobSpec
-from loom.operator.kinds.trainingjob.data_job import observe_training_data
+from loom.operator.kinds.trainingjob.data.io import observe_training_data
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -13,8 +13,10 @@ from pydantic import ValidationError
 from loom.operator.defaults import EndpointDefaults, training_job
 from loom.operator.kinds.trainingjob.api import BaseModelStatus, TrainingJobSpec, TrainingJobStatus
 from loom.operator.kinds.trainingjob.config import SpecError, trainer_config
-from loom.operator.kinds.trainingjob.finetune import adapter_export_uri, needs_base_job, resolve_base
-from loom.operator.kinds.trainingjob.state import Observation, decide
+from loom.operator.kinds.trainingjob.decision import Observation
+from loom.operator.kinds.trainingjob.finetune.base_model import needs_base_job, resolve_base
+from loom.operator.kinds.trainingjob.finetune.config import adapter_export_uri
+from loom.operator.kinds.trainingjob.state import decide
 from loom.workloads.trainer import config as trainer
 
 CHECKPOINT = {"uri": "s3://ckpt/lora", "endpoint": "http://minio:9000"}

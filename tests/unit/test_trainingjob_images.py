@@ -15,7 +15,7 @@ from loom.operator.kinds.featureview.config import Member, plan_project
 from loom.operator.kinds.trainingjob import controller as trainingjob
 from loom.operator.kinds.trainingjob import render
 from loom.operator.kinds.trainingjob.api import TrainingJobSpec
-from loom.operator.kinds.trainingjob.data import render_data_job
+from loom.operator.kinds.trainingjob.data.retrieval import render_data_job
 from loom.operator.settings import OperatorSettings
 
 JOB: dict[str, Any] = {

@@ -7,9 +7,9 @@ import httpx
 import pytest
 
 from loom.devstack.servers import MLflowEndpoint, free_port
-from loom.operator.kinds.trainingjob.mlflow import JOB_UID_TAG, TrackingError, ensure_run, finish_run
 from loom.operator.kinds.trainingjob.observe import progress_from_metrics
 from loom.operator.kinds.trainingjob.progress import fetch_progress, new_client
+from loom.operator.kinds.trainingjob.tracking.io import JOB_UID_TAG, TrackingError, ensure_run, finish_run
 from loom.workloads.trainer.config import ProgressSpec
 from loom.workloads.trainer.tracking import Progress
 

@@ -7,9 +7,10 @@ from datetime import timedelta
 from typing import Any
 
 from loom.operator.kinds.trainingjob.api import TrainingJobStatus
+from loom.operator.kinds.trainingjob.decision import Observation, Policy
 from loom.operator.kinds.trainingjob.observe import NodeView, ProgressReport, UploadRetryReport, WorkerView
 from loom.operator.kinds.trainingjob.pacing import steady
-from loom.operator.kinds.trainingjob.state import Observation, Policy, decide
+from loom.operator.kinds.trainingjob.state import decide
 
 from .test_trainingjob_state import NOW, spec, step, worker
 

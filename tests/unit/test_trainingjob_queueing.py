@@ -6,11 +6,13 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from loom.operator.core import kueue
+from loom.operator.core.queue import workload as kueue
+from loom.operator.core.queue.job import QueueObservation
 from loom.operator.kinds.trainingjob import render
 from loom.operator.kinds.trainingjob.api import CheckpointStatus, TrainingJobSpec, TrainingJobStatus
-from loom.operator.kinds.trainingjob.queueing import QueueObservation, workload
-from loom.operator.kinds.trainingjob.state import Decision, Observation, Policy, decide
+from loom.operator.kinds.trainingjob.decision import Decision, Observation, Policy
+from loom.operator.kinds.trainingjob.queue.workload import workload
+from loom.operator.kinds.trainingjob.state import decide
 from loom.workloads.trainer.config import EXIT_INTERRUPTED
 
 from .test_trainingjob_state import NOW, cond, worker

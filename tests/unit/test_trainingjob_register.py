@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from loom.operator.kinds.trainingjob.api import TrainingJobSpec, TrainingJobStatus
 from loom.operator.kinds.trainingjob.controller import resync_due
-from loom.operator.kinds.trainingjob.register import needs_registration, version_tags
+from loom.operator.kinds.trainingjob.registration.version import needs_registration, version_tags
 
 SPEC: dict[str, Any] = {
     "engine": "fsdp", "entrypoint": {"module": "loom.workloads.trainer.examples.chargpt:task"},

@@ -7,9 +7,10 @@ from typing import Any
 
 from loom.operator.core.kit import status_patch
 from loom.operator.kinds.trainingjob.api import TrainingJobSpec, TrainingJobStatus
+from loom.operator.kinds.trainingjob.decision import Decision, Delete, Observation, Policy
 from loom.operator.kinds.trainingjob.observe import CheckpointReport, NodeView, ProgressReport, WorkerView
 from loom.operator.kinds.trainingjob.render import ATTEMPT_LABEL, INDEX_LABEL
-from loom.operator.kinds.trainingjob.state import Decision, Delete, Observation, Policy, decide
+from loom.operator.kinds.trainingjob.state import decide
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 

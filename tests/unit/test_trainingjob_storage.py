@@ -7,8 +7,8 @@ from typing import Any
 
 from loom.operator.core.model import Condition
 from loom.operator.kinds.trainingjob.api import CheckpointStatus
+from loom.operator.kinds.trainingjob.decision import Decision
 from loom.operator.kinds.trainingjob.observe import CheckpointReport, ProgressReport, UploadRetryReport, parse_progress
-from loom.operator.kinds.trainingjob.state import Decision
 from loom.operator.kinds.trainingjob.storage import storage_condition
 
 from .test_trainingjob_state import running, spec, step, worker

@@ -1,5 +1,8 @@
 """TrainingJob: a DeepSpeed or FSDP training run that recovers from lost pods by resuming from checkpoints.
 
+Each feature package declares its own fields' models (data/, finetune/, queue/, registration/, tracking/: api.py);
+this module puts them together into the spec and the status.
+
 Fields the trainer also reads take their enums, limits and defaults from the trainer's own config model
 (loom.workloads.trainer.config): one definition, checked by tests/unit/test_contracts.py.
 """
@@ -15,7 +18,6 @@ from loom.workloads.trainer import config as trainer
 from ...core.kind import AGE, PHASE, Kind, NameRule, PrinterColumn
 from ...core.model import (
     ApiModel,
-    DnsName,
     EnvVar,
     FreeForm,
     ResourceRequirements,
@@ -25,10 +27,11 @@ from ...core.model import (
     cel,
     validations,
 )
-
-FINETUNE_NEEDS_CHECKPOINT = (
-    "finetune needs checkpoint: the adapter is checkpointed under checkpoint.uri and exported to <checkpoint.uri>/final"
-)
+from .data.api import TrainingData, TrainingDataStatus
+from .finetune.api import FINETUNE_NEEDS_CHECKPOINT, BaseModelStatus, Finetune
+from .queue.api import QueueStatus
+from .registration.api import Register, RegisteredModel
+from .tracking.api import MlflowRun, Tracking
 
 TrainingPhase = Literal["Pending", "Queued", "Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed"]
 
@@ -148,19 +151,6 @@ class CheckpointSpec(ApiModel):
     )
 
 
-class MlflowTracking(ApiModel):
-    """MLflow tracking: the operator creates the run before the pods start, so retries log to one run."""
-
-    tracking_uri: str | None = Field(
-        None,
-        description="MLflow tracking server URL (default: the operator's, chart value defaults.mlflow.trackingUri).",
-        max_length=1024,
-    )
-    experiment: str = Field(trainer.DEFAULT_MLFLOW_EXPERIMENT, description="Experiment name.", max_length=256)
-
-
-class Tracking(ApiModel):
-    mlflow: MlflowTracking | None = None
 
 
 class RunPolicy(ApiModel):
@@ -188,119 +178,9 @@ class Scheduling(ApiModel):
     )
 
 
-class TrainingData(ApiModel):
-    """A point-in-time correct training set from a FeatureView (Feast historical retrieval), built once, before
-    the workers start, by a Job running the view's project store. Workers read it from `output`
-    (env LOOM_TRAINING_DATA, LOOM_TRAINING_DATA_ENDPOINT). Immutable: the set is built once per job."""
-
-    model_config = validations(cel("self == oldSelf", "trainingData is immutable"))
-
-    feature_view: DnsName = Field(description="Name of a FeatureView in the job's namespace.")
-    entity_dataframe: str = Field(
-        description="s3:// parquet with the join key(s), an event_timestamp column and any labels: one training "
-        "row each, joined with each feature's newest value at or before its timestamp (within the view's ttl).",
-        min_length=6,
-        max_length=1024,
-        pattern=r"^s3://[^/]+/.+",
-    )
-    output: str | None = Field(
-        None,
-        description="s3:// parquet the training set is written to "
-        "(default: s3://<entityDataframe's bucket>/loom-training-data/<namespace>/<job>.parquet).",
-        max_length=1024,
-        pattern=r"^s3://[^/]+/.+",
-    )
-    endpoint: str | None = Field(
-        None,
-        description="S3 endpoint URL of entityDataframe and output (default: the view's source endpoint for the "
-        "retrieval, checkpoint.endpoint for the workers).",
-        max_length=1024,
-    )
-    secret_ref: S3Credentials | None = Field(
-        None,
-        description="S3 credentials for entityDataframe and output, given to the retrieval and the workers "
-        "(default: the view's source credentials for the retrieval, checkpoint.secretRef for the workers).",
-    )
-    full_feature_names: bool = Field(False, description="Name feature columns <view>__<feature>.")
 
 
-class Register(ApiModel):
-    """Register the job's exported model (<checkpoint.uri>/final) as a new version of an MLflow registered model
-    once the job succeeded: one job, one version, tagged with the run, the final metrics, the checkpoint URI and
-    the job's name; optionally an alias (e.g. challenger) is moved to it."""
 
-    model: str = Field(
-        min_length=1, max_length=256, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", description="Registered model name."
-    )
-    alias: str | None = Field(
-        None, max_length=255, pattern=r"^[A-Za-z0-9_\-]+$", description="Alias set to the new version."
-    )
-    tags: dict[str, str] | None = Field(None, max_length=32, description="Extra version tags.")
-
-
-class BaseModelFromTrainingJob(ApiModel):
-    """Another TrainingJob's final export (its checkpoint.exportFormat must be huggingface); this job waits until
-    that one has succeeded."""
-
-    name: DnsName = Field(description="TrainingJob name in this namespace.")
-
-
-class FinetuneBaseModel(ApiModel):
-    """The frozen model the adapter is trained on: a Hugging Face-format folder (config.json, *.safetensors and the
-    tokenizer files). Read with this job's S3 credentials (checkpoint.secretRef)."""
-
-    model_config = validations(
-        cel(
-            "[has(self.uri), has(self.mlflow), has(self.fromTrainingJob)].filter(x, x).size() == 1",
-            "set exactly one of uri, mlflow or fromTrainingJob",
-        ),
-    )
-
-    uri: trainer.S3FolderUri | None = Field(None, description="s3://bucket/prefix of a Hugging Face-format folder.")
-    mlflow: trainer.MlflowModelUri | None = Field(
-        None,
-        description="MLflow registry model: models:/name/version, models:/name/latest or models:/name@alias (its "
-        "version's source folder, e.g. what another TrainingJob's register published).",
-    )
-    from_training_job: BaseModelFromTrainingJob | None = None
-    endpoint: str | None = Field(
-        None, description="S3 endpoint URL of the base model (default: checkpoint.endpoint; for fromTrainingJob: that "
-        "job's).", max_length=1024,
-    )
-    tracking_uri: str | None = Field(
-        None, description="MLflow tracking URL for mlflow (default: tracking.mlflow.trackingUri, then the operator's, "
-        "defaults.mlflow.trackingUri).", max_length=1024,
-    )
-
-    @model_validator(mode="after")
-    def _one_source(self) -> FinetuneBaseModel:
-        if sum(x is not None for x in (self.uri, self.mlflow, self.from_training_job)) != 1:
-            raise ValueError("set exactly one of uri, mlflow or fromTrainingJob")
-        return self
-
-
-class Finetune(ApiModel):
-    """Parameter-efficient fine-tuning with LoRA (peft) on the existing engines: the base model is frozen, only the
-    adapter trains; checkpoints hold the adapter and its optimizer state (not the base), and the export at
-    <checkpoint.uri>/final is the adapter in peft's format (adapter_config.json, adapter_model.safetensors), which
-    vLLM loads as a LoRA adapter. The entrypoint's task builds the base's architecture with Hugging Face's module
-    names (as loom.workloads.trainer.examples.instructions does). Frozen once the job has started (its checkpoints
-    hold this adapter)."""
-
-    method: trainer.FinetuneMethod = Field(
-        "lora", description="lora; qlora (the base quantized to 4 bits with bitsandbytes) needs GPU workers."
-    )
-    base_model: FinetuneBaseModel
-    rank: trainer.LoraRank = Field(trainer.DEFAULT_LORA_RANK, description="LoRA rank r (vLLM serves ranks up to its "
-                                   "--max-lora-rank).")
-    alpha: trainer.LoraAlpha = Field(trainer.DEFAULT_LORA_ALPHA, description="LoRA alpha: the update is scaled by "
-                                     "alpha / rank.")
-    dropout: trainer.LoraDropout = Field(trainer.DEFAULT_LORA_DROPOUT, description="Dropout on the LoRA input.")
-    target_modules: list[trainer.TargetModule] = Field(
-        default_factory=lambda: list(trainer.DEFAULT_TARGET_MODULES), min_length=1, max_length=64,
-        description="Module names the adapter wraps (peft's target_modules), e.g. q_proj, k_proj, v_proj, o_proj, "
-        "gate_proj, up_proj, down_proj.",
-    )
 
 
 class TrainingJobSpec(ApiModel):
@@ -392,69 +272,8 @@ class Progress(ApiModel):
     eta: str | None = Field(None, description="Estimated time left, e.g. 12m30s.")
 
 
-class MlflowRun(ApiModel):
-    run_id: str | None = None
-    url: str | None = None
 
 
-class RegisteredModel(ApiModel):
-    name: str
-    version: str | None = Field(None, description="The model version this job registered.")
-    alias: str | None = None
-    source: str | None = Field(None, description="The registered artifact (the final export).")
-    error: str | None = Field(None, description="Why registration has not happened yet (retried).")
-
-
-class TrainingDataStatus(ApiModel):
-    """The training set built for this job (from the retrieval Job's termination message)."""
-
-    phase: Literal["Pending", "Running", "Succeeded", "Failed"] | None = None
-    output: str | None = Field(None, description="Where the training set is (s3://...).")
-    rows: int | None = Field(None, description="Training rows: one per entity dataframe row.")
-    rows_without_features: int | None = Field(None, description="Rows for which no feature value was in range.")
-    job: str | None = Field(None, description="The retrieval Job.")
-    completion_time: str | None = None
-
-
-class QueueEviction(ApiModel):
-    """The last time Kueue evicted the job (preemption, a quota change, a waitForPodsReady timeout)."""
-
-    reason: str = Field(description="Kueue's reason: Preempted, PodsReadyTimeout, ClusterQueueStopped, ...")
-    message: str = ""
-    time: str | None = Field(None, description="When Kueue evicted the workload.")
-    stopped_time: str | None = Field(None, description="When the last worker stopped and the quota was released.")
-    checkpointed: bool | None = Field(
-        None,
-        description="True: workers were seen exiting after their final checkpoint (exit 143); false: forced after the "
-        "bound; unset: the workers were gone before the operator saw how they exited.",
-    )
-    checkpoint_step: int | None = Field(None, description="The step the job resumes from when readmitted.")
-
-
-class QueueStatus(ApiModel):
-    """Admission by Kueue, for a job labelled kueue.x-k8s.io/queue-name."""
-
-    name: str | None = Field(None, description="The LocalQueue (the job's kueue.x-k8s.io/queue-name label).")
-    workload: str | None = Field(None, description="The Kueue Workload Loom created for this job.")
-    state: Literal["Queued", "Admitted", "Evicting", "Finished"] | None = None
-    cluster_queue: str | None = Field(None, description="The ClusterQueue that admitted the job.")
-    flavor: str | None = Field(None, description="The ResourceFlavor(s) admitted (comma-separated).")
-    admitted_workers: int | None = Field(None, description="Workers admitted (fewer than replicas: partial admission).")
-    message: str | None = Field(None, description="Why the job waits, as Kueue says it.")
-    position: int | None = Field(
-        None, description="While queued: its place in the ClusterQueue, 1 = next (Kueue's visibility API, if served)."
-    )
-    evictions: int = Field(0, description="Evictions by Kueue so far (not counted as restarts or failures).")
-    last_eviction: QueueEviction | None = None
-
-
-class BaseModelStatus(ApiModel):
-    """finetune.baseModel.fromTrainingJob as resolved when the job first started: kept, so a later change to (or
-    deletion of) that job never changes the base under a running or resumed fine-tune."""
-
-    training_job: str | None = None
-    uri: str = Field(description="The base model's folder (the job's final export).")
-    endpoint: str | None = None
 
 
 class TrainingJobStatus(StatusBase):

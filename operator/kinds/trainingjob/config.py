@@ -15,8 +15,9 @@ from pydantic import ValidationError
 from loom.workloads.trainer import config as trainer
 
 from ...core.model import InvalidSpec
-from .api import CheckpointSpec, DeepSpeedOptions, FsdpOptions, Tracking, TrainingJobSpec
-from .finetune import trainer_finetune
+from .api import CheckpointSpec, DeepSpeedOptions, FsdpOptions, TrainingJobSpec
+from .finetune.config import trainer_finetune
+from .tracking.api import Tracking
 
 CONFIG_DIR = "/etc/loom/trainer"
 CONFIG_FILE = "config.json"

@@ -7,6 +7,8 @@ Writing status before acting is what makes a crash at any instant harmless: the 
 idempotent actions (deterministic names, server-side apply, uid-guarded deletes) and never re-counts a
 restart. Triggers: job create/update/resume, every worker pod event, and the periodic resync (deadlines, grace
 periods, progress) of jobs that are not idle; the shared runner (runner.py) serialises, coalesces and bounds them.
+A feature's reads and writes are its package's io.py (data/, finetune/, queue/, registration/, tracking/), called
+from observe and apply.
 """
 
 from __future__ import annotations
@@ -23,28 +25,31 @@ import kopf
 
 from ... import defaults as endpoint_defaults
 from ...core import client as kube
-from ...core import kueue, kueue_io
 from ...core.events import post_events
 from ...core.kit import Event, set_condition
 from ...core.leadership import LEADERSHIP
-from ...core.model import API_VERSION, Condition
+from ...core.model import Condition
+from ...core.queue import workload as kueue
+from ...core.queue.job import QueueObservation
 from ...core.reconcile import Pass, previous_status, run
 from ...core.runner import Indexes, Runner, own_kind_handlers
 from ...settings import OperatorSettings
 from . import render
-from .api import MlflowRun, TrainingJobSpec, TrainingJobStatus
-from .config import SpecError, rendezvous_service_name, samples_per_step
-from .data import DataObservation
-from .data_job import observe_training_data
+from .api import TrainingJobSpec, TrainingJobStatus
+from .config import SpecError, rendezvous_service_name
+from .data.io import observe_training_data
+from .data.retrieval import DataObservation
+from .decision import Decision, Observation, Policy
 from .expectations import CreatedWorkers
-from .finetune import needs_base_job, resolve_base, with_base
-from .mlflow import TrackingError, ensure_run, finish_run
+from .finetune.io import resolve_base_model
 from .observe import NodeView, ProgressReport, WorkerView, observe_node, observe_pod
 from .pacing import QUIET_S, steady
-from .progress import Poll, ProgressPoller
-from .queueing import QueueObservation, workload
-from .register import needs_registration, register_model
-from .state import Decision, Observation, Policy, decide
+from .progress import Poll, ProgressPoller, rank0_poll
+from .queue.io import act_on_workload, observe_queue
+from .queue.workload import POD_SET
+from .registration.io import register_when_due
+from .state import decide
+from .tracking.io import close_run, ensure_tracking
 
 log = logging.getLogger("loom.trainingjob")
 
@@ -143,14 +148,14 @@ class Controller:
         seen.endpoint_problem = defaulted.problem()
         seen.spec_error = render.name_problem(name, max(spec.workers.replicas, spec.workers.max_replicas or 0))
         if seen.spec_error is None and spec.finetune is not None:
-            seen.spec_error, seen.base_wait = await self.resolve_base_model(ctx, status)
+            seen.spec_error, seen.base_wait = await resolve_base_model(ctx, status, self.defaults)
             spec = defaulted.spec
         if seen.spec_error is None and seen.endpoint_problem is None and seen.base_wait is None:
             try:
                 render.config_map(job, spec)
             except SpecError as error:
                 seen.spec_error = str(error)
-        seen.tracking_error = None if seen.endpoint_problem else await self.ensure_tracking(job, spec, status)
+        seen.tracking_error = None if seen.endpoint_problem else await ensure_tracking(job, spec, status)
         seen.rank0 = rank0_poll(spec, status, seen.observed)
         if self.progress is not None and seen.rank0 is not None:
             seen.progress = self.progress.latest((namespace, name), *seen.rank0)
@@ -160,27 +165,6 @@ class Controller:
         if not blocked and not data_built and status.phase not in FINISHED and not spec.run_policy.suspend:
             seen.training_data = await observe_training_data(job, spec, self.features_image, self.defaults)
         return seen
-
-    async def resolve_base_model(
-        self, ctx: Pass[endpoint_defaults.Defaulted[TrainingJobSpec]], status: TrainingJobStatus
-    ) -> tuple[str | None, tuple[str, str] | None]:
-        """finetune.baseModel.fromTrainingJob -> the concrete folder, put into the pass's spec (everything renders
-        from it) and recorded in status.baseModel once found; (spec error, wait reason) otherwise."""
-        assert ctx.spec is not None
-        spec = ctx.spec.spec
-        base_name = needs_base_job(spec, status)
-        if base_name is None:
-            if status.base_model is not None and spec.finetune and spec.finetune.base_model.from_training_job:
-                # Resolved before (status.baseModel): the same folder on every later pass, whatever that job does.
-                ctx.spec.spec = with_base(spec, status.base_model)
-            return None, None
-        found = await kube.get(API_VERSION, "TrainingJob", ctx.namespace, base_name)
-        base_job = endpoint_defaults.training_job_manifest(found, self.defaults) if found is not None else None
-        resolution = resolve_base(spec, base_job)
-        if resolution.spec is not None:
-            ctx.spec.spec = resolution.spec
-            status.base_model = resolution.status
-        return resolution.error, resolution.wait
 
     def decide(self, ctx: Pass[endpoint_defaults.Defaulted[TrainingJobSpec]], seen: Observed) -> Decision | None:
         if ctx.spec is None:
@@ -252,14 +236,8 @@ class Controller:
         spec, status = ctx.spec.spec, seen.status
         await self.act(ctx.body, spec, decision, seen.views, queue=seen.queue)
         if decision.status.phase in FINISHED and status.phase not in FINISHED:
-            await self.close_run(spec, decision)
-        if needs_registration(spec, decision.status):
-            registered, events = await register_model(ctx.body, spec, decision.status)
-            if registered != decision.status.registered_model:
-                await kube.patch_status(
-                    "loom.dev/v1alpha1", self.kind, ctx.namespace, ctx.name, {"registeredModel": registered.to_wire()}
-                )
-            post_events(ctx.body, events)
+            await close_run(spec, decision.status)
+        await register_when_due(ctx.body, spec, decision.status)
         self.pace(ctx, seen, decision)
         return seen
 
@@ -275,43 +253,6 @@ class Controller:
             self.progress.follow(key, *seen.rank0)
         else:
             self.progress.unfollow(key)
-
-    async def ensure_tracking(self, job: kube.Manifest, spec: TrainingJobSpec, status: TrainingJobStatus) -> str | None:
-        """Create (or find) the MLflow run before any worker starts; its id goes into status with the rest."""
-        mlflow = spec.tracking.mlflow if spec.tracking else None
-        if mlflow is None or (status.mlflow and status.mlflow.run_id) or status.phase in FINISHED:
-            return None
-        assert mlflow.tracking_uri is not None  # defaulted, or reported as EndpointNotConfigured before this
-        meta = job["metadata"]
-        try:
-            ref = await ensure_run(
-                mlflow.tracking_uri,
-                mlflow.experiment,
-                job_uid=meta["uid"],
-                job_name=meta["name"],
-                namespace=meta["namespace"],
-                now_ms=int(time.time() * 1000),
-            )
-        except TrackingError as error:
-            log.warning("TrainingJob %s/%s: %s", meta["namespace"], meta["name"], error)
-            return str(error)
-        status.mlflow = MlflowRun(run_id=ref.run_id, url=ref.url)
-        return None
-
-    async def close_run(self, spec: TrainingJobSpec, decision: Decision) -> None:
-        run = decision.status.mlflow
-        mlflow = spec.tracking.mlflow if spec.tracking else None
-        if mlflow is None or mlflow.tracking_uri is None or run is None or not run.run_id:
-            return
-        try:
-            await finish_run(
-                mlflow.tracking_uri,
-                run.run_id,
-                succeeded=decision.status.phase == "Succeeded",
-                now_ms=int(time.time() * 1000),
-            )
-        except TrackingError as error:
-            log.warning("could not close MLflow run %s: %s", run.run_id, error)
 
     async def act(
         self,
@@ -336,7 +277,7 @@ class Controller:
             )
         # The Service and the ConfigMap were applied beside the status (`prepare`), before this.
         if queue is not None:
-            await self.act_on_workload(job, spec, decision, queue)
+            await act_on_workload(job, spec, self.image, decision, queue)
         if decision.create:
             run_id = status.mlflow.run_id if status.mlflow else None
             pods = [
@@ -347,7 +288,7 @@ class Controller:
             expected = self.created.expected((namespace, name), [(v.name, v.attempt) for v in views], time.monotonic())
             pods = [pod for pod in pods if (pod["metadata"]["name"], status.attempt) not in expected]
             if queue is not None:  # admitted: on the admitted flavor's nodes
-                pods = [kueue.place(pod, queue.admitted_flavors()) for pod in pods]
+                pods = [kueue.place(pod, queue.admitted_flavors(POD_SET)) for pod in pods]
             made = await asyncio.gather(*(kube.create(pod) for pod in pods))  # created, never converged (client.create)
             # A namesake that exists already (the previous attempt's, terminating) is not this attempt's worker: not
             # expected, so the pass after its deletion creates the worker at once, not EXPECT_S later.
@@ -368,36 +309,6 @@ class Controller:
             group = render.pod_group(job, spec)
             if group is not None:
                 await kube.delete(group["apiVersion"], "PodGroup", namespace, name)
-
-    async def act_on_workload(
-        self, job: kube.Manifest, spec: TrainingJobSpec, decision: Decision, queue: QueueObservation
-    ) -> None:
-        """Create the Workload, release its quota after an eviction, or mark it Finished (core/kueue.py)."""
-        view, now = queue.workload, datetime.now(UTC)
-        if decision.create_workload:
-            worker = render.worker_pod(job, spec, 0, attempt=0, image=self.image, mlflow_run_id=None)
-            priority = await workload_priority(job, spec)
-            try:
-                await kube.apply(workload(job, spec, worker, queue.name, priority))
-            except kube.NotFound:
-                missing = f"{kueue.API_VERSION} Workload is not installed: the job waits until Kueue is"
-                post_events(job, [Event("Warning", "KueueMissing", missing)])
-            return
-        if view is None:
-            return
-        patch = None
-        if decision.release_workload:
-            patch = kueue.release(view, now)
-        elif decision.finish_workload:
-            succeeded = decision.status.phase == "Succeeded"
-            patch = kueue.finish(view, succeeded, f"TrainingJob {decision.status.phase}", now)
-        if patch is None:
-            return
-        namespace = job["metadata"]["namespace"]
-        try:
-            await kube.merge_patch(kueue.API_VERSION, "Workload", namespace, view.name, patch, subresource="status")
-        except (kube.Conflict, kube.NotFound):
-            log.info("Workload %s/%s changed meanwhile; the next pass writes it again", namespace, view.name)
 
     async def apply_children(self, job: kube.Manifest, spec: TrainingJobSpec, *, owner_written: bool) -> None:
         """Beside the status write (`prepare`); when one goes out, its answer is their owner check (kube.apply)."""
@@ -502,46 +413,6 @@ def children_due(decision: Decision, *, spec_changed: bool) -> bool:
     of a job that still runs (the ConfigMap renders the spec)."""
     phase = decision.status.phase
     return bool(decision.create) or (spec_changed and phase not in FINISHED and not decision.delete_children)
-
-
-def rank0_poll(
-    spec: TrainingJobSpec, status: TrainingJobStatus, observed: list[tuple[WorkerView, str | None]]
-) -> Poll | None:
-    """What the progress poller asks while the job runs: rank 0 of the current attempt (its IP), the checkpoint
-    URI and the samples per step its gauges are read with; None while rank 0 is not running."""
-    if status.phase not in ("Running", "Restarting", "Created"):
-        return None
-    rank0 = next(
-        (ip for v, ip in observed if v.index == 0 and v.attempt == status.attempt and v.phase == "Running" and ip),
-        None,
-    )
-    if rank0 is None:
-        return None
-    workers = sum(1 for v, _ in observed if v.attempt == status.attempt)
-    return (rank0, status.attempt), spec.checkpoint.uri if spec.checkpoint else None, samples_per_step(spec, workers)
-
-
-async def observe_queue(job: kube.Manifest) -> QueueObservation | None:
-    """For a job labelled kueue.x-k8s.io/queue-name: its Workload, the flavors it was admitted on, and while it
-    waits its position in the queue (when Kueue's visibility API answers)."""
-    meta = job["metadata"]
-    name = kueue.queue_name(meta)
-    if name is None:
-        return None
-    wl_name = kueue.workload_name("TrainingJob", meta["name"], meta["uid"])
-    body = await kube.get(kueue.API_VERSION, "Workload", meta["namespace"], wl_name)  # None: none, or no Kueue
-    view = kueue.observe_workload(body) if body is not None else None
-    flavors = await kueue_io.flavors({f for a in (view.assignments if view else ()) for f in a.flavors.values()})
-    position = None
-    if view is not None and not view.quota_reserved:  # only a waiting job has one: no read once admitted
-        position = (await kueue_io.positions(meta["namespace"], name)).get(view.name)
-    return QueueObservation(name, view, flavors, position)
-
-
-async def workload_priority(job: kube.Manifest, spec: TrainingJobSpec) -> kueue.Priority | None:
-    """The Workload's priority: a WorkloadPriorityClass named by the job's kueue.x-k8s.io/priority-class label, else
-    the workers' PriorityClass (spec.scheduling.priorityClassName), as Kueue's own integrations take it."""
-    return await kueue_io.priority(job["metadata"].get("labels") or {}, spec.scheduling.priority_class_name)
 
 
 def resync_due(body: kopf.Body) -> bool:

@@ -66,8 +66,13 @@ class WorkerView:
     problem: PodProblem | None = None  # why it cannot start (a missing Secret, ...); Unschedulable is the field above
 
     @property
+    def live(self) -> bool:
+        """Not terminated yet (possibly already being deleted)."""
+        return self.phase in ("Pending", "Running", "Unknown")
+
+    @property
     def active(self) -> bool:
-        return self.phase in ("Pending", "Running", "Unknown") and not self.deleting
+        return self.live and not self.deleting
 
 
 @dataclass(frozen=True)

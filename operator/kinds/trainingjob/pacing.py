@@ -12,7 +12,7 @@ where the 5 s resync gave each one every 5 s.
 
 from __future__ import annotations
 
-from .state import Decision, Observation
+from .decision import Decision, Observation
 
 # How long the periodic resync leaves a steady job alone: a safety net for a change no trigger announced.
 QUIET_S = 30.0

@@ -28,8 +28,9 @@ from typing import Any
 import aiohttp
 
 from ...core.leadership import LEADERSHIP
-from .config import PROGRESS_PORT
-from .observe import ProgressReport, parse_progress, progress_from_metrics
+from .api import TrainingJobSpec, TrainingJobStatus
+from .config import PROGRESS_PORT, samples_per_step
+from .observe import ProgressReport, WorkerView, parse_progress, progress_from_metrics
 
 log = logging.getLogger("loom.trainingjob.progress")
 # Inside a cluster a pod's IP accepts a connection in milliseconds; one that does not within a second is not
@@ -233,3 +234,20 @@ class ProgressPoller:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._client is not None:
             await self._client.close()
+
+
+def rank0_poll(
+    spec: TrainingJobSpec, status: TrainingJobStatus, observed: list[tuple[WorkerView, str | None]]
+) -> Poll | None:
+    """What the progress poller asks while the job runs: rank 0 of the current attempt (its IP), the checkpoint
+    URI and the samples per step its gauges are read with; None while rank 0 is not running."""
+    if status.phase not in ("Running", "Restarting", "Created"):
+        return None
+    rank0 = next(
+        (ip for v, ip in observed if v.index == 0 and v.attempt == status.attempt and v.phase == "Running" and ip),
+        None,
+    )
+    if rank0 is None:
+        return None
+    workers = sum(1 for v, _ in observed if v.attempt == status.attempt)
+    return (rank0, status.attempt), spec.checkpoint.uri if spec.checkpoint else None, samples_per_step(spec, workers)

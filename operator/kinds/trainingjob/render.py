@@ -29,7 +29,7 @@ from .config import (
     trainer_config,
     worker_range,
 )
-from .data import worker_env
+from .data.retrieval import worker_env
 
 KIND = "TrainingJob"
 WORKER = "worker"

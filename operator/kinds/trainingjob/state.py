@@ -1,4 +1,5 @@
-"""The TrainingJob state machine (pure): observation in, new status and actions out.
+"""The TrainingJob state machine (pure): observation in, new status and actions out (decision.py), conditions from
+its phase (conditions.py).
 
 Every decision is a function of the spec, the previous status, the observed pods/nodes/progress and `now`,
 so it is unit-tested transition by transition, and an operator restart loses nothing: all memory lives in
@@ -16,17 +17,13 @@ Rules, in order of precedence:
   backoffLimit failures -> Failed/BackoffLimitExceeded. Survivors >= minReplicas with worker 0 (the c10d
   store host) among them -> only the lost workers are replaced; otherwise the whole gang restarts.
 - Success policy AllWorkers: every worker exited 0. Worker0: worker 0 exited 0 (the rest are stopped).
-- spec.trainingData: no worker starts before the training set is built (a Job, see trainingjob_data.py); while
-  the FeatureView is missing or unregistered, or the Job runs, the job is Pending with condition
-  TrainingDataReady=False naming why. A failed retrieval fails the job (TrainingDataFailed) with the workload's
-  reason and Feast's message. Once built (status.trainingData.phase Succeeded) it is never rebuilt: restarts and
-  resumes reuse it.
+- spec.trainingData: no worker starts before the training set is built (data/state.py).
 - Pods that stay unschedulable past scheduling.scheduleTimeoutSeconds -> Ready=False/Unschedulable.
 - Queued by Kueue (label kueue.x-k8s.io/queue-name): no worker before the Workload is admitted, an eviction
-  stopped after the final checkpoint and requeued without counting a restart (state_queue.py, queueing.py). A
-  finished job marks its Workload Finished, which frees the quota.
+  stopped after the final checkpoint and requeued without counting a restart (queue/state.py). A finished job
+  marks its Workload Finished, which frees the quota.
 - Checkpoint uploads the trainer reports failing (it retries them and trains on) -> CheckpointStorage=False
-  UploadRetrying, True Uploaded once one lands (trainingjob_storage.py); the phase is not affected.
+  UploadRetrying, True Uploaded once one lands (storage.py); the phase is not affected.
 - Restarting lasts until the trainer runs steps again, not only until its pods run: a trainer that served
   progress before is waited for (its report leaves phase Starting, or its step passes the checkpoint), at
   most Policy.resume_timeout_seconds. Meanwhile status.progress.step shows the step it resumes from (the
@@ -35,88 +32,21 @@ Rules, in order of precedence:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Literal
 
 from loom.workloads.trainer.config import EXIT_PERMANENT
 
-from ...core.kit import Condition, Event, format_time, parse_time, set_condition
-from ...core.model import ConditionStatus
-from ...core.pod_problems import REASONS as POD_REASONS
-from .api import (
-    CheckpointStatus,
-    Progress,
-    TrainingDataStatus,
-    TrainingJobSpec,
-    TrainingJobStatus,
-    WorkerCounts,
-)
+from ...core.kit import Event, format_time, parse_time
+from .api import CheckpointStatus, Progress, WorkerCounts
+from .conditions import set_conditions
 from .config import worker_range
-from .data import CONDITION as DATA_CONDITION
-from .data import DataObservation
-from .observe import NodeView, ProgressReport, WorkerView
-from .queueing import QueueObservation
-from .state_queue import finish_workload, queued
-from .storage import CONDITION as STORAGE_CONDITION
-from .storage import RETRYING, storage_condition
+from .data.state import built, training_data
+from .decision import Decision, Delete, Observation, Policy
+from .observe import WorkerView
+from .queue.state import finish_workload, queued
 
 PERMANENT_EXIT_CODES = frozenset({EXIT_PERMANENT})
-# Kueue's admission, on a job labelled kueue.x-k8s.io/queue-name.
-ADMITTED_CONDITION = "Admitted"
-CONDITION_TYPES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed", "Ready")
-
-
-@dataclass(frozen=True)
-class Policy:
-    """Operator-wide knobs (not per job)."""
-
-    node_lost_grace_seconds: float = 60.0
-    # How long Restarting waits for a trainer that served progress before to report it resumed.
-    resume_timeout_seconds: float = 600.0
-    # How long an evicted job's workers get for their final checkpoint before they are force-deleted: the pods'
-    # own grace period (render.TERMINATION_GRACE_SECONDS) and a margin for the node to report them gone.
-    eviction_timeout_seconds: float = 150.0
-
-
-@dataclass(frozen=True)
-class Observation:
-    generation: int | None
-    spec: TrainingJobSpec
-    status: TrainingJobStatus
-    pods: tuple[WorkerView, ...]
-    now: datetime
-    nodes: dict[str, NodeView] = field(default_factory=dict)
-    progress: ProgressReport | None = None
-    tracking_ready: bool = True  # the MLflow run exists (or no tracking is configured)
-    tracking_error: str | None = None  # why the run could not be created yet
-    spec_error: str | None = None  # the spec cannot be rendered (reported, never retried)
-    # An endpoint neither the spec nor the operator's defaults name (defaults.py): Pending, Ready=False
-    # EndpointNotConfigured, until the object or the operator's configuration gives one.
-    endpoint_problem: str | None = None
-    training_data: DataObservation | None = None  # spec.trainingData not built yet: where it stands
-    # finetune.baseModel.fromTrainingJob: that job has not succeeded yet (reason, message): Pending until it has.
-    base_wait: tuple[str, str] | None = None
-    queue: QueueObservation | None = None  # labelled kueue.x-k8s.io/queue-name: its Workload as Kueue left it
-
-
-@dataclass(frozen=True)
-class Delete:
-    name: str
-    uid: str
-    force: bool = False  # grace period 0: only for pods on a node that stopped answering
-
-
-@dataclass
-class Decision:
-    status: TrainingJobStatus
-    create: list[int] = field(default_factory=list)  # worker indices to create in status.attempt
-    delete: list[Delete] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-    delete_children: bool = False  # ttlSecondsAfterFinished: pods, Service, ConfigMap, PodGroup
-    create_workload: bool = False  # queued by Kueue and no Workload yet
-    release_workload: bool = False  # evicted and every worker gone: release the quota, requeue
-    finish_workload: bool = False  # finished: mark the Workload Finished (frees the quota)
 
 
 class _Machine:
@@ -146,7 +76,7 @@ class _Machine:
 
     def stop_all(self, pods: list[WorkerView] | tuple[WorkerView, ...]) -> None:
         for pod in pods:
-            if _live(pod):
+            if pod.live:
                 self.delete(pod, force=self.node_lost(pod))
 
     def node_lost(self, pod: WorkerView) -> bool:
@@ -236,32 +166,11 @@ class _Machine:
             st.phase = "Pending"
             self.reason_detail = obs.base_wait
             return self.conclude()
-        if self.spec.training_data is not None and not self.data_ready():
-            waiting = self.training_data()
+        if self.spec.training_data is not None and not built(self):
+            waiting = training_data(self)
             if waiting is not None:
                 return waiting
         return self.active()
-
-    def data_ready(self) -> bool:
-        return self.st.training_data is not None and self.st.training_data.phase == "Succeeded"
-
-    def training_data(self) -> Decision | None:
-        """Wait for (or fail on) the training set; None once it is built and the workers may start."""
-        data = self.obs.training_data
-        if data is None:
-            # The controller had nothing to say this pass (it only looks while the set is not built).
-            pending = self.st.training_data or TrainingDataStatus(phase="Pending")
-            data = DataObservation("Waiting", "Pending", "looking up the FeatureView", pending)
-        self.st.training_data = data.status
-        if data.state == "Succeeded":
-            self.event("Normal", "TrainingDataReady", data.message)
-            return None
-        self.data_detail = (data.reason, data.message)
-        if data.state == "Failed":
-            return self.finish("Failed", "TrainingDataFailed", f"{data.reason}: {data.message}")
-        self.st.phase = "Pending"
-        self.reason_detail = (data.reason, data.message)
-        return self.conclude()
 
     def finished(self) -> Decision:
         st, obs = self.st, self.obs
@@ -278,7 +187,7 @@ class _Machine:
     def suspend(self) -> Decision:
         st = self.st
         self.stop_all(self.obs.pods)
-        remaining = [p for p in self.obs.pods if _live(p)]
+        remaining = [p for p in self.obs.pods if p.live]
         if st.phase != "Suspended":
             self.event("Normal", "Suspending", "stopping workers after their final checkpoint")
         st.phase = "Suspended"
@@ -322,7 +231,7 @@ class _Machine:
 
     def is_lost(self, pod: WorkerView) -> bool:
         # A pod stuck terminating on a dead node counts too: only a force delete ever removes it.
-        return pod.phase == "Failed" or (_live(pod) and self.node_lost(pod))
+        return pod.phase == "Failed" or (pod.live and self.node_lost(pod))
 
     def recover(self, lost: list[WorkerView], current: dict[int, WorkerView]) -> Decision:
         st = self.st
@@ -348,7 +257,7 @@ class _Machine:
         st.restarts += 1
         if 0 not in {p.index for p in lost} and len(survivors) >= self.minimum:
             for pod in lost:
-                self.delete(pod, force=_live(pod))
+                self.delete(pod, force=pod.live)
                 st.replaced_pods.append(pod.uid)
             self.event(
                 "Warning", "WorkerReplaced", f"replacing {len(lost)} worker(s), {len(survivors)} continue: {what}"
@@ -359,7 +268,7 @@ class _Machine:
         st.attempt += 1
         st.replaced_pods = []
         for pod in current.values():
-            self.delete(pod, force=_live(pod) and self.node_lost(pod))
+            self.delete(pod, force=pod.live and self.node_lost(pod))
         self.event("Warning", "GangRestart", f"restarting all workers as attempt {st.attempt}: {what}")
         st.phase = "Restarting"
         self.reason_detail = ("GangRestart", what)
@@ -441,7 +350,7 @@ class _Machine:
         )
         if current is not None and st.phase not in ("Succeeded", "Failed"):
             self.running_phase(workers, ready)
-        self.set_conditions()
+        set_conditions(self)
         if st.phase != self.old_phase and st.phase in ("Running", "Created") and self.old_phase != "Restarting":
             messages = {"Running": f"{ready}/{self.desired} workers running", "Created": "worker pods created"}
             self.event("Normal", st.phase, messages[st.phase])
@@ -484,69 +393,6 @@ class _Machine:
             self.reason_detail = (blocked.reason, blocked.message)
         elif self.reason_detail is None:
             self.reason_detail = ("WaitingForWorkers", f"{ready}/{self.desired} workers running")
-
-    def data_condition(self) -> tuple[bool, str, str]:
-        data = self.st.training_data
-        if data is not None and data.phase == "Succeeded":
-            return True, "Retrieved", f"{data.rows} rows at {data.output}"
-        # A finished job keeps the reason retrieval failed with; passes after it observe nothing new.
-        old = next((c for c in self.st.conditions if c.type == DATA_CONDITION), None)
-        kept = (old.reason, old.message) if old is not None else None
-        reason, message = self.data_detail or kept or ("Pending", "the training set is not built yet")
-        return False, reason, message
-
-    def set_conditions(self) -> None:
-        st, gen, now = self.st, self.obs.generation, self.obs.now
-        phase = st.phase or "Pending"
-        reason, message = self.reason_detail or (phase, "")
-        created = st.start_time is not None or phase not in ("Pending", "Queued")
-        table: dict[str, tuple[bool, str, str]] = {
-            "Created": (created, "WorkersCreated", "worker pods created") if created else (False, reason, message),
-            "Running": (phase == "Running", "WorkersRunning" if phase == "Running" else reason, message),
-        }
-        for kind in ("Restarting", "Suspended", "Succeeded", "Failed"):
-            table[kind] = (True, reason, message) if phase == kind else (False, f"Not{kind}", "")
-        ready_ok = phase in ("Running", "Succeeded")
-        table["Ready"] = (ready_ok, "WorkersRunning" if phase == "Running" else reason, message)
-        kinds: tuple[str, ...] = CONDITION_TYPES
-        if self.spec.training_data is not None:
-            kinds = (*CONDITION_TYPES, DATA_CONDITION)
-            table[DATA_CONDITION] = self.data_condition()
-        if self.obs.queue is not None and st.queue is not None:
-            kinds = (*kinds, ADMITTED_CONDITION)
-            admitted = st.queue.state == "Admitted"
-            table[ADMITTED_CONDITION] = (admitted, "Admitted" if admitted else reason, message if not admitted else "")
-        previous = {c.type: c for c in st.conditions}
-        storage = storage_condition(
-            previous.get(STORAGE_CONDITION), self.obs.progress, self.obs.status.checkpoint, st.checkpoint
-        )
-        if storage is not None:
-            kinds = (*kinds, STORAGE_CONDITION)
-            table[STORAGE_CONDITION] = storage
-            self.storage_events(previous.get(STORAGE_CONDITION), storage)
-        conditions = list(st.conditions)
-        for kind in kinds:
-            ok, why, text = table[kind]
-            status: ConditionStatus = "True" if ok else "False"
-            new = Condition(type=kind, status=status, reason=why, message=text, observed_generation=gen)
-            conditions = set_condition(conditions, new, now)
-            old = previous.get(kind)
-            if kind == "Ready" and why in POD_REASONS and (old is None or old.reason != why):
-                self.event("Warning", why, text)
-        st.conditions = conditions
-
-    def storage_events(self, old: Condition | None, new: tuple[bool, str, str]) -> None:
-        """An event when checkpoint storage starts failing and when it takes checkpoints again."""
-        ok, _, message = new
-        if not ok and (old is None or old.reason != RETRYING):
-            self.event("Warning", "CheckpointUploadRetrying", message)
-        elif ok and old is not None and old.reason == RETRYING:
-            self.event("Normal", "CheckpointUploaded", f"{message}; checkpoint storage answers again")
-
-
-def _live(pod: WorkerView) -> bool:
-    """Not terminated yet (possibly already being deleted)."""
-    return pod.phase in ("Pending", "Running", "Unknown")
 
 
 def _describe(pod: WorkerView, node_lost: bool) -> str:

@@ -1,4 +1,5 @@
-"""The MLflow run of a TrainingJob, created through MLflow's REST API before any worker starts.
+"""The MLflow run of a TrainingJob (spec.tracking.mlflow), created through MLflow's REST API before any worker starts
+and closed once the job finished.
 
 The operator install stays light (no mlflow package). Runs are tagged with the job's UID and looked up by it
 first, so an operator killed between creating the run and recording its id in status finds the same run
@@ -7,13 +8,22 @@ again instead of creating a second one; every retry and restart of the job logs 
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from ....core.kit import Manifest
+
 # The same tag and deadline as the model registry's (a run and the version registered from it name one job).
-from ...core.registry import JOB_UID_TAG, TIMEOUT
+from ....core.registry import JOB_UID_TAG, TIMEOUT
+from ..api import TrainingJobSpec, TrainingJobStatus
+from .api import MlflowRun
+
+log = logging.getLogger("loom.trainingjob")
+FINISHED = ("Succeeded", "Failed")
 
 
 class TrackingError(Exception):
@@ -106,3 +116,44 @@ async def finish_run(tracking_uri: str, run_id: str, *, succeeded: bool, now_ms:
             )
     except httpx.HTTPError as error:
         raise TrackingError(f"MLflow at {tracking_uri} is unreachable: {error}") from error
+
+
+async def ensure_tracking(job: Manifest, spec: TrainingJobSpec, status: TrainingJobStatus) -> str | None:
+    """Create (or find) the MLflow run before any worker starts; its id goes into status with the rest. Returns why
+    the run could not be created yet (None: it exists, or the job tracks nothing)."""
+    mlflow = spec.tracking.mlflow if spec.tracking else None
+    if mlflow is None or (status.mlflow and status.mlflow.run_id) or status.phase in FINISHED:
+        return None
+    assert mlflow.tracking_uri is not None  # defaulted, or reported as EndpointNotConfigured before this
+    meta = job["metadata"]
+    try:
+        ref = await ensure_run(
+            mlflow.tracking_uri,
+            mlflow.experiment,
+            job_uid=meta["uid"],
+            job_name=meta["name"],
+            namespace=meta["namespace"],
+            now_ms=int(time.time() * 1000),
+        )
+    except TrackingError as error:
+        log.warning("TrainingJob %s/%s: %s", meta["namespace"], meta["name"], error)
+        return str(error)
+    status.mlflow = MlflowRun(run_id=ref.run_id, url=ref.url)
+    return None
+
+
+async def close_run(spec: TrainingJobSpec, status: TrainingJobStatus) -> None:
+    """The finished job's run marked FINISHED or FAILED."""
+    run = status.mlflow
+    mlflow = spec.tracking.mlflow if spec.tracking else None
+    if mlflow is None or mlflow.tracking_uri is None or run is None or not run.run_id:
+        return
+    try:
+        await finish_run(
+            mlflow.tracking_uri,
+            run.run_id,
+            succeeded=status.phase == "Succeeded",
+            now_ms=int(time.time() * 1000),
+        )
+    except TrackingError as error:
+        log.warning("could not close MLflow run %s: %s", run.run_id, error)

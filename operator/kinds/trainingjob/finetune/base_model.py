@@ -1,8 +1,8 @@
-"""spec.finetune -> the trainer's FinetuneSpec, and a `fromTrainingJob` base model resolved against that job (pure).
+"""finetune.baseModel.fromTrainingJob resolved against that job (pure; io.py reads the job).
 
 A base model from another TrainingJob is that job's final export, `<its checkpoint.uri>/final` (the folder an
 InferenceService's `fromTrainingJob` serves), which must be a Hugging Face folder (its checkpoint.exportFormat
-huggingface) and exists once the job has succeeded. The controller reads the job; `resolve_base` says whether this
+huggingface) and exists once the job has succeeded. io.py reads the job; `resolve_base` says whether this
 job may start (the base with the URI filled in), must wait (Pending, reason and message on Ready), or cannot run.
 """
 
@@ -11,12 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from loom.workloads.trainer import config as trainer
-
-from ...core.model import InvalidSpec
-from .api import BaseModelStatus, Finetune, FinetuneBaseModel, TrainingJobSpec, TrainingJobStatus
-
-ADAPTER_EXPORT = "final"  # <checkpoint.uri>/final: adapter_config.json + adapter_model.safetensors
+from ..api import TrainingJobSpec, TrainingJobStatus
+from .api import BaseModelStatus, FinetuneBaseModel
 
 
 @dataclass(frozen=True)
@@ -28,13 +24,6 @@ class BaseResolution:
     wait: tuple[str, str] | None = None
     error: str | None = None
     status: BaseModelStatus | None = None  # what status.baseModel records (fromTrainingJob only)
-
-
-def adapter_export_uri(spec: TrainingJobSpec) -> str | None:
-    """Where a fine-tuning job exports its adapter (None: not a fine-tuning job, or no checkpoint)."""
-    if spec.finetune is None or spec.checkpoint is None:
-        return None
-    return f"{spec.checkpoint.uri.rstrip('/')}/{ADAPTER_EXPORT}"
 
 
 def needs_base_job(spec: TrainingJobSpec, status: TrainingJobStatus) -> str | None:
@@ -85,28 +74,3 @@ def resolve_base(spec: TrainingJobSpec, base_job: dict[str, Any] | None) -> Base
     record = BaseModelStatus(training_job=name, uri=f"{str(checkpoint['uri']).rstrip('/')}/final",
                              endpoint=checkpoint.get("endpoint"))
     return BaseResolution(spec=with_base(spec, record), status=record)
-
-
-def trainer_finetune(spec: TrainingJobSpec) -> trainer.FinetuneSpec | None:
-    """The trainer's FinetuneSpec; the base must be resolved (see resolve_base) and its tracking URI known."""
-    finetune: Finetune | None = spec.finetune
-    if finetune is None:
-        return None
-    base = finetune.base_model
-    if base.from_training_job is not None:
-        raise InvalidSpec(f"finetune.baseModel.fromTrainingJob {base.from_training_job.name} is not resolved yet")
-    tracking_uri = base.tracking_uri
-    if base.mlflow is not None and tracking_uri is None and spec.tracking is not None and spec.tracking.mlflow:
-        tracking_uri = spec.tracking.mlflow.tracking_uri
-    if base.mlflow is not None and tracking_uri is None:
-        raise InvalidSpec("finetune.baseModel.mlflow needs an MLflow tracking URL: set finetune.baseModel.trackingUri "
-                          "or tracking.mlflow")
-    return trainer.FinetuneSpec(
-        method=finetune.method,
-        base_model=trainer.BaseModelSpec(uri=base.uri, mlflow=base.mlflow, endpoint=base.endpoint,
-                                         tracking_uri=tracking_uri),
-        rank=finetune.rank,
-        alpha=finetune.alpha,
-        dropout=finetune.dropout,
-        target_modules=list(finetune.target_modules),
-    )

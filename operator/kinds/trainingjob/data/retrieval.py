@@ -1,4 +1,5 @@
-"""TrainingJob spec.trainingData -> the retrieval Job, the workers' data env, and what the state machine sees (pure).
+"""TrainingJob spec.trainingData -> the retrieval Job, the workers' data env, and what the state machine sees (pure;
+io.py runs the Job, state.py holds the workers until the set is built).
 
 The point-in-time training set is built by one Job (`python -m loom.workloads.features historical`, Feast's
 historical retrieval) that the controller waits for before it creates any worker. A Job rather than an init
@@ -17,11 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ...core.kit import Manifest, child_metadata, owner_of, s3_env
-from ..featureview.config import ProjectPlan, feast_view_name, short_hash
-from ..featureview.render import render_command_job_spec
-from ..featureview.status import JobResult
-from .api import TrainingData, TrainingDataStatus, TrainingJobSpec
+from ....core.kit import Manifest, child_metadata, owner_of, s3_env
+from ...featureview.config import ProjectPlan, feast_view_name, short_hash
+from ...featureview.render import render_command_job_spec
+from ...featureview.status import JobResult
+from ..api import TrainingJobSpec
+from .api import TrainingData, TrainingDataStatus
 
 KIND = "TrainingJob"
 COMPONENT = "training-data"

@@ -1,4 +1,5 @@
-"""`spec.registration`: a succeeded job's exported model becomes one new MLflow model version (the edge).
+"""`spec.registration`: a succeeded job's exported model becomes one new MLflow model version (the edge; version.py
+says when and with what tags).
 
 Idempotent across operator restarts: the version is looked up by the job's run and UID tag before one is created,
 so an operator killed between creating the version and writing status.registeredModel finds it again (one job,
@@ -10,36 +11,16 @@ from __future__ import annotations
 
 import logging
 
-from ...core.kit import Event, Manifest
-from ...core.registry import JOB_UID_TAG, Registry, RegistryError
-from .api import RegisteredModel, TrainingJobSpec, TrainingJobStatus
+from ....core import client as kube
+from ....core.events import post_events
+from ....core.kit import Event, Manifest
+from ....core.model import API_VERSION
+from ....core.registry import Registry, RegistryError
+from ..api import TrainingJobSpec, TrainingJobStatus
+from .api import RegisteredModel
+from .version import needs_registration, version_tags
 
 log = logging.getLogger("loom.operator.trainingjob.register")
-
-
-def needs_registration(spec: TrainingJobSpec, status: TrainingJobStatus) -> bool:
-    done = status.registered_model is not None and status.registered_model.version is not None
-    run = status.mlflow.run_id if status.mlflow else None
-    return spec.registration is not None and status.phase == "Succeeded" and not done and run is not None
-
-
-def version_tags(
-    job: Manifest, spec: TrainingJobSpec, status: TrainingJobStatus, metrics: dict[str, float]
-) -> dict[str, str]:
-    meta = job["metadata"]
-    tags = {
-        JOB_UID_TAG: str(meta["uid"]),
-        "loom.dev/trainingjob": f"{meta['namespace']}/{meta['name']}",
-        "loom.dev/run-id": str(status.mlflow.run_id if status.mlflow else ""),
-    }
-    if status.checkpoint is not None and status.checkpoint.latest:
-        tags["loom.dev/checkpoint"] = status.checkpoint.latest
-    if status.checkpoint is not None and status.checkpoint.step is not None:
-        tags["loom.dev/step"] = str(status.checkpoint.step)
-    tags.update({f"metric.{key}": f"{value:.6g}" for key, value in sorted(metrics.items())[:64]})
-    if spec.registration is not None and spec.registration.tags:
-        tags.update(spec.registration.tags)
-    return tags
 
 
 async def register_model(
@@ -72,3 +53,16 @@ async def register_model(
     where = f" with alias {alias}" if alias else ""
     event = Event("Normal", "ModelRegistered", f"registered {source} as {name} version {version.version}{where}")
     return RegisteredModel(name=name, version=version.version, alias=alias, source=source), [event]
+
+
+async def register_when_due(job: Manifest, spec: TrainingJobSpec, status: TrainingJobStatus) -> None:
+    """A succeeded job's model registered (once): the outcome goes into status.registeredModel by a patch of its
+    own (the pass wrote the job's status before), with the event that announces it."""
+    if not needs_registration(spec, status):
+        return
+    registered, events = await register_model(job, spec, status)
+    if registered != status.registered_model:
+        meta = job["metadata"]
+        patch = {"registeredModel": registered.to_wire()}
+        await kube.patch_status(API_VERSION, "TrainingJob", meta["namespace"], meta["name"], patch)
+    post_events(job, events)

@@ -1,34 +1,71 @@
-"""The TrainingJob state machine's Kueue transitions (pure; state.py runs them): held Queued until admitted, as many
-workers as admitted, an eviction stopped after the final checkpoint then requeued, a finished job's Workload marked
-Finished. What admission allows is decided by queueing.gate; this module turns it into status, events and actions.
+"""The TrainingJob state machine's Kueue transitions (pure; state.py runs them through decision.Machine): held Queued
+until admitted, as many workers as admitted, an eviction stopped after the final checkpoint then requeued, a
+finished job's Workload marked Finished. What admission allows is core/queue's generic reconcile of the job's
+Workload (job.py), which drives the workers through QueuedWorkers; this module turns it into status and events.
 
-- Queued by Kueue (label kueue.x-k8s.io/queue-name, queueing.py): no worker before the Workload is admitted
+- Queued by Kueue (label kueue.x-k8s.io/queue-name, workload.py): no worker before the Workload is admitted
   (phase Queued, with its position in the queue when Kueue's visibility API reports one); admitted, as many workers
   as Kueue admitted; evicted, every worker is stopped after its final checkpoint (bounded by
   Policy.eviction_timeout_seconds), the quota released and the job Queued again, without counting a restart or a
   failure; readmitted, a new gang attempt resumes from that checkpoint.
+
+Evicted by Kueue (preempted by a higher priority, a quota change, a waitForPodsReady timeout), the job loses no
+work: every worker gets a graceful delete, which is the trainer's signal to write a final checkpoint (SIGTERM ->
+a blocking save, then exit 143; workloads/trainer/README.md); the job waits for that, at most
+Policy.eviction_timeout_seconds after the eviction, then force-deletes what is left; once no worker runs, the
+quota is released and the Workload requeued. Readmitted, a new gang attempt resumes from that checkpoint. An
+eviction is not a failure: neither status.restarts nor status.failures counts it (status.queue.evictions does).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from loom.workloads.trainer.config import EXIT_INTERRUPTED
 
-from ...core import kueue
-from ...core.kit import format_time
+from ....core.kit import format_time
+from ....core.queue import workload as kueue
+from ....core.queue.job import QueueObservation, finish_due, reconcile
+from ..decision import Decision, Machine
 from .api import QueueEviction, QueueStatus
-from .queueing import QueueObservation, gate, live
+from .workload import POD_SET
 
-if TYPE_CHECKING:
-    from .state import Decision, _Machine
+# Kueue's admission, on a job labelled kueue.x-k8s.io/queue-name.
+ADMITTED_CONDITION = "Admitted"
 
 
-def queued(m: _Machine, queue: QueueObservation) -> Decision | None:
+@dataclass
+class QueuedWorkers:
+    """The job's workers as core/queue's QueuedJob: admission sets how many run, eviction stops them."""
+
+    m: Machine
+    pod_set: str = POD_SET
+
+    def requested(self) -> int:
+        return self.m.spec.workers.replicas
+
+    def active(self) -> int:
+        return sum(1 for pod in self.m.obs.pods if pod.live)
+
+    def run(self, admitted: int) -> None:
+        self.m.desired = admitted
+
+    def stop(self, *, force: bool) -> None:
+        for pod in self.m.obs.pods:
+            if pod.live:
+                self.m.delete(pod, force=force or self.m.node_lost(pod))
+
+    def stopping(self, active: int, *, force: bool) -> str:
+        what = "forcing the rest" if force else "waiting for their final checkpoint"
+        return f"{active} worker(s) stopping, {what}"
+
+
+def queued(m: Machine, queue: QueueObservation) -> Decision | None:
     """Kueue's admission: None when the workers may run (m.desired set to the admitted count), else the
-    decision that holds them (Queued) or stops them for an eviction (see queueing.py)."""
+    decision that holds them (Queued) or stops them for an eviction."""
     st, obs = m.st, m.obs
-    g = gate(queue, m.spec, obs.pods, obs.now, m.policy.eviction_timeout_seconds)
+    requested = m.spec.workers.replicas
+    g = reconcile(queue, QueuedWorkers(m), obs.now, m.policy.eviction_timeout_seconds)
     wl = queue.workload
     old = st.queue or QueueStatus()
     named = {"name": queue.name, "workload": wl.name if wl else None}
@@ -38,16 +75,15 @@ def queued(m: _Machine, queue: QueueObservation) -> Decision | None:
     if g.state == "Admitted" and wl is not None:
         qs.cluster_queue = wl.cluster_queue
         qs.flavor = kueue.describe_flavors(wl.assignments)
-        qs.admitted_workers = g.workers
+        qs.admitted_workers = g.admitted
         if old.state != "Admitted":
-            partial = f" of {m.desired}" if g.workers < m.desired else ""
+            partial = f" of {requested}" if g.admitted < requested else ""
             m.event(
                 "Normal",
                 "Admitted",
                 f"admitted by ClusterQueue {wl.cluster_queue} on flavor {qs.flavor or '-'}: "
-                f"{g.workers}{partial} worker(s)",
+                f"{g.admitted}{partial} worker(s)",
             )
-        m.desired = g.workers
         st.queue = qs
         return None
     if g.state == "Evicting" and wl is not None and wl.eviction is not None:
@@ -62,10 +98,6 @@ def queued(m: _Machine, queue: QueueObservation) -> Decision | None:
                 "stopping the workers after their final checkpoint",
             )
         note_checkpoint(m, qs, forced=g.force)
-    if g.stop:
-        for pod in obs.pods:
-            if live(pod):
-                m.delete(pod, force=g.force or m.node_lost(pod))
     if g.release:
         m.decision.release_workload = True
         if old.state == "Evicting":  # once: a release that failed to write is only repeated
@@ -92,7 +124,8 @@ def queued(m: _Machine, queue: QueueObservation) -> Decision | None:
     m.reason_detail = (g.reason if g.state != "Evicting" else "Evicting", g.message)
     return m.conclude()
 
-def note_checkpoint(m: _Machine, qs: QueueStatus, *, forced: bool) -> None:
+
+def note_checkpoint(m: Machine, qs: QueueStatus, *, forced: bool) -> None:
     """Whether the evicted workers stopped after their final checkpoint (exit 143), as far as seen."""
     if qs.last_eviction is None:
         return
@@ -103,10 +136,18 @@ def note_checkpoint(m: _Machine, qs: QueueStatus, *, forced: bool) -> None:
         qs.last_eviction = qs.last_eviction.model_copy(update={"checkpointed": False})
 
 
-def finish_workload(m: _Machine) -> None:
+def finish_workload(m: Machine) -> None:
     """A finished job marks its Workload Finished, which frees the quota."""
     queue = m.obs.queue
-    if queue is not None and queue.workload is not None and not queue.workload.finished:
+    if queue is not None and finish_due(queue):
         m.decision.finish_workload = True
     if m.st.queue is not None:
         m.st.queue = m.st.queue.model_copy(update={"state": "Finished", "message": None})
+
+
+def admitted_condition(m: Machine, reason: str, message: str) -> tuple[bool, str, str] | None:
+    """Admitted (by Kueue), for a queued job: (status, reason, message); None for a job not queued."""
+    if m.obs.queue is None or m.st.queue is None:
+        return None
+    admitted = m.st.queue.state == "Admitted"
+    return admitted, "Admitted" if admitted else reason, message if not admitted else ""

@@ -1,4 +1,4 @@
-"""TrainingJob spec.trainingData: the I/O around the retrieval Job (data.py is the pure part).
+"""TrainingJob spec.trainingData: the I/O around the retrieval Job (retrieval.py is the pure part).
 
 Called on every pass until status.trainingData says the set is built: read the FeatureView, create the retrieval
 Job if it does not exist yet (create-only: an operator that died after creating it finds it and waits), and read
@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from ...core import client as kube
-from ...core import kit
-from ...core.model import API_VERSION
-from ...defaults import EndpointDefaults
-from ...defaults import feature_view as feature_view_defaults
-from ..featureview.api import FeatureViewSpec
-from ..featureview.config import Member, plan_project
-from ..featureview.status import job_result
-from .api import TrainingJobSpec
-from .data import (
+from ....core import client as kube
+from ....core import kit
+from ....core.model import API_VERSION
+from ....defaults import EndpointDefaults
+from ....defaults import feature_view as feature_view_defaults
+from ...featureview.api import FeatureViewSpec
+from ...featureview.config import Member, plan_project
+from ...featureview.status import job_result
+from ..api import TrainingJobSpec
+from ..render import JOB_LABEL
+from .retrieval import (
     COMPONENT,
     DataObservation,
     data_job_name,
@@ -28,7 +29,6 @@ from .data import (
     render_data_job,
     view_not_ready,
 )
-from .render import JOB_LABEL
 
 
 async def _project_members(namespace: str, project: str, defaults: EndpointDefaults) -> list[Member]:
