@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -237,7 +236,3 @@ class Training:
             mlflow_model_uri=mlflow_model,
             registered_versions=versions,
         )
-
-
-def progress_json(progress: TrainingProgress) -> str:
-    return json.dumps(progress.__dict__, sort_keys=True)

@@ -176,14 +176,6 @@ def _gpu_labels(node: str, index: int) -> str:
     return f'gpu="{index}",UUID="GPU-simulated-{node}-{index}",device="nvidia{index}",Hostname="{node}"'
 
 
-def parse_percent(text: str) -> float:
-    """A utilisation in percent, 0 to 100; ValueError otherwise."""
-    value = float(text)
-    if not 0 <= value <= 100:
-        raise ValueError(f"utilisation must be between 0 and 100 percent, not {text}")
-    return value
-
-
 # --- edges: the cluster -------------------------------------------------------------------------------------------
 
 

@@ -24,9 +24,8 @@ if TYPE_CHECKING:
     from .settings import OperatorSettings
 
 REASON = "EndpointNotConfigured"
-# The chart value that sets each default (README "Install on a real cluster", charts/loom/values.yaml).
-S3_ENDPOINT_VALUE = "defaults.s3.endpoint"
-S3_SECRET_VALUE = "defaults.s3.secretName"
+# The chart value that sets the MLflow default, named where one is missing (README "Install on a real cluster",
+# charts/loom/values.yaml).
 MLFLOW_VALUE = "defaults.mlflow.trackingUri"
 
 S = TypeVar("S")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import platform
 from datetime import UTC, datetime
 from pathlib import Path
@@ -159,7 +158,3 @@ class NodeKeeper:
                     log.warning("node heartbeat failed: %s", str(exc).splitlines()[0])
             except Exception as exc:  # the API server may be restarting; try again next beat
                 log.warning("node heartbeat failed: %s", exc)
-
-
-def host_cpu() -> str:
-    return str(os.cpu_count() or 1)

@@ -288,9 +288,3 @@ def build_bench(progress: Progress = print) -> Path:
         if not all((target / name).exists() for m in BENCH_MODULES for name in m.binaries):
             _link_bin_dir(target, BENCH_MODULES)
         return target
-
-
-def require_built() -> Path:
-    if not is_built():
-        raise RuntimeError("the local stack is not built yet: run `loom dev build` (or `make stack`)")
-    return stack_bin_dir()

@@ -355,7 +355,7 @@ async def apply(
     cached = subresource is None and (manifest["apiVersion"], manifest["kind"]) in CACHED_CHILDREN
     digest = hashlib.sha256(body + query[1][1].encode()).hexdigest()
     if cached:
-        # The same manifest, applied already, and nobody wrote the child since: nothing to send (child_cache.py).
+        # The same manifest, applied already, and nobody wrote the child since: nothing to send (watch_cache.py).
         unchanged = WATCHED.unchanged(key_of(manifest), digest, time.monotonic())
         if unchanged is not None:
             return unchanged

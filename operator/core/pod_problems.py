@@ -24,9 +24,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-Manifest = dict[str, Any]
+from .model import Manifest
 
 # Waiting reasons a person must act on, most actionable first (the order ranks problems across pods).
 WAITING_REASONS = (

@@ -1,5 +1,5 @@
 """Autoscaling beyond InferenceServices: the InferenceGraph router and the FeatureView feature server reuse the same
-Autoscaling model, decision and loop through a per-kind adapter (kinds/<kind>/adapter.py). Here: what the
+Autoscaling model, decision and loop through a per-kind adapter (kinds/<kind>/autoscaling/io.py). Here: what the
 API admits, the scale subresource of InferenceGraph, how the renders keep the autoscaler's replicas, and one round
 of each kind's loop against an in-memory API server and a fake Prometheus (the real ones:
 e2e/tests/test_autoscaling_kinds.py)."""

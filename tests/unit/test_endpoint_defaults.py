@@ -1,4 +1,4 @@
-"""Cluster-wide endpoint defaults (render/defaults.py): filled only into what an object leaves unset, recorded
+"""Cluster-wide endpoint defaults (operator/defaults.py): filled only into what an object leaves unset, recorded
 for status, and a missing MLflow endpoint reported as EndpointNotConfigured naming the chart value."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The reads and writes of Workloads that every kind queued by Kueue makes (thin I/O over core/client.py; the
 decisions are in workload.py and job.py): a job's Workload and where it was admitted or waits, the priority it
-gets, and the Workload writes a Gate asks for (create, release the quota, mark Finished, delete)."""
+gets, and the Workload writes a Gate asks for (create, release the quota, mark Finished)."""
 
 from __future__ import annotations
 
@@ -114,10 +114,6 @@ async def release_quota(namespace: str, view: WorkloadView, now: datetime) -> No
 async def mark_finished(namespace: str, view: WorkloadView, succeeded: bool, message: str, now: datetime) -> None:
     """A finished job: its Workload Finished, which gives its quota back to the queue."""
     await _write_status(namespace, view, finish(view, succeeded, message, now))
-
-
-async def delete(namespace: str, name: str) -> None:
-    await kube.delete(KUEUE_API_VERSION, "Workload", namespace, name)
 
 
 async def _write_status(namespace: str, view: WorkloadView, patch: Manifest) -> None:
