@@ -10,7 +10,7 @@ never holds the object it would write.
   of its pods have not terminated (Kueue's IsActive), and the two things admission makes it do: run as many pods
   as were admitted (RunWithPodSetsInfo; the admitted flavors' node labels and tolerations are applied where the
   pods render, workload.place with QueueObservation.admitted_flavors) and stop its pods (Suspend; `force` once
-  the bound for an evicted job's final checkpoint passed), and how it words that stop while it lasts.
+  the bound for an evicted job's final checkpoint passed); and the words its status gives an eviction.
 - `WorkloadOwner`, at the edge (io.py): the object, its Workload in a LocalQueue (its pod sets with their pod
   templates: workload.workload), and its pods' PriorityClass (Kueue's JobWithPriorityClass).
 - `reconcile` is the generic part: the job's Workload as observed -> a `Gate` (Queued, Admitted, Evicting, and
@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Literal, Protocol
 
 from ..kit import Manifest
-from .workload import FlavorView, Position, Priority, WorkloadView
+from .workload import Eviction, FlavorView, Position, Priority, WorkloadView
 
 State = Literal["Queued", "Admitted", "Evicting"]
 
@@ -57,16 +57,14 @@ class QueuedJob(Protocol):
         """Stop every pod: not admitted (any more), or evicted. `force`: the bound for a graceful stop passed."""
         ...
 
-    def stopping(self, active: int, *, force: bool) -> str:
-        """What an evicted job's stop is doing, for its status while `active` pods are left."""
+    def describe_eviction(self, eviction: Eviction, active: int, *, force: bool) -> str:
+        """An eviction in the words of the job's status: while `active` pods stop (`force`: past the bound), and
+        once none is left (`active` 0: its quota is released and it is queued again)."""
         ...
 
 
 class WorkloadOwner(Protocol):
     """A kind's object at the edge (io.py), as its Workload is made."""
-
-    @property
-    def kind(self) -> str: ...
 
     @property
     def body(self) -> Manifest:
@@ -126,9 +124,9 @@ def admission(queue: QueueObservation, job: QueuedJob, now: datetime, bound_s: f
         if active:
             since = eviction.since or now
             force = (now - since).total_seconds() >= bound_s
-            message = f"{eviction.reason}: {job.stopping(active, force=force)}"
+            message = job.describe_eviction(eviction, active, force=force)
             return Gate("Evicting", stop=True, force=force, reason="Evicted", message=message)
-        return Gate("Queued", release=True, reason="Requeued", message=f"{eviction.reason}: {eviction.message}".strip())
+        return Gate("Queued", release=True, reason="Requeued", message=job.describe_eviction(eviction, 0, force=False))
     if not wl.admitted:
         why = wl.waiting or f"waiting for Kueue in LocalQueue {queue.name}"
         # Admission gone without an eviction notice (deleted and recreated, say): no pod may keep running.

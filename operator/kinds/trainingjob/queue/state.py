@@ -55,9 +55,11 @@ class QueuedWorkers:
             if pod.live:
                 self.m.delete(pod, force=force or self.m.node_lost(pod))
 
-    def stopping(self, active: int, *, force: bool) -> str:
+    def describe_eviction(self, eviction: kueue.Eviction, active: int, *, force: bool) -> str:
+        if not active:
+            return f"{eviction.reason}: {eviction.message}".strip()
         what = "forcing the rest" if force else "waiting for their final checkpoint"
-        return f"{active} worker(s) stopping, {what}"
+        return f"{eviction.reason}: {active} worker(s) stopping, {what}"
 
 
 def queued(m: Machine, queue: QueueObservation) -> Decision | None:
