@@ -20,14 +20,14 @@ from loom.operator.api.kinds import INFERENCE_GRAPH
 from loom.operator.autoscale import loop as module
 from loom.operator.autoscale.prometheus import PrometheusClient
 from loom.operator.core import client as kube
+from loom.operator.kinds.featureview.api import FeatureServer, FeatureViewSpec
 from loom.operator.kinds.featureview.autoscaling.io import ADAPTER as FEATURE_VIEW
 from loom.operator.kinds.featureview.autoscaling.io import project_autoscaling
-from loom.operator.kinds.featureview.api import FeatureServer, FeatureViewSpec
 from loom.operator.kinds.featureview.config import Member, plan_project
 from loom.operator.kinds.featureview.render import render_deployment as render_feature_server
 from loom.operator.kinds.featureview.render import server_replicas
-from loom.operator.kinds.inferencegraph.autoscaling.io import ADAPTER as GRAPH_ADAPTER
 from loom.operator.kinds.inferencegraph.api import GraphRouter, InferenceGraphSpec, InferenceGraphStatus
+from loom.operator.kinds.inferencegraph.autoscaling.io import ADAPTER as GRAPH_ADAPTER
 from loom.operator.kinds.inferencegraph.render import render_deployment as render_router
 from loom.operator.kinds.inferencegraph.status import Observed, compute_status
 from loom.operator.kinds.inferenceservice.autoscaling.io import ADAPTER as ISVC_ADAPTER

@@ -21,8 +21,8 @@ from loom.operator.autoscale.report import autoscaling_status, decision_events, 
 from loom.operator.autoscale.spec import metric_query, scaling_config
 from loom.operator.core import client as kube
 from loom.operator.kinds.inferenceservice.api import Autoscaling, InferenceServiceSpec
-from loom.operator.kinds.inferenceservice.autoscaling.replicas import current_replicas, recommend_replicas
 from loom.operator.kinds.inferenceservice.autoscaling.io import ADAPTER as ISVC_ADAPTER
+from loom.operator.kinds.inferenceservice.autoscaling.replicas import current_replicas, recommend_replicas
 from loom.operator.kinds.inferenceservice.rollout import desired_total_replicas
 from loom.operator.settings import OperatorSettings
 

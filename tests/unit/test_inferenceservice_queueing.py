@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loom.operator.core import kueue
+from loom.operator.core.queue import workload as kueue
 from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec, InferenceServiceStatus
 from loom.operator.kinds.inferenceservice.queue.admission import (
     STEP_LABEL,

@@ -31,7 +31,7 @@ DEFAULT_PROGRESS_FILE = "/tmp/loom-progress.json"
 
 # ------------------------------------------------------------------------------------------- shared vocabulary
 # Every enum, limit and default that a TrainingJob also exposes is written here, once; the operator's API
-# (loom.operator.api.trainingjob) imports them, and tests/unit/test_contracts.py fails if the two drift apart.
+# (loom.operator.kinds.trainingjob.api) imports them, and tests/unit/test_contracts.py fails if the two drift apart.
 
 
 class Engine(StrEnum):

@@ -23,6 +23,7 @@ each of its Workloads with `admission` and keeps what joins them in its own queu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal, Protocol
@@ -111,10 +112,13 @@ class Gate:
     message: str = ""
 
 
-def admission(queue: QueueObservation, job: QueuedJob, now: datetime, bound_s: float) -> Gate:
+def admission(
+    queue: QueueObservation, job: QueuedJob, now: datetime | None = None, bound_s: float = math.inf
+) -> Gate:
     """One Workload's admission as Kueue left it -> what its job may do. An evicted job stops its pods (gracefully
-    until `bound_s` after the eviction) and its quota is released once none is left; a job never admitted, or no
-    longer, runs nothing; an admitted one runs what was admitted of its pod set, at least one pod."""
+    until `bound_s` after the eviction; without a bound, as for serving replicas that hold nothing to save, the
+    clock never matters) and its quota is released once none is left; a job never admitted, or no longer, runs
+    nothing; an admitted one runs what was admitted of its pod set, at least one pod."""
     wl = queue.workload
     if wl is None:
         return Gate("Queued", create_workload=True, stop=True, message=f"waiting for Kueue in LocalQueue {queue.name}")
@@ -123,7 +127,7 @@ def admission(queue: QueueObservation, job: QueuedJob, now: datetime, bound_s: f
         eviction = wl.eviction
         if active:
             since = eviction.since or now
-            force = (now - since).total_seconds() >= bound_s
+            force = now is not None and since is not None and (now - since).total_seconds() >= bound_s
             message = job.describe_eviction(eviction, active, force=force)
             return Gate("Evicting", stop=True, force=force, reason="Evicted", message=message)
         return Gate("Queued", release=True, reason="Requeued", message=job.describe_eviction(eviction, 0, force=False))

@@ -32,12 +32,6 @@ class ResolvedAdapters:
         return AdapterList(adapters=self.sources)
 
 
-def adapter_export_uri(job: Manifest) -> str | None:
-    """A fine-tuning job (spec.finetune) exports its peft adapter as its final export, <checkpoint.uri>/final
-    (operator/kinds/trainingjob/finetune.py)."""
-    return final_export_uri(job)
-
-
 def served_name(owner: Manifest, spec: InferenceServiceSpec) -> str:
     return spec.model.name or str(owner["metadata"]["name"])
 
@@ -60,7 +54,9 @@ def _from_job(name: str, job: dict[str, Any] | None) -> tuple[str, str] | str:
         return f"TrainingJob {name} failed: it has no adapter"
     if phase != "Succeeded":
         return f"TrainingJob {name} is {phase or 'Pending'}; waiting for its adapter export"
-    uri = adapter_export_uri(job)
+    # A fine-tuning job (spec.finetune) exports its peft adapter as its final export, <checkpoint.uri>/final
+    # (operator/kinds/trainingjob/finetune/config.py).
+    uri = final_export_uri(job)
     if uri is None:
         return f"TrainingJob {name} has no spec.checkpoint: it exports no adapter"
     step = (status.get("checkpoint") or {}).get("step")

@@ -1,7 +1,7 @@
 """An InferenceService queued by Kueue (pure): its Workloads, and how many replicas admission lets it run.
 
 A service labelled `kueue.x-k8s.io/queue-name` is a Kueue external framework like a TrainingJob
-(trainingjob/queueing.py, core/kueue.py), with one difference: it changes size while it runs. How it is admitted:
+(trainingjob/queue/, core/queue/), with one difference: it changes size while it runs. How it is admitted:
 - Its minimum (autoscaling.minReplicas, at least 1; or spec.replicas when not autoscaled) is one Workload with one
   pod set of that many replicas, admitted whole: no replica runs before it is admitted.
 - Each replica above the minimum is a Workload of its own, a "scale step" of one replica (`...-s1`, `-s2`, ...),
@@ -28,15 +28,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ....core import kueue
 from ....core.kit import Condition, Event, Manifest, condition_events, set_condition
+from ....core.queue import workload as kueue
+from ....core.queue.job import Gate, QueueObservation, admission
+from ....core.queue.workload import Eviction
 from ..api import InferenceServiceSpec, InferenceServiceStatus
 from .api import ServiceQueueStatus
 
 POD_SET = "replicas"
 STEP_LABEL = "loom.dev/scale-step"  # on a scale step's Workload: which step (1, 2, ...); absent on the minimum's
 
-State = Literal["Queued", "Admitted", "Evicting"]
 
 
 def minimum(spec: InferenceServiceSpec) -> int:
@@ -85,10 +86,13 @@ class ServiceQueue:
     flavors: dict[str, kueue.FlavorView] = field(default_factory=dict)  # those of the minimum's admission
     position: kueue.Position | None = None  # the minimum's, while pending (visibility API)
 
+    @property
+    def minimum(self) -> QueueObservation:
+        """The minimum's Workload as every queued kind's is observed (core/queue/job.py)."""
+        return QueueObservation(self.name, self.base, self.flavors, self.position)
+
     def admitted_flavors(self) -> list[kueue.FlavorView]:
-        if self.base is None or (assignment := self.base.assignment(POD_SET)) is None:
-            return []
-        return [self.flavors[n] for n in sorted(set(assignment.flavors.values())) if n in self.flavors]
+        return self.minimum.admitted_flavors(POD_SET)
 
 
 def observe(name: str, bodies: list[Manifest], base_name: str) -> tuple[kueue.WorkloadView | None, int | None,
@@ -108,10 +112,36 @@ def observe(name: str, bodies: list[Manifest], base_name: str) -> tuple[kueue.Wo
 
 
 @dataclass(frozen=True)
+class Minimum:
+    """The service's minimum replicas as Kueue's generic job (core/queue/job.py's QueuedJob): one pod set, admitted
+    whole. Admission's consequences for the replicas are `Admission`'s (below), so run and stop act on nothing."""
+
+    spec: InferenceServiceSpec
+    running: int  # replicas the service's Deployments run now
+    pod_set: str = POD_SET
+
+    def requested(self) -> int:
+        return minimum(self.spec)
+
+    def active(self) -> int:
+        return self.running
+
+    def run(self, admitted: int) -> None:
+        pass
+
+    def stop(self, *, force: bool) -> None:
+        pass
+
+    def describe_eviction(self, eviction: Eviction, active: int, *, force: bool) -> str:
+        why = f"{eviction.reason}: {eviction.message}".strip(": ")
+        return f"{why}; stopping {active} replica(s)" if active else why
+
+
+@dataclass(frozen=True)
 class Admission:
     """What Kueue's admission lets the service run now, and the Workload writes that follow."""
 
-    state: State
+    state: Literal["Queued", "Admitted", "Evicting"]
     replicas: int  # replicas that may run (across the stable and canary tracks)
     requested: int
     admitted: int = 0  # replicas Kueue admitted and did not evict
@@ -134,23 +164,18 @@ def admit(obs: ServiceQueue, spec: InferenceServiceSpec, requested: int, running
     base, base_n = obs.base, minimum(spec)
     all_steps = tuple(s.name for _, s in sorted(obs.steps.items(), reverse=True))
     where = f"LocalQueue {obs.name}"
-    if base is None:
-        return Admission("Queued", 0, requested, create=(0,), delete=all_steps, message=f"waiting for Kueue in {where}")
-    if obs.base_count is not None and obs.base_count != base_n:
+    if base is not None and obs.base_count is not None and obs.base_count != base_n:
         message = f"minimum replicas changed from {obs.base_count} to {base_n}: its Workload is replaced"
         gone = (base.name, *all_steps) if running == 0 else all_steps
         return Admission("Queued", 0, requested, delete=gone, message=message)
-    if base.eviction is not None and (base.quota_reserved or running > 0):
-        eviction = base.eviction
-        why = f"{eviction.reason}: {eviction.message}".strip(": ")
-        if running > 0:
-            stopping = f"{why}; stopping {running} replica(s)"
-            return Admission("Evicting", 0, requested, delete=all_steps, message=stopping)
-        return Admission("Queued", 0, requested, delete=all_steps, release=(base,), message=why)
-    if not base.admitted:
-        # Steps were pinned to an admission that is gone (or never was): they go; they are asked for again.
-        waiting_for = base.waiting or f"waiting for Kueue in {where}"
-        return Admission("Queued", 0, requested, delete=all_steps, message=waiting_for)
+    gate: Gate = admission(obs.minimum, Minimum(spec, running))
+    if base is None or gate.state != "Admitted":
+        # Not created, evicted (its replicas stop, then its quota is released) or not admitted (any more): the
+        # steps were pinned to an admission that is gone (or never was), so they go; they are asked for again.
+        first = (0,) if gate.create_workload else ()
+        freed = (base,) if gate.release and base is not None else ()
+        return Admission(gate.state, 0, requested, create=first, delete=all_steps, release=freed,
+                         message=gate.message)  # fmt: skip
     needed = max(0, requested - base_n)
     admitted, create, queued, waiting = base_n, [], 0, ""
     evicted: list[kueue.WorkloadView] = []

@@ -11,9 +11,9 @@ from typing import Any
 import kopf
 
 from ....core import client as kube
-from ....core import kueue, kueue_io
-from ....core.events import post_events
 from ....core.kit import Event, Manifest
+from ....core.queue import io as queue_io
+from ....core.queue import workload as kueue
 from ..api import InferenceServiceSpec, InferenceServiceStatus
 from ..feature import Draft, Feature, Observed, Plan, ServicePass
 from ..render import Track, replica_pod_template
@@ -32,15 +32,15 @@ async def observe_queue(owner: Manifest) -> ServiceQueue | None:
         return None
     try:
         bodies = await kube.list_objects(
-            kueue.API_VERSION, "Workload", meta["namespace"], f"{kueue.JOB_UID_LABEL}={meta['uid']}"
+            kueue.KUEUE_API_VERSION, "Workload", meta["namespace"], f"{kueue.JOB_UID_LABEL}={meta['uid']}"
         )
     except kube.NotFound:  # Kueue is not installed: nothing is admitted, creating the Workload says so
         bodies = []
     base, count, steps = observe(name, bodies, kueue.workload_name(KIND, meta["name"], meta["uid"]))
-    flavors = await kueue_io.flavors({f for a in (base.assignments if base else ()) for f in a.flavors.values()})
+    flavors = await queue_io.flavors({f for a in (base.assignments if base else ()) for f in a.flavors.values()})
     position = None
     if base is not None and not base.quota_reserved:
-        position = (await kueue_io.positions(meta["namespace"], name)).get(base.name)
+        position = (await queue_io.positions(meta["namespace"], name)).get(base.name)
     return ServiceQueue(name, base, count, steps, flavors, position)
 
 
@@ -57,23 +57,14 @@ async def act(
     service's own (a kueue.x-k8s.io/priority-class among them gives the Workloads' priority)."""
     namespace = owner["metadata"]["namespace"]
     if adm.create and pod is not None:
-        priority = await kueue_io.priority(labels, None)
-        try:
-            for body in workloads(owner, spec, pod, queue.name, adm.create, queue.admitted_flavors(), priority):
-                await kube.apply(body)
-        except kube.NotFound:
-            missing = f"{kueue.API_VERSION} Workload is not installed: the service waits until Kueue is"
-            post_events(owner, [Event("Warning", "KueueMissing", missing)])
+        priority = await queue_io.priority(labels, None)
+        bodies = workloads(owner, spec, pod, queue.name, adm.create, queue.admitted_flavors(), priority)
+        await queue_io.apply_workloads(owner, bodies, "the service")
     for name in adm.delete:
-        await kube.delete(kueue.API_VERSION, "Workload", namespace, name)
+        await kube.delete(kueue.KUEUE_API_VERSION, "Workload", namespace, name)
     now = datetime.now(UTC)
     for view in adm.release:
-        try:
-            await kube.merge_patch(
-                kueue.API_VERSION, "Workload", namespace, view.name, kueue.release(view, now), subresource="status"
-            )
-        except (kube.Conflict, kube.NotFound):
-            log.info("Workload %s/%s changed meanwhile; the next pass releases it", namespace, view.name)
+        await queue_io.release_quota(namespace, view, now)
 
 
 class QueueFeature(Feature):
