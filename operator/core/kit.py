@@ -6,6 +6,7 @@ A new kind's `kinds/<kind>/render.py` builds its children from these pieces, so 
 - `owner_of(body, kind)`: the owner view of a Loom object; `child_metadata(owner, name, component)` gives a
   child its name, namespace, standard `app.kubernetes.io/*` labels and a controller ownerReference
   (deleting the Loom object garbage-collects it).
+  `match_labels(owner, component)` selects what those labels mark (matchLabels, a Service's selector).
 - `s3_env(credentials, endpoint)` and `merge_env(ours, user)`: S3 credentials as env by Secret reference
   (the operator never reads a Secret's data), and the user's variables layered over Loom's.
 - `restricted_security_context()`: non-root, no privilege escalation, no capabilities.
@@ -45,6 +46,7 @@ __all__ = [
     "cpu_threads_env",
     "format_time",
     "labels",
+    "match_labels",
     "merge_env",
     "owner_of",
     "owner_reference",
@@ -90,13 +92,21 @@ def owner_reference(owner: Manifest) -> Manifest:
     }
 
 
+def match_labels(owner: Manifest, component: str) -> dict[str, str]:
+    """The labels that pick one component's pods of one Loom object (a Deployment's matchLabels, a Service's
+    selector): the first three of `labels`, so whatever `labels` marks they select, and another component never."""
+    return {
+        "app.kubernetes.io/name": owner["kind"].lower(),
+        "app.kubernetes.io/instance": owner["metadata"]["name"],
+        "app.kubernetes.io/component": component,
+    }
+
+
 def labels(owner: Manifest, component: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     """app.kubernetes.io/* labels plus loom.dev/<kind> = owner name, for selectors and `kubectl get -l`."""
     kind = owner["kind"].lower()
     result = {
-        "app.kubernetes.io/name": kind,
-        "app.kubernetes.io/instance": owner["metadata"]["name"],
-        "app.kubernetes.io/component": component,
+        **match_labels(owner, component),
         "app.kubernetes.io/part-of": PART_OF,
         "app.kubernetes.io/managed-by": MANAGED_BY,
         f"loom.dev/{kind}": owner["metadata"]["name"],

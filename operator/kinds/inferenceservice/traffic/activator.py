@@ -1,6 +1,6 @@
 """InferenceService scale to zero: the activator's objects and the Service's routing (pure).
 
-An InferenceService autoscaled by Loom (engine builtin) with minReplicas 0 gets, owned by it:
+An InferenceService autoscaled by Loom (engine builtin) with minReplicas 0 gets, owned by it (a proxy, proxy.py):
 
     ServiceAccount  <name>-activator
     Role            <name>-activator   get this InferenceService, patch its scale; list/watch pods (least privilege)
@@ -15,23 +15,14 @@ threshold and would take a woken service straight back, and an HPA never goes be
 
 from __future__ import annotations
 
-from loom.workloads.activator.config import DEFAULT_MAX_HELD, DEFAULT_TIMEOUT_SECONDS, ActivatorConfig
+from loom.workloads.activator.config import DEFAULT_MAX_HELD, DEFAULT_TIMEOUT_SECONDS, ENV_VAR, ActivatorConfig
 
-from ....core.kit import Manifest, child_metadata, labels, restricted_security_context
+from ....core.kit import Manifest, match_labels
 from ..api import InferenceServiceSpec
-from ..render import KIND_LABEL, SERVER_PORT, render_service, server_selector
+from ..render import SERVER_PORT, render_service, server_selector
+from .proxy import ADMIN_PORT, proxy_name, render_proxy
 
 COMPONENT = "activator"
-ADMIN_PORT = 9090
-RBAC_API = "rbac.authorization.k8s.io/v1"
-CONFIG_ENV = "LOOM_ACTIVATOR_CONFIG"
-# What the operator deletes when a service stops scaling to zero (Deployment first: it is what runs).
-OBJECTS: tuple[tuple[str, str], ...] = (
-    ("apps/v1", "Deployment"),
-    (RBAC_API, "RoleBinding"),
-    (RBAC_API, "Role"),
-    ("v1", "ServiceAccount"),
-)
 
 
 def activator_enabled(spec: InferenceServiceSpec) -> bool:
@@ -41,15 +32,11 @@ def activator_enabled(spec: InferenceServiceSpec) -> bool:
 
 
 def activator_name(name: str) -> str:
-    return f"{name}-activator"
+    return proxy_name(name, COMPONENT)
 
 
 def activator_selector(owner: Manifest) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": KIND_LABEL,
-        "app.kubernetes.io/instance": owner["metadata"]["name"],
-        "app.kubernetes.io/component": COMPONENT,
-    }
+    return match_labels(owner, COMPONENT)
 
 
 def routes_to_activator(enabled: bool, wanted_replicas: int, ready_replicas: int) -> bool:
@@ -87,89 +74,29 @@ def activator_config(
     )
 
 
-def render_role(owner: Manifest) -> Manifest:
-    """Least privilege: this one InferenceService (read it, write its replicas through scale) and the
-    namespace's pods (list/watch cannot be narrowed by name; the activator filters by label)."""
+def activator_rules(owner: Manifest) -> list[Manifest]:
+    """Least privilege: this one InferenceService, read it and write its replicas through scale (render_proxy adds
+    the namespace's pods, list/watch)."""
     name = owner["metadata"]["name"]
     group = owner.get("apiVersion", "loom.dev/v1alpha1").split("/")[0]
-    return {
-        "apiVersion": RBAC_API,
-        "kind": "Role",
-        "metadata": child_metadata(owner, activator_name(name), COMPONENT),
-        "rules": [
-            {"apiGroups": [group], "resources": ["inferenceservices"], "resourceNames": [name], "verbs": ["get"]},
-            {
-                "apiGroups": [group],
-                "resources": ["inferenceservices/scale"],
-                "resourceNames": [name],
-                "verbs": ["patch"],
-            },
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
-        ],
-    }
+    return [
+        {"apiGroups": [group], "resources": ["inferenceservices"], "resourceNames": [name], "verbs": ["get"]},
+        {"apiGroups": [group], "resources": ["inferenceservices/scale"], "resourceNames": [name], "verbs": ["patch"]},
+    ]
 
 
 def render_activator(owner: Manifest, image: str, config: ActivatorConfig) -> list[Manifest]:
     """ServiceAccount, Role, RoleBinding and Deployment of the service's activator, in the order to apply them."""
-    name = owner["metadata"]["name"]
-    child = activator_name(name)
-    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": child_metadata(owner, child, COMPONENT)}
-    binding = {
-        "apiVersion": RBAC_API,
-        "kind": "RoleBinding",
-        "metadata": child_metadata(owner, child, COMPONENT),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": child},
-        "subjects": [{"kind": "ServiceAccount", "name": child, "namespace": owner["metadata"]["namespace"]}],
-    }
-    probe = {"httpGet": {"path": "/healthz", "port": "admin"}, "periodSeconds": 2, "timeoutSeconds": 2}
-    container: Manifest = {
-        "name": COMPONENT,
-        "image": image,
-        "command": ["python", "-m", "loom.workloads.activator"],
-        "env": [{"name": CONFIG_ENV, "value": config.to_json()}],
-        "ports": [
-            {"name": "http", "containerPort": config.port, "protocol": "TCP"},
-            {"name": "admin", "containerPort": config.admin_port, "protocol": "TCP"},
-        ],
-        "readinessProbe": {**probe, "failureThreshold": 2},
-        "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
+    return render_proxy(
+        owner,
+        COMPONENT,
+        image=image,
+        module="loom.workloads.activator",
+        config_env=ENV_VAR,
+        config=config,
+        rules=activator_rules(owner),
         # Small: held bodies are capped (maxHeldBytes); CPU goes to relaying bytes.
-        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
-        "securityContext": restricted_security_context(),
-    }
-    pod_labels = labels(owner, COMPONENT)
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": child_metadata(owner, child, COMPONENT),
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": activator_selector(owner)},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "revisionHistoryLimit": 3,
-            "template": {
-                "metadata": {
-                    "labels": pod_labels,
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(config.admin_port),
-                        "prometheus.io/path": "/metrics",
-                    },
-                },
-                "spec": {
-                    "serviceAccountName": child,
-                    "automountServiceAccountToken": True,  # it reads pods and wakes the service
-                    "enableServiceLinks": False,
-                    "containers": [container],
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": 1000,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    # Held requests are answered (forwarded or 503) within the bound; let them finish.
-                    "terminationGracePeriodSeconds": int(config.timeout_seconds) + 5,
-                },
-            },
-        },
-    }
-    return [account, render_role(owner), binding, deployment]
+        resources={"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        # Held requests are answered (forwarded or 503) within the bound; let them finish.
+        request_seconds=int(config.timeout_seconds),
+    )

@@ -17,7 +17,6 @@ from ..api import InferenceServiceSpec
 from ..feature import Feature, Observed, Plan, ServicePass
 from ..rollout import RolloutPlan
 from .activator import (
-    OBJECTS,
     activator_config,
     activator_enabled,
     activator_name,
@@ -26,12 +25,19 @@ from .activator import (
     render_routed_service,
     routes_to_activator,
 )
-from .picker import OBJECTS as PICKER_OBJECTS
 from .picker import picker_config, picker_name, picker_policy, render_picker, service_selector
+from .proxy import OBJECTS
 
 
 def _ready(deployment: Manifest | None) -> int:
     return int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
+
+
+async def _delete_proxy(namespace: str, child: str) -> None:
+    """Delete a proxy's objects (proxy.OBJECTS) if its Deployment is there: one read when there is none."""
+    if await kube.get("apps/v1", "Deployment", namespace, child) is not None:
+        for api_version, kind in OBJECTS:
+            await kube.delete(api_version, kind, namespace, child)
 
 
 async def apply_routing(
@@ -65,15 +71,13 @@ async def apply_routing(
     if selector is not None:
         service["spec"]["selector"] = selector
     await kube.apply(service)
-    if not enabled and await kube.get("apps/v1", "Deployment", namespace, activator_name(name)) is not None:
-        for api_version, kind in OBJECTS:
-            await kube.delete(api_version, kind, namespace, activator_name(name))
+    if not enabled:
+        await _delete_proxy(namespace, activator_name(name))
     # Only a vllm service can have had a picker (no GET per pass for the others; a runtime changed away from
     # vllm leaves its idle picker until the service is deleted, when the garbage collector takes it).
     had_picker = policy is None and spec.runtime == "vllm"
-    if had_picker and await kube.get("apps/v1", "Deployment", namespace, picker_name(name)) is not None:
-        for api_version, kind in PICKER_OBJECTS:
-            await kube.delete(api_version, kind, namespace, picker_name(name))
+    if had_picker:
+        await _delete_proxy(namespace, picker_name(name))
     return to_activator
 
 

@@ -1,6 +1,6 @@
 """The endpoint picker's objects for a vllm InferenceService with several replicas (pure: no I/O).
 
-Owned by the InferenceService `<name>` when `picker_policy` is not None:
+Owned by the InferenceService `<name>` when `picker_policy` is not None (a proxy, proxy.py):
 
     ServiceAccount  <name>-picker
     Role            <name>-picker      list/watch pods (the replicas; least privilege, filtered by label)
@@ -15,19 +15,14 @@ server selector: not counted as a replica, not autoscaled, not in a canary's sha
 
 from __future__ import annotations
 
-from loom.workloads.picker.config import PickerConfig, Policy
+from loom.workloads.picker.config import ENV_VAR, PickerConfig, Policy
 
-from ....core.kit import Manifest, child_metadata, labels, restricted_security_context
+from ....core.kit import Manifest, match_labels
 from ..api import InferenceServiceSpec
-from ..render import DRAIN_SECONDS, KIND_LABEL, REQUEST_GRACE_SECONDS, SERVER_PORT, TRACK_LABEL, server_selector
+from ..render import DRAIN_SECONDS, REQUEST_GRACE_SECONDS, SERVER_PORT, TRACK_LABEL, server_selector
+from .proxy import ADMIN_PORT, proxy_name, render_proxy
 
 COMPONENT = "picker"
-ADMIN_PORT = 9090
-RBAC_API = "rbac.authorization.k8s.io/v1"
-CONFIG_ENV = "LOOM_PICKER_CONFIG"
-OBJECTS: tuple[tuple[str, str], ...] = (
-    ("apps/v1", "Deployment"), (RBAC_API, "RoleBinding"), (RBAC_API, "Role"), ("v1", "ServiceAccount"),
-)
 
 
 def picker_policy(spec: InferenceServiceSpec) -> Policy | None:
@@ -42,15 +37,11 @@ def picker_policy(spec: InferenceServiceSpec) -> Policy | None:
 
 
 def picker_name(name: str) -> str:
-    return f"{name}-picker"
+    return proxy_name(name, COMPONENT)
 
 
 def picker_selector(owner: Manifest) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": KIND_LABEL,
-        "app.kubernetes.io/instance": owner["metadata"]["name"],
-        "app.kubernetes.io/component": COMPONENT,
-    }
+    return match_labels(owner, COMPONENT)
 
 
 def service_selector(owner: Manifest, to_activator: bool, picker_ready: bool) -> dict[str, str] | None:
@@ -75,65 +66,20 @@ def picker_config(owner: Manifest, spec: InferenceServiceSpec, policy: Policy) -
     )
 
 
-def render_role(owner: Manifest) -> Manifest:
-    return {
-        "apiVersion": RBAC_API, "kind": "Role",
-        "metadata": child_metadata(owner, picker_name(owner["metadata"]["name"]), COMPONENT),
-        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}],
-    }
-
-
 def render_picker(owner: Manifest, image: str, config: PickerConfig) -> list[Manifest]:
     """ServiceAccount, Role, RoleBinding and Deployment of the service's picker, in the order to apply them."""
-    child = picker_name(owner["metadata"]["name"])
-    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": child_metadata(owner, child, COMPONENT)}
-    binding = {
-        "apiVersion": RBAC_API, "kind": "RoleBinding", "metadata": child_metadata(owner, child, COMPONENT),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": child},
-        "subjects": [{"kind": "ServiceAccount", "name": child, "namespace": owner["metadata"]["namespace"]}],
-    }
-    probe = {"httpGet": {"path": "/healthz", "port": "admin"}, "periodSeconds": 2, "timeoutSeconds": 2}
-    container: Manifest = {
-        "name": COMPONENT,
-        "image": image,
-        "command": ["python", "-m", "loom.workloads.picker"],
-        "env": [{"name": CONFIG_ENV, "value": config.to_json()}],
-        "ports": [
-            {"name": "http", "containerPort": config.port, "protocol": "TCP"},
-            {"name": "admin", "containerPort": config.admin_port, "protocol": "TCP"},
-        ],
-        "readinessProbe": {**probe, "failureThreshold": 2},
-        "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
-        # A picker being replaced keeps routing while the Service's endpoint change reaches every proxy.
-        "lifecycle": {"preStop": {"sleep": {"seconds": DRAIN_SECONDS}}},
+    return render_proxy(
+        owner,
+        COMPONENT,
+        image=image,
+        module="loom.workloads.picker",
+        config_env=ENV_VAR,
+        config=config,
+        rules=[],  # the replicas' pods only (render_proxy's list/watch)
         # Small: it relays bytes and keeps block hashes (8 bytes and a dict slot each, per replica's capacity).
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
-        "securityContext": restricted_security_context(),
-    }
-    deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": child_metadata(owner, child, COMPONENT),
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": picker_selector(owner)},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "revisionHistoryLimit": 3,
-            "template": {
-                "metadata": {
-                    "labels": labels(owner, COMPONENT),
-                    "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(config.admin_port),
-                                    "prometheus.io/path": "/metrics"},
-                },
-                "spec": {
-                    "serviceAccountName": child,
-                    "automountServiceAccountToken": True,  # it watches the replicas' pods
-                    "enableServiceLinks": False,
-                    "containers": [container],
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
-                                        "seccompProfile": {"type": "RuntimeDefault"}},
-                    # Requests in flight finish when the picker is replaced, as on a replica being removed.
-                    "terminationGracePeriodSeconds": DRAIN_SECONDS + REQUEST_GRACE_SECONDS + 5,
-                },
-            },
-        },
-    }
-    return [account, render_role(owner), binding, deployment]
+        resources={"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        # Replaced, it keeps routing while the endpoint change propagates, then finishes what is in flight, as a
+        # replica being removed does.
+        request_seconds=REQUEST_GRACE_SECONDS,
+        drain_seconds=DRAIN_SECONDS,
+    )
