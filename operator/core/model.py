@@ -15,6 +15,10 @@ from pydantic.alias_generators import to_camel
 GROUP = "loom.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
+# The MLflow tags Loom writes: a registered version made by a TrainingJob (its uid), a version a canary analysis
+# rolled back (why).
+JOB_UID_TAG = "loom.dev/trainingjob-uid"
+REJECTED_TAG = "loom.dev/rejected"
 
 # A Kubernetes object as a plain dict, as the API server sends it and server-side apply takes it.
 Manifest = dict[str, Any]

@@ -13,9 +13,9 @@ from typing import Any
 
 import httpx
 
+from .model import JOB_UID_TAG
+
 TIMEOUT = httpx.Timeout(10.0)
-JOB_UID_TAG = "loom.dev/trainingjob-uid"
-REJECTED_TAG = "loom.dev/rejected"
 
 
 class RegistryError(Exception):

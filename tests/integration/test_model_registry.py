@@ -9,7 +9,8 @@ from typing import Any
 import httpx
 
 from loom.devstack.servers import MLflowEndpoint
-from loom.operator.core.registry import JOB_UID_TAG, REJECTED_TAG, Registry
+from loom.operator.core.model import JOB_UID_TAG, REJECTED_TAG
+from loom.operator.core.registry import Registry
 
 
 def new_run(mlflow: MLflowEndpoint) -> str:

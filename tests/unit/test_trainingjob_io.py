@@ -8,7 +8,7 @@ import pytest
 
 from loom.devstack.servers import MLflowEndpoint, free_port
 from loom.operator.kinds.trainingjob.observe import progress_from_metrics
-from loom.operator.kinds.trainingjob.progress import fetch_progress, new_client
+from loom.operator.kinds.trainingjob.progress.io import fetch_progress, new_client
 from loom.operator.kinds.trainingjob.tracking.io import JOB_UID_TAG, TrackingError, ensure_run, finish_run
 from loom.workloads.trainer.config import ProgressSpec
 from loom.workloads.trainer.tracking import Progress
@@ -67,7 +67,7 @@ async def test_unreachable_mlflow_is_a_tracking_error() -> None:
 
 def test_rank_zeros_answer_stands_for_a_moment_and_only_for_the_same_pod() -> None:
     from loom.operator.kinds.trainingjob.observe import ProgressReport
-    from loom.operator.kinds.trainingjob.progress import RecentPolls
+    from loom.operator.kinds.trainingjob.progress.io import RecentPolls
 
     polls, job, rank0 = RecentPolls(reuse_s=2.0), ("ml", "gpt"), ("10.0.0.5", 1)
     report = ProgressReport(step=40)
@@ -87,7 +87,7 @@ def test_rank_zeros_answer_stands_for_a_moment_and_only_for_the_same_pod() -> No
 def test_a_rank_zero_that_does_not_answer_is_asked_less_and_less_often() -> None:
     """A trainer still loading, or a pod that never serves (a simulated node): each pass must not wait for it."""
     from loom.operator.kinds.trainingjob.observe import ProgressReport
-    from loom.operator.kinds.trainingjob.progress import RecentPolls
+    from loom.operator.kinds.trainingjob.progress.io import RecentPolls
 
     polls, job, rank0 = RecentPolls(reuse_s=2.0, unanswered_max_s=10.0), ("ml", "gpt"), ("10.0.0.5", 1)
     now, waits = 0.0, []
@@ -107,7 +107,7 @@ def test_a_rank_zero_that_does_not_answer_is_asked_less_and_less_often() -> None
 
 def test_only_answers_the_state_machine_acts_on_are_news() -> None:
     from loom.operator.kinds.trainingjob.observe import CheckpointReport, ProgressReport, UploadRetryReport
-    from loom.operator.kinds.trainingjob.progress import news
+    from loom.operator.kinds.trainingjob.progress.io import news
 
     running = ProgressReport(step=40, loss=1.5, phase="Running")
     assert news(None, running)  # the first answer
@@ -137,7 +137,7 @@ class Triggered(list[tuple[str, str]]):
 async def test_a_pass_reads_rank_zeros_last_answer_and_never_waits_for_a_poll(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import asyncio
 
-    from loom.operator.kinds.trainingjob.progress import ProgressPoller, RecentPolls
+    from loom.operator.kinds.trainingjob.progress.io import ProgressPoller, RecentPolls
 
     progress, port = trainer_at_step_40(tmp_path)
     triggered = Triggered()
@@ -184,7 +184,7 @@ async def test_a_pass_reads_rank_zeros_last_answer_and_never_waits_for_a_poll(tm
 async def test_a_followed_job_is_polled_without_passes_and_any_change_of_its_answer_triggers_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import asyncio
 
-    from loom.operator.kinds.trainingjob.progress import ProgressPoller, RecentPolls
+    from loom.operator.kinds.trainingjob.progress.io import ProgressPoller, RecentPolls
 
     progress, port = trainer_at_step_40(tmp_path)
     triggered = Triggered()

@@ -44,7 +44,7 @@ from .expectations import CreatedWorkers
 from .finetune.io import resolve_base_model
 from .observe import NodeView, ProgressReport, WorkerView, observe_node, observe_pod
 from .pacing import QUIET_S, steady
-from .progress import Poll, ProgressPoller, rank0_poll
+from .progress.io import Poll, ProgressPoller, rank0_poll
 from .queue.io import act_on_workload, observe_queue
 from .queue.workload import POD_SET
 from .registration.io import register_when_due

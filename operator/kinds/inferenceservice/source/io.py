@@ -13,8 +13,8 @@ import kopf
 
 from ....core import client as kube
 from ....core.kit import Event
-from ....core.model import API_VERSION, GROUP, VERSION, format_time
-from ....core.registry import REJECTED_TAG, Registry, RegistryError
+from ....core.model import API_VERSION, GROUP, REJECTED_TAG, VERSION, format_time
+from ....core.registry import Registry, RegistryError
 from ....core.runner import LastSeen
 from ....defaults import EndpointDefaults, model_problem, training_job_manifest
 from ..api import InferenceServiceSpec, InferenceServiceStatus

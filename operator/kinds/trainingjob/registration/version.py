@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ....core.kit import Manifest
-from ....core.registry import JOB_UID_TAG
+from ....core.model import JOB_UID_TAG
 from ..api import TrainingJobSpec, TrainingJobStatus
 
 

@@ -18,7 +18,8 @@ import httpx
 from ....core.kit import Manifest
 
 # The same tag and deadline as the model registry's (a run and the version registered from it name one job).
-from ....core.registry import JOB_UID_TAG, TIMEOUT
+from ....core.model import JOB_UID_TAG
+from ....core.registry import TIMEOUT
 from ..api import TrainingJobSpec, TrainingJobStatus
 from .api import MlflowRun
 

@@ -27,10 +27,10 @@ from typing import Any
 
 import aiohttp
 
-from ...core.leadership import LEADERSHIP
-from .api import TrainingJobSpec, TrainingJobStatus
-from .config import PROGRESS_PORT, samples_per_step
-from .observe import ProgressReport, WorkerView, parse_progress, progress_from_metrics
+from ....core.leadership import LEADERSHIP
+from ..api import TrainingJobSpec, TrainingJobStatus
+from ..config import PROGRESS_PORT, samples_per_step
+from ..observe import ProgressReport, WorkerView, parse_progress, progress_from_metrics
 
 log = logging.getLogger("loom.trainingjob.progress")
 # Inside a cluster a pod's IP accepts a connection in milliseconds; one that does not within a second is not
