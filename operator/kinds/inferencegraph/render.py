@@ -37,7 +37,7 @@ from loom.workloads.router.config import (
     graph_issues,
 )
 
-from ...core.kit import Manifest, child_metadata, labels, restricted_security_context, selector
+from ...core.kit import Manifest, child_metadata, labels, match_labels, restricted_security_context, selector
 from ...core.model import first_error
 from ..inferenceservice.render import (
     CONFIG_HASH_ANNOTATION,
@@ -126,11 +126,7 @@ def graph_url(owner: Manifest) -> str:
 
 
 def router_selector(owner: Manifest) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": KIND_LABEL,
-        "app.kubernetes.io/instance": owner["metadata"]["name"],
-        "app.kubernetes.io/component": COMPONENT,
-    }
+    return match_labels(owner, COMPONENT)
 
 
 def selector_string(owner: Manifest) -> str:

@@ -33,6 +33,7 @@ from ...core.kit import (
     child_metadata,
     cpu_threads_env,
     labels,
+    match_labels,
     merge_env,
     restricted_security_context,
     s3_env,
@@ -93,12 +94,7 @@ def config_map_name(name: str, track: Track) -> str:
 
 def server_selector(owner: Manifest) -> dict[str, str]:
     """Labels of every server pod of this InferenceService, both tracks (the Service's selector)."""
-    name = owner["metadata"]["name"]
-    return {
-        "app.kubernetes.io/name": KIND_LABEL,
-        "app.kubernetes.io/instance": name,
-        "app.kubernetes.io/component": COMPONENT,
-    }
+    return match_labels(owner, COMPONENT)
 
 
 def selector_string(owner: Manifest) -> str:
