@@ -57,3 +57,6 @@ class PickerConfig(WorkloadConfig):
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="Larger request bodies get 413.")
     retry_after_seconds: int = Field(1, ge=1, le=3600)
     log_level: str = "info"
+
+    def selector_string(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in sorted(self.pod_selector.items()))
