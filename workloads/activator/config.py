@@ -10,7 +10,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from loom.workloads.common.config import WorkloadConfig
+from loom.workloads.common.config import WorkloadConfig, label_selector
 
 ENV_VAR = "LOOM_ACTIVATOR_CONFIG"
 # Bounds of what an operator may configure (its settings activatorTimeoutS and activatorMaxHeld are declared with
@@ -46,4 +46,4 @@ class ActivatorConfig(WorkloadConfig):
     log_level: str = "info"
 
     def selector_string(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in sorted(self.pod_selector.items()))
+        return label_selector(self.pod_selector)

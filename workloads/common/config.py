@@ -8,6 +8,7 @@ variable and the pod reads it back with ``from_file`` or ``from_json``. Pydantic
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar, Self
 
@@ -41,3 +42,8 @@ class WorkloadConfig(CamelModel):
     def to_json(self) -> str:
         """The rendered form: camelCase, defaults included so the pod sees exactly what was rendered."""
         return self.model_dump_json(by_alias=True, exclude_none=self.json_exclude_none, indent=self.json_indent)
+
+
+def label_selector(labels: Mapping[str, str]) -> str:
+    """Labels as a Kubernetes label selector (`kubectl get -l` form), as a config's pods are listed by it."""
+    return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))

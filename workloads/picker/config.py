@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from loom.workloads.common.config import WorkloadConfig
+from loom.workloads.common.config import WorkloadConfig, label_selector
 
 ENV_VAR = "LOOM_PICKER_CONFIG"
 Policy = Literal["prefix-cache", "least-loaded", "round-robin"]
@@ -59,4 +59,4 @@ class PickerConfig(WorkloadConfig):
     log_level: str = "info"
 
     def selector_string(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in sorted(self.pod_selector.items()))
+        return label_selector(self.pod_selector)
