@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
 
 import uvicorn
@@ -25,12 +24,7 @@ log = logging.getLogger("loom.workloads.activator")
 
 
 def load_config(path: str | None) -> ActivatorConfig:
-    if path:
-        return ActivatorConfig.from_file(path)
-    text = os.environ.get(ENV_VAR)
-    if not text:
-        raise ValueError(f"no config: set {ENV_VAR} or pass --config")
-    return ActivatorConfig.from_json(text)
+    return ActivatorConfig.from_file_or_env(path, ENV_VAR)
 
 
 async def serve(config: ActivatorConfig) -> None:

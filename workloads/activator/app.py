@@ -25,7 +25,7 @@ from starlette.routing import Route
 from .config import ActivatorConfig
 from .hold import Holder, Refused
 from .metrics import ActivatorMetrics
-from .proxy import Unreachable, Upstream, end_to_end, relay, request_headers
+from .proxy import Unreachable, Upstream, raw_response_headers, relay, request_headers
 
 log = logging.getLogger("loom.workloads.activator")
 
@@ -128,10 +128,7 @@ def build_app(
             break
         metrics.outcome("held_forwarded" if held_once else "forwarded")
         answer = StreamingResponse(relay(response), status_code=response.status)
-        # As the replica sent them, repeated ones (Set-Cookie) included.
-        answer.raw_headers = [
-            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in end_to_end(response.headers.items())
-        ]
+        answer.raw_headers = raw_response_headers(response.headers.items())
         return answer
 
     @contextlib.asynccontextmanager

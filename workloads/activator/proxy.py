@@ -37,6 +37,12 @@ def end_to_end(headers: Iterable[tuple[str, str]], *, drop: Iterable[str] = ()) 
     return [(k, v) for k, v in pairs if k.lower() not in skip]
 
 
+def raw_response_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    """A replica's end-to-end response headers as Starlette sends them, as the replica sent them: repeated ones
+    (Set-Cookie) included."""
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in end_to_end(headers)]
+
+
 def request_headers(headers: Iterable[tuple[str, str]], client: str | None) -> list[tuple[str, str]]:
     """What the model server gets: the caller's end-to-end headers plus X-Forwarded-For."""
     out = end_to_end(headers, drop=("host", "content-length"))

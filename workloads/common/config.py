@@ -8,6 +8,7 @@ variable and the pod reads it back with ``from_file`` or ``from_json``. Pydantic
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar, Self
@@ -38,6 +39,16 @@ class WorkloadConfig(CamelModel):
     @classmethod
     def from_file(cls, path: str | Path) -> Self:
         return cls.from_json(Path(path).read_text())
+
+    @classmethod
+    def from_file_or_env(cls, path: str | None, env_var: str) -> Self:
+        """From the file given (--config), else from the environment variable the operator renders it into."""
+        if path:
+            return cls.from_file(path)
+        text = os.environ.get(env_var)
+        if not text:
+            raise ValueError(f"no config: set {env_var} or pass --config")
+        return cls.from_json(text)
 
     def to_json(self) -> str:
         """The rendered form: camelCase, defaults included so the pod sees exactly what was rendered."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
 
 import uvicorn
@@ -27,12 +26,7 @@ log = logging.getLogger("loom.workloads.picker")
 
 
 def load_config(path: str | None) -> PickerConfig:
-    if path:
-        return PickerConfig.from_file(path)
-    text = os.environ.get(ENV_VAR)
-    if not text:
-        raise ValueError(f"no config: set {ENV_VAR} or pass --config")
-    return PickerConfig.from_json(text)
+    return PickerConfig.from_file_or_env(path, ENV_VAR)
 
 
 async def serve(config: PickerConfig, endpoints: list[str] | None = None) -> None:

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from loom.workloads.activator.app import METHODS, _path, _read_capped
-from loom.workloads.activator.proxy import Unreachable, Upstream, end_to_end, relay, request_headers
+from loom.workloads.activator.proxy import Unreachable, Upstream, raw_response_headers, relay, request_headers
 
 from .config import PickerConfig
 from .state import PickerState
@@ -88,9 +88,7 @@ def build_app(config: PickerConfig, state: PickerState, upstream: Upstream,
                 state.done(endpoint)
 
         answer = StreamingResponse(body_then_done(), status_code=response.status)
-        answer.raw_headers = [
-            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in end_to_end(response.headers.items())
-        ]
+        answer.raw_headers = raw_response_headers(response.headers.items())
         return answer
 
     @contextlib.asynccontextmanager
