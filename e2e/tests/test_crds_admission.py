@@ -3,6 +3,7 @@ with the field path and a readable message (OpenAPI types, enums, ranges, patter
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 import yaml
 
 from loom.e2e.pytest_operator import apply_crds
+from loom.operator.api.cel import cel_problems
 from loom.operator.api.kinds import KINDS
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
@@ -140,6 +142,63 @@ def test_bad_objects_are_rejected_with_field_path(
     assert result.returncode != 0, "the API server accepted an invalid object"
     assert path in result.stderr, result.stderr
     assert message in result.stderr, result.stderr
+
+
+def loom(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "loom.dev/v1alpha1", "kind": kind, "metadata": {"name": "x"}, "spec": spec}
+
+
+# Objects only CEL rules refuse, several rules each: no pydantic validator repeats them, so the SDK and the unit
+# tests see them through loom.operator.api.cel alone.
+REFUSED_BY_CEL = [
+    tj(register={"model": "m"}),
+    tj(checkpoint={"uri": "s3://ckpt/x", "exportFormat": "huggingface"},
+       finetune={"method": "qlora", "baseModel": {"uri": "s3://m/b", "mlflow": "models:/a/1"}}),
+    loom("InferenceService", {
+        "model": {"uri": "s3://m/x", "name": "llama"}, "runtime": "vllm", "vllm": {"extraArgs": ["--port=1", "x"]},
+        "adapters": [{"name": "pirate", "uri": "s3://a/b"},
+                     {"name": "poet", "uri": "s3://a/c", "mlflow": "models:/p/1"},
+                     {"name": "pirate", "uri": "s3://a/d"}, {"name": "llama", "uri": "s3://a/e"}],
+        "rollout": {"canaryPercent": 10, "analysis": {
+            "steps": [{"weight": 50}, {"weight": 50}, {"weight": 20}],
+            "checks": [{"name": "a", "metric": "error-rate"}, {"name": "a", "metric": "prometheus", "max": 1}]}},
+    }),
+    loom("InferenceService", {
+        "model": {"uri": "s3://m/x"}, "adapters": [],
+        "autoscaling": {"minReplicas": 3, "maxReplicas": 2, "target": 1, "metric": "prometheus", "idleSeconds": 5},
+    }),
+    loom("InferenceGraph", {
+        "nodes": {"root": {"routerType": "Splitter", "steps": [{"serviceName": "a", "weight": 30},
+                                                               {"serviceName": "b", "weight": 30}]}},
+        "router": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2, "target": 1, "engine": "keda",
+                                   "metric": "gpu-utilization"}},
+    }),
+    loom("FeatureView", {
+        "project": "p", "entities": [{"name": "e"}], "features": [{"name": "f", "dtype": "Int64"}],
+        "source": {"path": "/d.parquet"},
+        "server": {"autoscaling": {"minReplicas": 0, "maxReplicas": 2, "target": 1, "metric": "concurrency"}},
+    }),
+]  # fmt: skip
+
+
+def refusals(stderr: str) -> list[str]:
+    """`<path>: <message>` for each line of a refusal, the API server's "Invalid value" wording left out."""
+    listed = stderr.split("is invalid: ", 1)[-1].strip()
+    lines = [line[2:] for line in listed.splitlines() if line.startswith("* ")] or [listed]
+    return sorted(re.sub(r': Invalid value: ("[^"]*": )?', ": ", line) for line in lines)
+
+
+@pytest.mark.parametrize("obj", REFUSED_BY_CEL, ids=lambda o: f"{o['kind']}-{REFUSED_BY_CEL.index(o)}")
+def test_the_api_packages_cel_evaluator_refuses_with_the_api_servers_lines(
+    crds_installed: Any, namespace: str, obj: dict[str, Any]
+) -> None:
+    """loom.operator.api.cel (the SDK's validate, the unit tests' `admitted`) is the one place the CRDs' CEL rules
+    are checked before admission: it must say what the API server says, messageExpressions included."""
+    kind = next(k for k in KINDS if k.kind == obj["kind"])
+    wire = kind.model.model_validate(obj).to_wire()  # defaulted, as the API server defaults it before validating
+    result = apply(crds_installed, namespace, wire)
+    assert result.returncode != 0, "the API server accepted an invalid object"
+    assert refusals(result.stderr) == sorted(cel_problems(kind, wire)), result.stderr
 
 
 def test_engine_is_immutable(crds_installed: Any, namespace: str) -> None:

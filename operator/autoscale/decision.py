@@ -107,6 +107,8 @@ class ScalingConfig(_Frozen):
 
     @model_validator(mode="after")
     def _bounds(self) -> ScalingConfig:
+        # The decision's own invariant (it clamps to [min, max]) for any config it is given, simulations' included;
+        # spec.autoscaling's CEL rule says the same to the person applying the object.
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"minReplicas ({self.min_replicas}) must be <= maxReplicas ({self.max_replicas})")
         return self

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from ..core.model import ApiModel, cel, validations
 from .decision import (
@@ -107,17 +107,6 @@ class Autoscaling(ApiModel):
     engine: Literal["builtin", "keda", "hpa"] = Field(
         "builtin", description="Who scales: Loom itself, KEDA, or an HPA."
     )
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Autoscaling:
-        # The same rules as the CEL above, for objects that never went through admission (tests, renders).
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(f"minReplicas ({self.min_replicas}) must be <= maxReplicas ({self.max_replicas})")
-        if (self.metric == "prometheus") != (self.query is not None):
-            raise ValueError("query is required for metric prometheus and only allowed with it")
-        if self.idle_seconds is not None and self.min_replicas != 0:
-            raise ValueError("idleSeconds needs minReplicas 0 (scale to zero)")
-        return self
 
 
 class AutoscalingStatus(ApiModel):

@@ -52,9 +52,16 @@ def first_error(exc: ValidationError, prefix: str = "spec.") -> str:
     return f"{prefix}{where}: {first.get('msg')}" if where else str(first.get("msg"))
 
 
-def cel(rule: str, message: str, *, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
-    """One `x-kubernetes-validations` entry (a CEL rule checked by the API server at admission)."""
+def cel(
+    rule: str, message: str, *, field_path: str | None = None, reason: str | None = None,
+    message_expression: str | None = None,
+) -> dict[str, str]:
+    """One `x-kubernetes-validations` entry (a CEL rule checked by the API server at admission). A
+    `message_expression` (CEL giving a string) says more than `message` can, e.g. which entry broke the rule; where
+    it errs or gives a blank string the API server uses `message`."""
     entry = {"rule": rule, "message": message}
+    if message_expression:
+        entry["messageExpression"] = message_expression
     if field_path:
         entry["fieldPath"] = field_path
     if reason:

@@ -110,7 +110,12 @@ def previous_status(model: type[StatusT], body: Manifest) -> StatusT | None:
 
 def parse(reconciler: Reconciler[Any, Any, Any, Any], body: Manifest) -> tuple[Any, str | None]:
     """The spec (None when it does not validate) and the message status shows when it cannot run: the one place
-    a spec error becomes InvalidSpec."""
+    a spec error becomes InvalidSpec.
+
+    The CRD's CEL rules are not evaluated again here (half a millisecond a pass): the API server checked them when
+    it stored the object. A rule added to a field that objects already use would need the kind's `check` to report
+    the objects stored before it, as the name rule's does. What is built outside the cluster (tests, the SDK) is
+    checked by loom.operator.api.cel."""
     try:
         spec = reconciler.parse(body)
     except ValidationError as exc:

@@ -15,6 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from loom.devstack.images import IMAGE_SETTINGS
+from loom.operator.api.cel import admitted
 from loom.operator.api.crd import crd_for
 from loom.operator.api.kinds import INFERENCE_GRAPH
 from loom.operator.autoscale import loop as module
@@ -68,15 +69,15 @@ def view_spec(**server: Any) -> FeatureViewSpec:
 )
 def test_the_router_refuses_what_it_cannot_scale_on(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
-        GraphRouter.model_validate({"autoscaling": {**RPS, **change}})
+        admitted(GraphRouter, {"autoscaling": {**RPS, **change}})
 
 
 def test_the_feature_server_scales_on_a_query_only_and_never_to_zero() -> None:
-    assert FeatureServer.model_validate({"autoscaling": QUERY}).autoscaling is not None
+    assert admitted(FeatureServer, {"autoscaling": QUERY}).autoscaling is not None
     with pytest.raises(ValidationError, match="metric prometheus"):
-        FeatureServer.model_validate({"autoscaling": RPS})
+        admitted(FeatureServer, {"autoscaling": RPS})
     with pytest.raises(ValidationError, match="does not scale to zero"):
-        FeatureServer.model_validate({"autoscaling": {**QUERY, "minReplicas": 0}})
+        admitted(FeatureServer, {"autoscaling": {**QUERY, "minReplicas": 0}})
 
 
 def test_the_crds_admit_the_same_rules_and_the_graph_has_a_scale_subresource() -> None:

@@ -14,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from loom.devstack.images import IMAGE_SETTINGS
+from loom.operator.api.cel import admitted
 from loom.operator.autoscale import loop as module
 from loom.operator.autoscale.decision import MetricUnavailable, MetricValue, Observation, ScalingState, decide
 from loom.operator.autoscale.prometheus import PrometheusClient
@@ -38,13 +39,13 @@ def spec(replicas: int | None = None, **autoscaling: Any) -> InferenceServiceSpe
 
 def test_api_refuses_inconsistent_autoscaling() -> None:
     with pytest.raises(ValidationError, match="query is required"):
-        Autoscaling.model_validate({"maxReplicas": 2, "target": 1, "metric": "prometheus"})
+        admitted(Autoscaling, {"maxReplicas": 2, "target": 1, "metric": "prometheus"})
     with pytest.raises(ValidationError, match="only allowed"):
-        Autoscaling.model_validate({"maxReplicas": 2, "target": 1, "metric": "concurrency", "query": "up"})
+        admitted(Autoscaling, {"maxReplicas": 2, "target": 1, "metric": "concurrency", "query": "up"})
     with pytest.raises(ValidationError, match="idleSeconds needs minReplicas 0"):
-        Autoscaling.model_validate({"maxReplicas": 2, "target": 1, "idleSeconds": 60})
+        admitted(Autoscaling, {"maxReplicas": 2, "target": 1, "idleSeconds": 60})
     with pytest.raises(ValidationError, match="minReplicas"):
-        Autoscaling.model_validate({"minReplicas": 3, "maxReplicas": 2, "target": 1})
+        admitted(Autoscaling, {"minReplicas": 3, "maxReplicas": 2, "target": 1})
 
 
 def test_behaviour_maps_policies_windows_and_defaults() -> None:

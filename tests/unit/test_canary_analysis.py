@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from loom.operator.api.cel import admitted
 from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
 from loom.operator.kinds.inferenceservice.canary.analysis import (
     Outcome,
@@ -287,4 +288,4 @@ def test_rejections_are_bounded_and_keyed() -> None:
 )
 def test_bad_rollouts_are_refused_with_a_clear_message(rollout: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
-        InferenceServiceSpec.model_validate({"model": {"uri": "s3://m/v"}, "handler": "noop", "rollout": rollout})
+        admitted(InferenceServiceSpec, {"model": {"uri": "s3://m/v"}, "handler": "noop", "rollout": rollout})

@@ -117,6 +117,8 @@ def test_graph_rules_are_checked_inside_maps_and_lists() -> None:
     [graph] = load(REPO / "examples" / "inferencegraph-ab-splitter.yaml")
     assert isinstance(graph, sdk.InferenceGraph)
     graph.spec.nodes["root"].steps[0].weight = None
+    # The other step takes the whole traffic: the weights still sum to 100, so only the three rules below break.
+    graph.spec.nodes["root"].steps[1].weight = 100
     graph.spec.nodes["root"].steps[1].node_name = "other"
     with pytest.raises(InvalidObject) as caught:
         validate(graph)

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from loom.operator.api.cel import admitted
 from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
 from loom.operator.kinds.inferenceservice.llm.adapters import (
     adapter_status,
@@ -33,7 +34,7 @@ TWO = [{"name": "pirate", "uri": "s3://adapters/pirate"}, {"name": "poet", "mlfl
 
 
 def spec_of(**extra: Any) -> InferenceServiceSpec:
-    return InferenceServiceSpec.model_validate({**BASE, **extra})
+    return admitted(InferenceServiceSpec, {**BASE, **extra})
 
 
 def render(spec: InferenceServiceSpec, jobs: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -65,7 +66,7 @@ def test_an_adapter_has_exactly_one_source_and_needs_runtime_vllm() -> None:
     with pytest.raises(ValidationError, match="exactly one"):
         spec_of(adapters=[{"name": "a"}])
     with pytest.raises(ValidationError, match="adapters need runtime: vllm"):
-        InferenceServiceSpec.model_validate({"model": {"uri": "s3://m/x"}, "handler": "noop", "adapters": TWO})
+        admitted(InferenceServiceSpec, {"model": {"uri": "s3://m/x"}, "handler": "noop", "adapters": TWO})
     with pytest.raises(ValidationError):
         spec_of(adapters=[{"name": "bad name", "uri": "s3://a/b"}])
     with pytest.raises(ValidationError):

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from loom.operator.api.cel import admitted
 from loom.operator.defaults import EndpointDefaults, training_job
 from loom.operator.kinds.trainingjob.api import BaseModelStatus, TrainingJobSpec, TrainingJobStatus
 from loom.operator.kinds.trainingjob.config import SpecError, trainer_config
@@ -33,7 +34,7 @@ def wire(**finetune: Any) -> dict[str, Any]:
 
 
 def spec_of(wire_spec: dict[str, Any]) -> TrainingJobSpec:
-    return TrainingJobSpec.model_validate(wire_spec)
+    return admitted(TrainingJobSpec, wire_spec)
 
 
 def test_the_rendered_trainer_config_carries_the_adapter_and_the_base() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from ...autoscale.spec import Autoscaling, AutoscalingStatus
 from ...core.kind import AGE, PHASE, Kind, NameRule, PrinterColumn
@@ -189,19 +189,6 @@ class FeatureServer(ApiModel):
         description="Scale the project's feature server on a PromQL query (metric prometheus), as an "
         "InferenceService's autoscaling (engine builtin, minReplicas >= 1); replicas are then the autoscaler's.",
     )
-
-    @model_validator(mode="after")
-    def _server_autoscaling(self) -> FeatureServer:
-        # The CEL rules above, for objects that never went through admission (tests, renders).
-        a = self.autoscaling
-        if a is not None:
-            if a.min_replicas < 1:
-                raise ValueError("the feature server does not scale to zero: autoscaling.minReplicas must be >= 1")
-            if a.engine != "builtin":
-                raise ValueError("the feature server is autoscaled by engine builtin only")
-            if a.metric != "prometheus":
-                raise ValueError("the feature server scales on metric prometheus (a PromQL query)")
-        return self
 
 
 class FeatureViewSpec(ApiModel):

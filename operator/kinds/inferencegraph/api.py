@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from loom.workloads.router.config import Dependency, Protocol, RouterType, SplitterWeight, StepData
 
@@ -103,19 +103,6 @@ class GraphRouter(ApiModel):
         description="Scale the router on its own request metrics (concurrency, requests-per-second) or a PromQL "
         "query, as an InferenceService's autoscaling (engine builtin, minReplicas >= 1).",
     )
-
-    @model_validator(mode="after")
-    def _router_autoscaling(self) -> GraphRouter:
-        # The CEL rules above, for objects that never went through admission (tests, renders).
-        a = self.autoscaling
-        if a is not None:
-            if a.min_replicas < 1:
-                raise ValueError("the router does not scale to zero: autoscaling.minReplicas must be >= 1")
-            if a.engine != "builtin":
-                raise ValueError("the router is autoscaled by engine builtin only (keda and hpa: InferenceServices)")
-            if a.metric not in ROUTER_METRICS:
-                raise ValueError("the router scales on concurrency, requests-per-second or prometheus")
-        return self
 
 
 class InferenceGraphSpec(ApiModel):

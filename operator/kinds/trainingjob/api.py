@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from loom.workloads.trainer import config as trainer
 
@@ -233,24 +233,6 @@ class TrainingJobSpec(ApiModel):
         None, alias="register",
         description="Register the exported model in the MLflow model registry when the job succeeds.",
     )
-
-    @model_validator(mode="after")
-    def _register_needs(self) -> TrainingJobSpec:
-        if self.registration is not None and (
-            self.checkpoint is None or self.tracking is None or self.tracking.mlflow is None
-        ):
-            raise ValueError(
-                "register needs checkpoint (where the model is exported) and tracking.mlflow (the registry)"
-            )
-        finetune = self.finetune
-        if finetune is not None:
-            if self.checkpoint is None:
-                raise ValueError(FINETUNE_NEEDS_CHECKPOINT)
-            if finetune.method == "qlora" and self.workers.gpus_per_worker == 0:
-                raise ValueError(trainer.QLORA_NEEDS_GPU)
-            if self.checkpoint.export_format == "huggingface":
-                raise ValueError(trainer.FINETUNE_EXPORTS_ADAPTER)
-        return self
 
 
 class WorkerCounts(ApiModel):

@@ -1,16 +1,14 @@
 """`spec.rollout.analysis` and `status.rollout`: the API of automated canary analysis (models only).
 
 The decision itself is `analysis.py` (pure); the queries are `promql.py`. The CEL rules here are checked by
-the API server at admission; the validators repeat them for objects that never went through admission (tests,
-the SDK, renders), with the same messages.
+the API server at admission, and by loom.operator.api.cel for objects that never went through it (tests, the SDK).
 """
 
 from __future__ import annotations
 
-import itertools
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from ....core.model import ApiModel, DnsName, cel, validations
 
@@ -19,8 +17,6 @@ ANALYSIS_METRICS: tuple[AnalysisMetric, ...] = ("error-rate", "latency-p99", "tt
 Verdict = Literal["Waiting", "Analyzing", "Holding", "Promoting", "Promoted", "RolledBack"]
 CheckVerdict = Literal["Pass", "Fail", "Missing"]
 TrafficSplit = Literal["replica-weighted", "exact"]
-
-_THRESHOLDS = ("max", "min", "maxRatioToStable", "minRatioToStable")
 
 
 class CanaryStep(ApiModel):
@@ -65,14 +61,6 @@ class AnalysisCheck(ApiModel):
     )
     min_ratio_to_stable: float | None = Field(None, gt=0, description="The canary fails below stable x this.")
 
-    @model_validator(mode="after")
-    def _consistent(self) -> AnalysisCheck:
-        if (self.metric == "prometheus") != (self.query is not None):
-            raise ValueError("query is required for metric prometheus and only allowed there")
-        if all(v is None for v in (self.max, self.min, self.max_ratio_to_stable, self.min_ratio_to_stable)):
-            raise ValueError(f"check {self.name}: set at least one threshold: {', '.join(_THRESHOLDS)}")
-        return self
-
     @property
     def relative(self) -> bool:
         return self.max_ratio_to_stable is not None or self.min_ratio_to_stable is not None
@@ -86,7 +74,7 @@ class Analysis(ApiModel):
 
     model_config = validations(
         cel("self.steps.all(s, self.steps.filter(t, t.weight == s.weight).size() == 1)",
-            "step weights must be distinct", field_path=".steps"),
+            "step weights must increase: a weight appears twice", field_path=".steps"),
         cel("self.steps.map(s, s.weight).isSorted()", "step weights must increase", field_path=".steps"),
         cel("self.checks.all(c, self.checks.filter(d, d.name == c.name).size() == 1)",
             "check names must be unique", field_path=".checks"),
@@ -117,16 +105,6 @@ class Analysis(ApiModel):
         "champion", max_length=255, pattern=r"^[A-Za-z0-9_\-]+$",
         description="For a service following an MLflow alias: the alias moved to the promoted version."
     )
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Analysis:
-        weights = [s.weight for s in self.steps]
-        if any(b <= a for a, b in itertools.pairwise(weights)):
-            raise ValueError(f"step weights must increase and be distinct, got {weights}")
-        names = [c.name for c in self.checks]
-        if len(set(names)) != len(names):
-            raise ValueError(f"check names must be unique, got {names}")
-        return self
 
 
 class CheckStatus(ApiModel):

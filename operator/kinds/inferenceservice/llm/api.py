@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field
 
 from loom.workloads.llm.adapters import AdapterState
 from loom.workloads.llm.config import (
@@ -81,12 +81,6 @@ class VllmSpec(ApiModel):
     max_tokens: MaxTokensLimit = Field(
         4096, description="Largest max_tokens a request may ask for.")
 
-    @field_validator("extra_args")
-    @classmethod
-    def _check_extra(cls, value: list[str]) -> list[str]:
-        EngineOptions(extra_args=value)  # the runtime's own rules (same as the CEL above)
-        return value
-
     def engine_options(self, gpus: int, lora: bool = False) -> EngineOptions:
         """The runtime's engine options; tensor parallelism defaults to the pod's GPUs; `lora`: the service has
         spec.adapters (the engine starts with LoRA on)."""
@@ -142,12 +136,6 @@ class Adapter(ApiModel):
         None, description="MLflow tracking URL for an mlflow adapter (default: model.trackingUri, then the "
         "operator's).", max_length=1024,
     )
-
-    @model_validator(mode="after")
-    def _one_source(self) -> Adapter:
-        if [self.uri, self.mlflow, self.from_training_job].count(None) != 2:
-            raise ValueError(f"adapter {self.name}: set exactly one of uri, mlflow or fromTrainingJob")
-        return self
 
 
 class AdapterReplicaStatus(ApiModel):

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from loom.workloads.trainer import config as trainer
 
@@ -47,12 +47,6 @@ class FinetuneBaseModel(ApiModel):
         None, description="MLflow tracking URL for mlflow (default: tracking.mlflow.trackingUri, then the operator's, "
         "defaults.mlflow.trackingUri).", max_length=1024,
     )
-
-    @model_validator(mode="after")
-    def _one_source(self) -> FinetuneBaseModel:
-        if sum(x is not None for x in (self.uri, self.mlflow, self.from_training_job)) != 1:
-            raise ValueError("set exactly one of uri, mlflow or fromTrainingJob")
-        return self
 
 
 class Finetune(ApiModel):
