@@ -112,8 +112,9 @@ async def test_a_training_job_registers_once_with_its_tags_and_alias(mlflow: MLf
 async def test_alias_following_asks_mlflow_at_most_once_per_interval(mlflow: MLflowEndpoint) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from loom.operator.kinds.inferenceservice.source.alias import change_reason, resolve_alias
+    from loom.operator.kinds.inferenceservice.source.alias import change_reason
     from loom.operator.kinds.inferenceservice.source.api import ModelSource
+    from loom.operator.kinds.inferenceservice.source.io import resolve_alias
     from loom.operator.kinds.inferenceservice.source.model import resolve_model
 
     name = f"follow-{uuid.uuid4().hex[:6]}"
@@ -146,7 +147,7 @@ async def test_alias_following_asks_mlflow_at_most_once_per_interval(mlflow: MLf
 
 async def test_rejection_tag_and_promotion_alias(mlflow: MLflowEndpoint) -> None:
     from loom.operator.kinds.inferenceservice.canary.api import RejectedVersion, RolloutStatus
-    from loom.operator.kinds.inferenceservice.source.alias import registry_writes
+    from loom.operator.kinds.inferenceservice.source.io import registry_writes
     from loom.operator.kinds.inferenceservice.source.model import ModelRef
 
     name = f"judge-{uuid.uuid4().hex[:6]}"
@@ -180,7 +181,7 @@ async def test_a_rejected_candidate_of_the_followed_alias_gives_it_back_to_the_s
     """A service following `champion` (its promotion alias) reads a move of it as a candidate: rejected, `champion`
     names the version that serves again; a service following another alias (or a newer move) is left alone."""
     from loom.operator.kinds.inferenceservice.canary.api import RejectedVersion, RolloutStatus
-    from loom.operator.kinds.inferenceservice.source.alias import registry_writes
+    from loom.operator.kinds.inferenceservice.source.io import registry_writes
     from loom.operator.kinds.inferenceservice.source.model import ModelRef
 
     name = f"restore-{uuid.uuid4().hex[:6]}"

@@ -44,6 +44,20 @@ def _path(request: Request) -> str:
     return (raw + (b"?" + query if query else b"")).decode("latin-1")
 
 
+async def read_body(request: Request, cap: int, outcome: Callable[[str], None], code: str) -> bytes | Response:
+    """The body to forward, or the answer instead of it: 499 (counted client_gone) when the caller left while it
+    arrived, 413 (too_large, `code`) past `cap` bytes."""
+    try:
+        body = await _read_capped(request, cap)
+    except ClientDisconnect:
+        outcome("client_gone")
+        return Response(status_code=499)
+    if body is None:
+        outcome("too_large")
+        return _error(413, f"request body over {cap} bytes", code)
+    return body
+
+
 async def _read_capped(request: Request, cap: int) -> bytes | None:
     """The body, or None as soon as it is known to exceed `cap` bytes (never read whole into memory)."""
     declared = request.headers.get("content-length", "")
@@ -92,14 +106,9 @@ def build_app(
     async def forward(request: Request) -> Response:
         arrived = clock()
         deadline = arrived + config.timeout_seconds
-        try:
-            body = await _read_capped(request, config.max_held_bytes)
-        except ClientDisconnect:
-            metrics.outcome("client_gone")
-            return Response(status_code=499)
-        if body is None:
-            metrics.outcome("too_large")
-            return _error(413, f"request body over {config.max_held_bytes} bytes", "activator_too_large")
+        body = await read_body(request, config.max_held_bytes, metrics.outcome, "activator_too_large")
+        if isinstance(body, Response):
+            return body
         headers = request_headers(request.headers.items(), request.client.host if request.client else None)
         held_once = False
         while True:

@@ -18,11 +18,11 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from loom.workloads.activator.app import METHODS, _path, _read_capped
+from loom.workloads.activator.app import METHODS, _error, _path, read_body
 from loom.workloads.activator.proxy import Unreachable, Upstream, raw_response_headers, relay, request_headers
 
 from .config import PickerConfig
@@ -34,24 +34,15 @@ log = logging.getLogger("loom.workloads.picker")
 NO_REPLICA_WAIT_S = 10.0
 
 
-def _error(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message, "code": code}, status_code=status, headers=headers)
-
-
 def build_app(config: PickerConfig, state: PickerState, upstream: Upstream,
               no_replica_wait_s: float = NO_REPLICA_WAIT_S) -> Starlette:
     retry_after = {"Retry-After": str(config.retry_after_seconds)}
     metrics = state.metrics
 
     async def forward(request: Request) -> Response:
-        try:
-            body = await _read_capped(request, config.max_body_bytes)
-        except ClientDisconnect:
-            metrics.outcome("client_gone")
-            return Response(status_code=499)
-        if body is None:
-            metrics.outcome("too_large")
-            return _error(413, f"request body over {config.max_body_bytes} bytes", "picker_too_large")
+        body = await read_body(request, config.max_body_bytes, metrics.outcome, "picker_too_large")
+        if isinstance(body, Response):
+            return body
         headers = request_headers(request.headers.items(), request.client.host if request.client else None)
         path = _path(request)
         tried: frozenset[str] = frozenset()
