@@ -9,7 +9,6 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 import kopf
-import prometheus_client
 import uvloop
 
 from . import controllers
@@ -133,7 +132,7 @@ def run(settings: OperatorSettings | None = None) -> None:
         configure(settings, ours)
         await kube.warm_up()  # the first burst's passes find their connections open (client.WARM_CONNECTIONS)
         settings.admission.server = server  # the chart owns the ValidatingWebhookConfiguration (managed: None)
-        prometheus_client.start_http_server(ours.metrics_port, addr=ours.metrics_host)
+        observability.serve_metrics(ours.metrics_port, ours.metrics_host)  # /metrics only: 404 elsewhere
         background.add(asyncio.get_running_loop().create_task(runtime.measure_loop_lag()))
         log.info(
             "loom operator started (metrics on %s, liveness on %s)",

@@ -1,6 +1,9 @@
 """The operator's own metrics and structured logs.
 
-Metrics (prometheus_client's default registry, served on the metrics port by main.py):
+Metrics (prometheus_client's default registry, served on the metrics port by main.py through `serve_metrics`, on
+`/metrics` only: every other path is a 404. prometheus_client's own start_http_server answers every path with 200
+and the metrics text, so a pod on the node agent probing 127.0.0.1:8081 for its engine once took the operator for
+one, #52):
 
 - `loom_reconcile_duration_seconds{kind}` (histogram): one reconcile pass (controllers.runner), any outcome.
 - `loom_reconcile_errors_total{kind, reason}`: passes that raised (`exception`) or were abandoned (`timeout`).
@@ -30,14 +33,18 @@ import contextlib
 import contextvars
 import copy
 import logging
+import socket
+import socketserver
+import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import kopf
 import pythonjsonlogger.core
 import pythonjsonlogger.json
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -108,6 +115,50 @@ def reconciling(kind: str, namespace: str, name: str) -> Iterator[PassOutcome]:
             RECONCILE_DURATION.labels(kind=kind).observe(time.perf_counter() - started)
             if outcome.error is not None:
                 RECONCILE_ERRORS.labels(kind=kind, reason=outcome.error).inc()
+
+
+# --- the metrics server -----------------------------------------------------------------------------------------
+
+METRICS_PATH = "/metrics"
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def metrics_app(registry: CollectorRegistry = REGISTRY, path: str = METRICS_PATH) -> WsgiApp:
+    """prometheus_client's WSGI app on `path` alone (its query string, e.g. name[]=, still filters); any other path
+    is a 404, as a server that is not the one asked for should answer."""
+    app = make_wsgi_app(registry)
+
+    def only_metrics(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO", "") != path:
+            body = f"not found: this is the Loom operator's metrics server, which serves {path} only\n".encode()
+            start_response(
+                "404 Not Found", [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))]
+            )
+            return [body]
+        answer: Iterable[bytes] = app(environ, start_response)
+        return answer
+
+    return only_metrics
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # the base class names it so
+        pass
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+def serve_metrics(port: int, host: str, registry: CollectorRegistry = REGISTRY) -> WSGIServer:
+    """Serve `metrics_app` on host:port from a daemon thread (as prometheus_client.start_http_server does, for
+    IPv4 and IPv6 hosts); returns the server (`shutdown()` stops it; its `server_port` is the port bound)."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    server_class = type("MetricsServer", (_ThreadingServer,), {"address_family": family})
+    server: WSGIServer = make_server(host, port, metrics_app(registry), server_class, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="loom-metrics", daemon=True).start()
+    return server
 
 
 # --- objects per phase ------------------------------------------------------------------------------------------
