@@ -46,3 +46,14 @@ def resumes(tags: dict[str, str]) -> list[Resume]:
         if key.startswith(RESUME_TAG) and all(n.isdigit() for n in numbers) and step.isdigit() and uri:
             found.append(Resume(tuple(int(n) for n in numbers), int(step), uri))
     return sorted(found, key=lambda r: r.attempt)
+
+
+def kill_mark(kill_step: int, resumed: list[Resume]) -> int:
+    """The step the demo names for the kill, never before the checkpoint the restart went on from: that checkpoint
+    was written before the worker died, so a kill drawn before it would contradict the run's own record. (The kill
+    step comes from the trainer's log; this bound holds even when that read failed and the status's step, a poll
+    behind, stood in.)"""
+    if not kill_step:
+        return kill_step
+    first = resumed[0].step if resumed else 0
+    return max(kill_step, first)

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .mlflow_run import Resume, loss_history, resumes, run_tags
+from .mlflow_run import Resume, kill_mark, loss_history, resumes, run_tags
 from .stage import WORKDIR, Demo, Outcome
 
 # Where the demo writes (git-ignored) and where the README shows them (tracked; only `refresh_readme` writes there).
@@ -38,6 +38,7 @@ def plot_loss(points: list[dict[str, Any]], kill_step: int, resumed: list[Resume
     for point in points:
         (second if second or point["step"] <= seen_max else first).append((point["step"], point["value"]))
         seen_max = max(seen_max, point["step"])
+    kill_step = kill_mark(kill_step, resumed)  # the two marks never contradict: a kill before its resume point
     fig, ax = plt.subplots(figsize=(8, 4.2), dpi=120)
     if first:
         ax.plot(*zip(*first, strict=True), color="#1f77b4", label="training loss")

@@ -5,6 +5,7 @@ the TrainingJob's status (step/total, loss, throughput, ETA, restarts), read eve
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import time
 from typing import Any
@@ -13,7 +14,7 @@ import psutil
 
 from loom.devstack.cluster.paths import AGENT_STATE_DIR
 
-from .mlflow_run import resumes, run_tags
+from .mlflow_run import kill_mark, resumes, run_tags
 from .stage import Demo, Outcome, example
 from .ui import TrainingView
 
@@ -48,6 +49,35 @@ def kill_worker(demo: Demo, pod_name: str) -> bool:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(signal.SIGKILL)
     return True
+
+
+def last_logged_step(log: str) -> int | None:
+    """The step of the trainer's last `{"event": "step", ...}` line: rank 0's structured stdout (the trainer's
+    duties.emit), which it prints as each logged step ends; None when the log has none."""
+    last = None
+    for line in log.splitlines():
+        if '"step"' not in line:
+            continue
+        with contextlib.suppress(ValueError):
+            event = json.loads(line[line.index("{") :])
+            if isinstance(event, dict) and event.get("event") == "step" and isinstance(event.get("step"), int):
+                last = event["step"]
+    return last
+
+
+def death_step(logged_before: int | None, logged_after: int | None, checkpoint: int, status_step: int) -> int:
+    """The step the killed worker died at: the trainer's last logged step, read from rank 0's log just after the
+    kill (rank 0 cannot finish a step without the killed rank: FSDP's collectives wait on it) or, when that read got
+    nothing (the pod already gone), just before it. Never below the newest checkpoint reported, which the trainer
+    had passed. The status's step is the last resort only: it is a progress poll old (up to a training poll behind
+    the trainer; the demo of #52 said "killed at step 81" with the step-90 checkpoint already written)."""
+    logged = logged_after if logged_after is not None else logged_before
+    return max(logged if logged is not None else status_step, checkpoint)
+
+
+def rank0_log(demo: Demo, job: str) -> str:
+    result = demo.kubectl("logs", f"{job}-worker-0", "-n", demo.namespace, "-c", "trainer", check=False)
+    return str(result.stdout or "") if result.returncode == 0 else ""
 
 
 def view(status: dict[str, Any]) -> TrainingView:
@@ -86,12 +116,17 @@ def run(demo: Demo) -> Outcome:
             if current.phase in ("Succeeded", "Failed"):
                 break
             checkpoint = (status.get("checkpoint") or {}).get("step") or 0
-            if killed_at is None and checkpoint >= KILL_AT_CHECKPOINT and kill_worker(demo, f"{name}-worker-1"):
-                killed_at, kill_step = time.monotonic(), current.step
-                bar.note(
-                    f"[kill] SIGKILL to the trainer of {name}-worker-1 at step {current.step} "
-                    f"(newest checkpoint reported: step {checkpoint})"
-                )
+            if killed_at is None and checkpoint >= KILL_AT_CHECKPOINT:
+                before = last_logged_step(rank0_log(demo, name))
+                if kill_worker(demo, f"{name}-worker-1"):
+                    killed_at = time.monotonic()
+                    time.sleep(2)  # rank 0 ends the step it is in, if it can, then waits on the dead rank
+                    after = last_logged_step(rank0_log(demo, name))
+                    kill_step = death_step(before, after, checkpoint, current.step)
+                    bar.note(
+                        f"[kill] SIGKILL to the trainer of {name}-worker-1 at step {kill_step} (the trainer's last "
+                        f"logged step; status said {current.step}, newest checkpoint reported: step {checkpoint})"
+                    )
             elif killed_at is not None and current.restarts > 0:
                 restarted = True
             if (
@@ -124,6 +159,8 @@ def run(demo: Demo) -> Outcome:
     assert demo.services is not None
     tagged = resumes(run_tags(demo.services.mlflow_url, run_id)) if run_id else []
     resumed = " and ".join(f"step-{r.step}" for r in tagged) or "no recorded"
+    kill_step = kill_mark(kill_step, tagged)
+    demo.facts["kill_step"] = kill_step
     recovered = f"{recovered_s:.0f}s" if recovered_s is not None else "?"
     return Outcome(
         f"TrainingJob {name} Succeeded: {final.step} steps, final loss {final.loss:.3f}, {final.restarts} restart "
