@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from loom.operator.kinds.inferenceservice.api import InferenceServiceStatus
 from loom.operator.kinds.inferenceservice.render import CONFIG_HASH_ANNOTATION
 from loom.operator.kinds.inferenceservice.rollout import RolloutPlan
@@ -330,7 +332,9 @@ def test_a_missing_secret_or_image_is_named_not_read_as_a_failed_fetch() -> None
                                                           "message": "no handler x"}}}],
     )  # fmt: skip
     reason, message = diagnose([crashing])
-    assert reason == "LoadFailed" and message.endswith("last terminated Error with exit code 1: no handler x")
+    assert reason == "LoadFailed"
+    assert message == "pod gpt-h: the server exited: no handler x (last terminated Error with exit code 1; see its " \
+                      "server log)"
 
 
 def test_at_zero_an_activator_that_cannot_start_is_named_in_ready() -> None:
@@ -346,3 +350,49 @@ def test_at_zero_an_activator_that_cannot_start_is_named_in_ready() -> None:
     ready = next(c for c in status.conditions if c.type == "Ready")
     assert ready.message.startswith("at zero, the activator: pod svc-activator-x container activator")
     assert any(e.type == "Warning" and e.reason == "ImagePullBackOff" for e in events)
+
+
+ENGINE_ERROR = (
+    "the vLLM engine exited with code 1 before it was ready: ValueError: Available memory on node 0 (20.75/23.54 GiB) "
+    "on startup is less than desired CPU memory utilization (0.92, 21.66 GiB). On the CPU backend, the "
+    "`--gpu-memory-utilization` flag controls the fraction of CPU memory reserved (despite its name). To resolve: "
+    "decrease `--gpu-memory-utilization` (e.g. `--gpu-memory-utilization 0.5`) or reduce CPU memory used by other "
+    "processes."
+)
+
+
+@pytest.mark.parametrize("container", [
+    # the kubelet restarts it: running again, its last run ended (no CrashLoopBackOff while it runs)
+    {"name": "server", "state": {"running": {}},
+     "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": ENGINE_ERROR}}},
+    # in the back-off between runs
+    {"name": "server", "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
+     "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": ENGINE_ERROR}}},
+    # just ended
+    {"name": "server", "state": {"terminated": {"exitCode": 1, "reason": "Error", "message": ENGINE_ERROR}}},
+], ids=["restarted", "back-off", "ended"])
+def test_ready_names_the_engines_own_fatal_error_from_the_termination_message(container: dict[str, Any]) -> None:
+    """Issue 52: the vllm front writes the engine's fatal error to its termination message; Ready says it whole,
+    whatever the container's state between its runs, not only 'the server exited (see its server log)'."""
+    observed = Observed(
+        plan=RolloutPlan(stable_ref=ref("v1"), stable_replicas=1),
+        stable=deployment(ref("v1"), 1, 0, updated=1),
+        canary=None,
+        pods=[pod("h", False, containerStatuses=[container])],
+        serving_config_hash="h",
+        runtime="vllm",
+    )
+    status, events = compute_status(OWNER, observed, None)
+    ready = next(c for c in status.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason) == ("False", "LoadFailed") and status.phase == "Failed"
+    assert ready.message == (f"model v1: pod gpt-h: the server exited: {ENGINE_ERROR} (last terminated Error with "
+                             "exit code 1; see its server log)")
+    assert any(e.type == "Warning" and e.reason == "LoadFailed" and ENGINE_ERROR in e.message for e in events)
+
+
+def test_a_termination_message_is_scrubbed_and_one_line() -> None:
+    crashed = pod("h", False, containerStatuses=[{"name": "server", "lastState": {"terminated": {
+        "exitCode": 1, "message": "cannot reach s3://ak:sk@host with\n password=hunter2"}}}])
+    _, message = diagnose([crashed])
+    assert "hunter2" not in message and ":sk@" not in message and "\n" not in message
+    assert message.startswith("pod gpt-h: the server exited: cannot reach s3://***@host with password=***")

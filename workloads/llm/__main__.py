@@ -2,14 +2,18 @@
 
 Starts the vLLM engine (a child process on the loopback, in the interpreter ``engineExecutable`` names) and
 Loom's OpenAI-compatible front on ``port``. An engine that never becomes ready stops the front with exit
-code 1 (a crash loop with the reason in the log). SIGTERM drains as the model server does: not ready at
+code 1 (a crash loop) and writes why, the engine's own fatal error (``ValueError: ...``), to the container's
+termination message ($LOOM_TERMINATION_LOG, else /dev/termination-log), which the operator puts on the
+InferenceService's Ready condition. SIGTERM drains as the model server does: not ready at
 once, ``--drain-seconds`` more of serving, then in-flight requests and streams finish, then the engine stops.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -26,6 +30,18 @@ from .app import build_app
 from .config import LlmServerConfig
 
 log = logging.getLogger("loom.workloads.llm")
+# Kubernetes keeps at most 4096 bytes of a termination message.
+MAX_TERMINATION_MESSAGE = 4096
+
+
+def write_termination_message(message: str) -> None:
+    """The container's termination message: what the kubelet copies into the pod's status when it exits."""
+    path = os.environ.get("LOOM_TERMINATION_LOG", "/dev/termination-log")
+    data = message.encode("utf-8", "replace")
+    if len(data) > MAX_TERMINATION_MESSAGE:
+        data = data[: MAX_TERMINATION_MESSAGE - 3] + b"..."
+    with contextlib.suppress(OSError):
+        Path(path).write_bytes(data)
 
 
 def resolve_model_folder(config: LlmServerConfig) -> LlmServerConfig:
@@ -60,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     server.run()
     if failed:
         log.error("exiting: the engine could not start: %s", failed[0])
+        write_termination_message(failed[0])
         return 1
     return 0
 

@@ -21,11 +21,14 @@ import ctypes
 import json
 import logging
 import os
+import re
 import secrets
 import signal
+import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +38,36 @@ from .config import LlmServerConfig, engine_flags
 
 log = logging.getLogger(__name__)
 ENTRY_POINT = "vllm.entrypoints.openai.api_server"
+# The engine's last lines of output the front keeps, to name why it failed (fatal_error).
+OUTPUT_TAIL_LINES = 400
+# An exception's last line in a traceback (`ValueError: ...`, `torch.OutOfMemoryError: ...`), after the prefix vLLM
+# puts on its child processes' lines (`(EngineCore_DP0 pid=12) `) and, when logged, its logger's.
+_PROCESS_PREFIX = re.compile(
+    r"^(?:\([\w.-]+ pid=\d+\)\s*)?(?:(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+[\d-]+ [\d:.]+\s+\[[^\]]*\]\s*)?")
+_EXCEPTION = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt))(?::\s*(.*))?$")
+# What vLLM's API server raises after its engine core died: it points at the root cause above it, so it is not one.
+_WRAPPERS = ("Engine core initialization failed", "See root cause above", "Engine process failed to start")
 
 
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM when the parent exits (Linux prctl PR_SET_PDEATHSIG)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def fatal_error(lines: Iterable[str]) -> str | None:
+    """The engine's own fatal error in its output: the last exception line of a traceback (`ValueError: Available
+    memory on node 0 ...`) that is not vLLM's wrapper pointing at the root cause above it (the API server's
+    `RuntimeError: Engine core initialization failed. See root cause above.`), with that wrapper when it is
+    the only one; None when the output names none (pure)."""
+    found: list[str] = []
+    for raw in lines:
+        line = _PROCESS_PREFIX.sub("", raw.rstrip())
+        match = _EXCEPTION.match(line)
+        if match is not None and (match.group(2) or match.group(1).endswith(("Error", "Exception"))):
+            found.append(line)
+    causes = [line for line in found if not any(wrapper in line for wrapper in _WRAPPERS)]
+    return (causes or found)[-1] if found else None
 
 
 class EngineUnavailable(Exception):
@@ -112,6 +139,8 @@ class VllmEngine:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
         )
         self._template: Path | None = None
+        self.output: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES)  # the engine's last lines (fatal_error)
+        self._relay: asyncio.Task[None] | None = None
 
     @property
     def running(self) -> bool:
@@ -128,17 +157,44 @@ class VllmEngine:
         log.info("starting the vLLM engine: %s", " ".join(argv))
         # Its own process group: the engine forks workers, and stop() must end them all. And told to stop if the
         # front dies without stopping it (a SIGKILL), so no orphaned engine holds the pod's memory.
+        # Its output passes through the front to the container's log, which keeps its last lines: an engine that
+        # exits names its fatal error (fatal_error) in the front's own exit, its termination message.
         self.process = await asyncio.create_subprocess_exec(
             *argv, start_new_session=True, preexec_fn=_die_with_parent,
-            env=engine_environment(self.config, engine_key=self._key))
+            env=engine_environment(self.config, engine_key=self._key),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        self._relay = asyncio.create_task(self._pass_output(self.process.stdout))
+
+    async def _pass_output(self, stream: asyncio.StreamReader | None) -> None:
+        """Copy the engine's output to the front's stdout as it comes, keeping its last lines."""
+        if stream is None:
+            return
+        pending = b""
+        while chunk := await stream.read(65536):
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
+            *complete, pending = (pending + chunk).split(b"\n")
+            self.output.extend(line.decode("utf-8", "replace") for line in complete)
+            pending = pending[-65536:]
+        if pending:
+            self.output.append(pending.decode("utf-8", "replace"))
+
+    async def exit_reason(self) -> str:
+        """Why the engine exited: its exit code and, from the rest of its output, its fatal error."""
+        if self._relay is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._relay), 5.0)
+        code = self.process.returncode if self.process else None
+        fatal = fatal_error(self.output)
+        return f"the vLLM engine exited with code {code} before it was ready" + (f": {fatal}" if fatal else "")
 
     async def wait_ready(self) -> None:
         """Until the engine answers /health; raises EngineUnavailable if it exits or takes too long."""
         deadline = time.monotonic() + self.config.engine_start_timeout_s
         while time.monotonic() < deadline:
             if not self.running:
-                code = self.process.returncode if self.process else None
-                raise EngineUnavailable(f"the vLLM engine exited with code {code} before it was ready")
+                raise EngineUnavailable(await self.exit_reason())
             with contextlib.suppress(httpx.HTTPError):
                 if (await self.client.get("/health", timeout=2.0)).status_code == 200 and await self._is_own():
                     return
@@ -179,17 +235,21 @@ class VllmEngine:
         if self._template is not None:
             self._template.unlink(missing_ok=True)
         process = self.process
-        if process is None or process.returncode is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), grace_s)
-        except TimeoutError:
-            log.warning("the vLLM engine did not stop within %g s: killing it", grace_s)
+        if process is not None and process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), grace_s)
+            except TimeoutError:
+                log.warning("the vLLM engine did not stop within %g s: killing it", grace_s)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                await process.wait()
+        if self._relay is not None and not self._relay.done():
+            # Its last lines, unless a process it left behind still holds its output open.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._relay), 2.0)
+            self._relay.cancel()
 
     async def post(self, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
         if not self.running:

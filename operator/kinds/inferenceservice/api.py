@@ -224,6 +224,8 @@ INFERENCE_SERVICE = Kind(
         PrinterColumn("Metric", ".status.autoscaling.metricValue", "number", priority=1),
         PrinterColumn("Scaled", ".status.autoscaling.lastScaleReason", priority=1),
         PrinterColumn("OpenAI", ".status.openaiBaseUrl", priority=1),
+        # The Ready condition's own words: why it is not (a replica's own fatal error, issue 52), or what serves.
+        PrinterColumn("Message", '.status.conditions[?(@.type=="Ready")].message', priority=1),
         PrinterColumn("Admission", ".status.queue.state", priority=1, description="Kueue: Queued, Admitted, Evicting"),
         PrinterColumn("Admitted", ".status.queue.admittedReplicas", "integer", priority=1, description="By Kueue"),
         PrinterColumn("Flavor", ".status.queue.flavor", priority=1, description="Kueue ResourceFlavor admitted"),

@@ -23,12 +23,15 @@ from dataclasses import dataclass
 
 from ...core.kit import Condition, Event, Manifest, condition_events, set_condition
 from ...core.pod_problems import REASONS as POD_REASONS
-from ...core.pod_problems import PodProblem, find_problem
+from ...core.pod_problems import PodProblem, find_problem, scrub
 from .api import CanaryStatus, InferenceServiceStatus, ServingPhase
 from .llm.vllm import openai_base_url
 from .render import CONFIG_HASH_ANNOTATION, selector_string, service_url
 from .rollout import RolloutPlan, rolled_out
 from .source.model import ResolveError
+
+# How much of a container's own termination message the Ready condition keeps: a vLLM error and its advice fit.
+MAX_TERMINATION_MESSAGE = 1000
 
 
 @dataclass(frozen=True)
@@ -83,9 +86,29 @@ def _failed(state: Manifest | None) -> bool:
     return waiting.get("reason") in ("CrashLoopBackOff", "CreateContainerConfigError", "CreateContainerError")
 
 
+def _ended(container: Manifest) -> Manifest:
+    """The container's failed termination, current or last ({} when it has none)."""
+    for state in (container.get("state"), container.get("lastState")):
+        terminated = (state or {}).get("terminated") or {}
+        if terminated and int(terminated.get("exitCode", 0)) != 0:
+            return dict(terminated)
+    return {}
+
+
+def _exited(what: str, log: str, container: Manifest, crash: str) -> str:
+    """`what` failed, in the program's own words when it wrote a termination message (the vllm runtime's front
+    writes the engine's fatal error there, issue 52), else the way it ended; `crash`: a crash loop's detail."""
+    ended = _ended(container)
+    message = scrub(str(ended.get("message") or ""), MAX_TERMINATION_MESSAGE)
+    if message:
+        how = f"{ended.get('reason') or 'Error'} with exit code {ended.get('exitCode', '?')}"
+        return f"{what}: {message} (last terminated {how}; see its {log} log)"
+    return f"{what} (see its {log} log){crash}"
+
+
 def diagnose(pods: list[Manifest]) -> tuple[str, str]:
     """Why none of these pods is ready yet: (reason, message). Never includes logs (they may hold secrets); a
-    crash's termination message comes scrubbed (pod_problems)."""
+    crash's termination message, what the program itself wrote as its cause, comes scrubbed (pod_problems)."""
     if not pods:
         return "Pending", "no replica created yet"
     problem = find_problem(pods)
@@ -98,10 +121,10 @@ def diagnose(pods: list[Manifest]) -> tuple[str, str]:
         last = f"; {problem.detail}" if problem is not None and problem.pod == name else ""
         for init in status.get("initContainerStatuses") or []:
             if _failed(init.get("state")) or _failed(init.get("lastState")):
-                return "FetchFailed", f"pod {name}: fetching the model failed (see its fetch-model log){last}"
+                return "FetchFailed", f"pod {name}: " + _exited("fetching the model failed", "fetch-model", init, last)
         for container in status.get("containerStatuses") or []:
             if _failed(container.get("state")) or _failed(container.get("lastState")):
-                return "LoadFailed", f"pod {name}: the server exited (see its server log){last}"
+                return "LoadFailed", f"pod {name}: " + _exited("the server exited", "server", container, last)
         for cond in status.get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
                 return "Unschedulable", f"pod {name}: {cond.get('message') or cond.get('reason') or 'not scheduled'}"

@@ -52,7 +52,9 @@ class VllmSpec(ApiModel):
         None, description="vllm --gpu-memory-utilization: GPU memory fraction for weights and KV cache (0.9).")
     kv_cache_memory_bytes: KvCacheMemoryBytes | None = Field(
         None, description="vllm --kv-cache-memory-bytes: the KV cache's size (overrides the GPU memory fraction; "
-                          "on CPU, the KV-cache space).")
+                          "on CPU, the KV-cache space). Default without GPUs (unless gpuMemoryUtilization is set): a "
+                          "quarter of the pod's memory limit, else of its request, at least 256 MiB; 1 GiB when "
+                          "neither is set.")
     dtype: Dtype = Field("auto", description="vllm --dtype.")
     # At most the GPUs a pod may ask for (spec.gpus), below the runtime's own bound.
     tensor_parallel_size: Annotated[int, Field(ge=1, le=16)] | None = Field(

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from decimal import Decimal, InvalidOperation
 
 from loom.workloads.llm.adapters import ADAPTERS_FILE, AdapterList
-from loom.workloads.llm.config import LlmLimits, LlmServerConfig
+from loom.workloads.llm.config import EngineOptions, LlmLimits, LlmServerConfig
 from loom.workloads.server.config import AuthConfig, ServerConfig
 
 from ....core.kit import Manifest
@@ -27,10 +28,65 @@ ENGINE_PORT = 8081
 STARTUP_FAILURES = 600
 OPENAI_PATH = "/v1"
 ADAPTERS_DIR = "adapters"
+# The KV cache of a replica without GPUs when spec.vllm leaves its size to Loom (issue 52). vLLM's CPU build reads
+# --gpu-memory-utilization (0.92 by default) as the share of the *host's* memory to reserve and exits at start when
+# less is free, which it never is on a node that runs anything else. So Loom gives it --kv-cache-memory-bytes
+# instead: a quarter of the pod's memory limit (else of its request: the rest holds the front, the engine's own
+# process and the weights), at least CPU_KV_CACHE_FLOOR, and CPU_KV_CACHE_DEFAULT when the pod names no memory.
+CPU_KV_CACHE_SHARE = Decimal(1) / 4
+CPU_KV_CACHE_FLOOR = 256 << 20
+CPU_KV_CACHE_DEFAULT = 1 << 30
+# Flags that size the KV cache: one the user passes through extraArgs is theirs to decide.
+_KV_CACHE_FLAGS = ("--kv-cache-memory-bytes", "--gpu-memory-utilization")
+_BINARY = {suffix: Decimal(1024) ** (power + 1) for power, suffix in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))}
+_DECIMAL = {"m": Decimal("0.001"), **{suffix: Decimal(1000) ** (power + 1) for power, suffix in enumerate("kMGTPE")}}
 
 
 def openai_base_url(service_url: str) -> str:
     return service_url + OPENAI_PATH
+
+
+def memory_bytes(quantity: int | str) -> int | None:
+    """A Kubernetes memory quantity in bytes (512Mi, 4Gi, 1G, 1e9, 268435456); None when it is not one."""
+    text = str(quantity).strip()
+    factor = Decimal(1)
+    for suffixes in (_BINARY, _DECIMAL):
+        suffix = next((s for s in suffixes if text.endswith(s)), None)
+        if suffix is not None:
+            text, factor = text[: -len(suffix)], suffixes[suffix]
+            break
+    try:
+        value = Decimal(text) * factor
+    except InvalidOperation:
+        return None
+    return int(value) if value.is_finite() and value > 0 else None
+
+
+def cpu_kv_cache_bytes(spec: InferenceServiceSpec) -> int | None:
+    """The KV-cache size Loom gives a replica without GPUs whose spec.vllm leaves it open: a quarter of the pod's
+    memory limit, else of its memory request, at least CPU_KV_CACHE_FLOOR; CPU_KV_CACHE_DEFAULT when it names
+    neither. None (vLLM decides, or the user did) with GPUs, or when kvCacheMemoryBytes, gpuMemoryUtilization or
+    either flag in extraArgs is set."""
+    vllm = spec.vllm or VllmSpec()
+    passed = {arg.split("=", 1)[0] for arg in vllm.extra_args}
+    if spec.gpus > 0 or vllm.kv_cache_memory_bytes is not None or vllm.gpu_memory_utilization is not None:
+        return None
+    if passed.intersection(_KV_CACHE_FLAGS):
+        return None
+    resources = spec.resources
+    for amounts in ((resources.limits if resources else None), (resources.requests if resources else None)):
+        memory = memory_bytes((amounts or {}).get("memory", ""))
+        if memory is not None:
+            return max(CPU_KV_CACHE_FLOOR, int(memory * CPU_KV_CACHE_SHARE))
+    return CPU_KV_CACHE_DEFAULT
+
+
+def engine_options(spec: InferenceServiceSpec) -> EngineOptions:
+    """spec.vllm as the runtime's engine options, with the KV-cache size of a CPU replica (cpu_kv_cache_bytes)."""
+    vllm = spec.vllm or VllmSpec()
+    options = vllm.engine_options(spec.gpus, lora=spec.adapters is not None)
+    kv_cache = cpu_kv_cache_bytes(spec)
+    return options if kv_cache is None else options.model_copy(update={"kv_cache_memory_bytes": kv_cache})
 
 
 def llm_config(spec: InferenceServiceSpec, server: ServerConfig, config_dir: str = "/etc/loom") -> LlmServerConfig:
@@ -43,7 +99,7 @@ def llm_config(spec: InferenceServiceSpec, server: ServerConfig, config_dir: str
         port=server.port,
         engine_port=ENGINE_PORT,
         engine_python="python",
-        engine=vllm.engine_options(spec.gpus, lora=lora),
+        engine=engine_options(spec),
         # The adapter list is its own file of the same ConfigMap volume, rewritten in place when it changes; the
         # adapters download into the model cache volume, beside the model.
         adapters_file=f"{config_dir}/{ADAPTERS_FILE}" if lora else None,
