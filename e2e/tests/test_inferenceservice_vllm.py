@@ -6,6 +6,10 @@ Then a queue: more concurrent requests than the engine decodes at once (maxNumSe
 `vllm:num_requests_waiting` reaches the stack's real Prometheus through the front's /metrics, and the operator's
 builtin autoscaler scales the service up on `llm-waiting-requests`.
 
+And the smallest vllm service (runtime, model.uri, auth: no `vllm:` block, no resources) becomes Ready without a
+restart and answers (issue 52): Loom gives a replica without GPUs a KV cache of its own size instead of vLLM's CPU
+default, 0.92 of the host's memory, which crash-loops on a host that runs anything else.
+
 The node agent runs the vllm image's containers from the checkout's .venv-vllm (`make venv-vllm`; the image's
 repository name `vllm` maps to it: loom.devstack.cluster.paths.AGENT_IMAGE_ENVIRONMENTS), as a cluster would run
 them from the vllm image.
@@ -79,6 +83,65 @@ def service(bucket: str, s3: S3Endpoint) -> dict[str, Any]:
             "env": [{"name": "AWS_DEFAULT_REGION", "value": s3.region}],
         },
     }
+
+
+def smallest_service(name: str, bucket: str, s3: S3Endpoint) -> dict[str, Any]:
+    """What a user writes first: the runtime, the model and the keys; the engine's options are Loom's and vLLM's."""
+    return {
+        "apiVersion": "loom.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {
+            "runtime": "vllm",
+            "model": {"uri": f"s3://{bucket}/{name}", "endpoint": s3.url, "secretRef": {"name": "s3-credentials"}},
+            "auth": {"apiKeysSecretRef": {"name": "llm-keys", "key": "keys"}},
+            # Placement and the S3 region of the stack's moto: not engine options.
+            "nodeSelector": {"kubernetes.io/hostname": AGENT_NODE_NAME},
+            "env": [{"name": "AWS_DEFAULT_REGION", "value": s3.region}],
+        },
+    }
+
+
+def test_the_smallest_vllm_service_is_ready_without_a_restart_and_answers(
+    cluster: Cluster, operator_namespace: str, s3: S3Endpoint, bucket: str, tmp_path: Path,
+) -> None:
+    ns, name = operator_namespace, "smallest-llama"
+    upload_folder(s3, bucket, write_llama_folder(tmp_path / name, LlamaShape(max_positions=256)), name)
+    apply_s3_secret(cluster, ns, s3)
+    cluster.kubectl("create", "secret", "generic", "llm-keys", "-n", ns, f"--from-literal=keys={API_KEY}")
+    cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(smallest_service(name, bucket, s3)))
+
+    def ready() -> dict[str, Any] | None:
+        result = cluster.kubectl("get", "inferenceservice", name, "-n", ns, "-o", "json", check=False)
+        obj = json.loads(result.stdout) if result.returncode == 0 else {}
+        conds = {c["type"]: c for c in (obj.get("status") or {}).get("conditions", [])}
+        return obj if conds.get("Ready", {}).get("status") == "True" else None
+
+    try:
+        wait_until(ready, timeout=600, what="the smallest vllm InferenceService to be Ready", interval=3)
+    except TimeoutError as error:
+        # Its Ready condition says why (the engine's own error, from the front's termination message).
+        wide = cluster.kubectl("get", "inferenceservice", name, "-n", ns, "-o", "wide", check=False).stdout
+        pods = cluster.kubectl("get", "pods", "-n", ns, "-o", "yaml", check=False).stdout
+        raise AssertionError(f"{error}\n{wide}\n{pods}") from None
+
+    # The engine ran with the KV cache Loom sized (1 GiB: the pod names no memory), in its first container run.
+    llm_json = json.loads(cluster.kubectl("get", "configmap", f"{name}-config", "-n", ns, "-o", "json").stdout)
+    assert json.loads(llm_json["data"]["llm.json"])["engine"]["kvCacheMemoryBytes"] == 1 << 30
+    (pod,) = json.loads(cluster.kubectl("get", "pods", "-n", ns, "-l",
+                                        f"app.kubernetes.io/instance={name},app.kubernetes.io/component=server",
+                                        "-o", "json").stdout)["items"]
+    assert [c["restartCount"] for c in pod["status"]["containerStatuses"]] == [0], pod["status"]
+    # kubectl get -o wide shows the Ready condition's message.
+    wide = cluster.kubectl("get", "inferenceservice", name, "-n", ns, "-o", "wide").stdout
+    assert "MESSAGE" in wide.splitlines()[0] and "replica(s) ready" in wide.splitlines()[1], wide
+
+    base_url = f"http://{service_address(name, ns, AGENT_STATE_DIR)}:80/v1"
+    llm = openai.OpenAI(base_url=base_url, api_key=API_KEY, max_retries=0, timeout=120)
+    chat = llm.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": "Tom painted the fence."}], max_tokens=8, temperature=0
+    )
+    assert chat.model == name and chat.usage is not None and 0 < chat.usage.completion_tokens <= 8
 
 
 def test_openai_client_through_the_service_and_scaling_on_waiting_requests(
