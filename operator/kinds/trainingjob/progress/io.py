@@ -9,7 +9,8 @@ A pass never waits on a pod (`ProgressPoller`): it reads the last answer and, wh
 that runs on its own; an answer the state machine acts on (the first, a new trainer phase, a newer checkpoint,
 an upload retry) triggers the job's next pass at once, a moving step or loss waits for the job's periodic pass.
 A steady job (pacing.py) has no periodic pass: the poller follows its rank 0 itself, every training poll, and any
-change of the answer triggers the job's pass (status shows the step and loss as fresh as before).
+change of the answer triggers the job's pass (status shows the step and loss as fresh as before: within one poll
+interval and a poll's own time of the trainer, held by tests/unit/test_trainingjob_progress_lag.py).
 Before, each pass asked rank 0 itself and held its pass slot for up to the connect timeout when rank 0 did not
 answer (a trainer still starting; in bench/bench_kubeflow_p1.py, every simulated pod). The client is aiohttp's,
 not httpx's: 0.4 against 1.8-2.1 ms of CPU per request, answered or timed out (measured on this machine), and the
@@ -194,11 +195,13 @@ class ProgressPoller:
             if not await LEADERSHIP.leads():  # a replica standing by triggers no pass (core/leadership.py)
                 continue
             for job, poll in list(self._followed.items()):
-                self._start_poll(job, poll)
+                self._start_poll(job, poll, reuse=False)
 
-    def _start_poll(self, job: Job, poll: Poll) -> None:
-        """A poll of rank 0 as a task of its own, unless its last answer is fresh or a poll runs already."""
-        recent, _ = self.polls.fresh(job, poll[0], time.monotonic())
+    def _start_poll(self, job: Job, poll: Poll, reuse: bool = True) -> None:
+        """A poll of rank 0 as a task of its own, unless a poll runs already or (`reuse`: a pass asks) its last
+        answer is fresh. The follower does not reuse: an answer a pass got just before its tick would otherwise
+        skip the tick, and status would lag the trainer by the interval and the reuse (#52)."""
+        recent = reuse and self.polls.fresh(job, poll[0], time.monotonic())[0]
         if not recent and job not in self._polling:
             self._polling[job] = asyncio.get_running_loop().create_task(self._poll(job, *poll))
 
