@@ -115,8 +115,8 @@ def engine_environment(
     config: LlmServerConfig, base: dict[str, str] | None = None, engine_key: str | None = None
 ) -> dict[str, str]:
     """The engine's environment: the front's, plus the key its /v1 routes demand (VLLM_API_KEY, never one the
-    front inherited), vLLM's switch for its runtime LoRA API when adapters are on, and the switch that lets its
-    CPU platform keep the worker in the engine-core process (worker_in_engine_process)."""
+    front inherited), vLLM's switch for its runtime LoRA API when adapters are on, the switch that lets its
+    CPU platform keep the worker in the engine-core process (worker_in_engine_process), and unbuffered output."""
     env = dict(os.environ if base is None else base)
     env.pop("VLLM_API_KEY", None)
     if engine_key is not None:
@@ -125,6 +125,8 @@ def engine_environment(
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if worker_in_engine_process(config):
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # Its output is a pipe to the front (fatal_error): unbuffered, so a crash loses none of its last lines.
+    env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
 
