@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml setup.py
 	@$(BIN)/python -m pip install -q --disable-pip-version-check 'uv>=0.4,<1'
 	# torch first: deepspeed's sdist imports it at build time.
 	$(UV) pip install --python $(BIN)/python -q 'torch>=2.5,<3'
-	$(UV) pip install --python $(BIN)/python -q --no-build-isolation-package deepspeed -e '.[dev,train,serve,features,client,llm]'
+	$(UV) pip install --python $(BIN)/python -q --no-build-isolation-package deepspeed -e '.[dev,train,serve,features,client,llm,docs]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
 # The vLLM engine (the vllm runtime, tests/integration/test_llm_vllm.py, bench/bench_llm.py) in its own environment:
@@ -63,8 +63,11 @@ typecheck: venv
 	cd $(MYPY_TREE) && ../$(BIN)/mypy --config-file ../pyproject.toml -p loom.operator -p loom.workloads -p loom.client
 
 # The API reference in docs/, generated from the same models as the CRDs and the SDK (a test fails on drift).
+# Then the documentation site (mkdocs.yml) into .state/site, strict: a warning (a link to a missing page or anchor,
+# an included file that is not there) fails the build. tests/unit/test_docs_site.py builds it and opens it in Chromium.
 docs: venv
 	$(BIN)/python -m loom.client.docs > docs/api-reference.md
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 unit: venv venv-vllm
 	$(BIN)/pytest -q tests
@@ -104,12 +107,16 @@ TEST_STACK := LOOM_STATE_DIR=$(TEST_STATE) LOOM_STACK_REAL_NODE=1
 # The cluster tiers' pytest on the test stack: a test module per xdist worker at a time (each worker its own session,
 # operator and namespaces), then a marker expression.
 CLUSTER_PYTEST := $(TEST_STACK) $(BIN)/pytest -q -n $(E2E_WORKERS) --dist loadfile
-.PHONY: test-static test-unit test-integration test-e2e test-all node-tools
+.PHONY: test-static test-unit test-integration test-e2e test-all node-tools docs-tools
 
 test-static: lint typecheck
 
-test-unit: venv
+test-unit: venv docs-tools
 	OMP_NUM_THREADS=1 $(BIN)/pytest -q --durations=15 -m "not slow" tests
+
+# The documentation site's browser test (tests/unit/test_docs_site.py) drives Debian's Chromium.
+docs-tools:
+	bash images/tools.sh chromium
 
 # The real node's host tools (Debian's runc, nftables; mmdebstrap for its development image).
 node-tools:
@@ -130,7 +137,7 @@ test-e2e: venv venv-vllm image-tools node-tools
 # session per worker (they share each worker's operator and services), then the serial core tests (the secrets
 # scan reads what every session left). Every tier runs even when an earlier one failed. `make -n test` (and test-all)
 # does not just print: its one recipe line calls $(MAKE), and make runs such lines even under -n.
-test: venv image-tools venv-vllm node-tools
+test: venv image-tools venv-vllm node-tools docs-tools
 	@mkdir -p .state; rm -f .state/unit.failed; failed=""; \
 	( nice -n $(CLUSTER_FREE_NICE) $(MAKE) --no-print-directory test-static test-unit > .state/unit.log 2>&1 \
 	  || touch .state/unit.failed; echo "static and unit tiers done at $${SECONDS}s of make test" >> .state/unit.log ) & \
@@ -178,7 +185,7 @@ test-all: venv image-tools venv-vllm node-tools
 # .state/cluster-free.failed. One OpenMP thread per test process, as the operator gives pods that name no CPU (kinds'
 # `cpu_threads_env`): beside the e2e tier, a second thread per process only spins waiting for a core.
 .PHONY: test-cluster-free
-test-cluster-free: venv venv-vllm
+test-cluster-free: venv venv-vllm docs-tools
 	@failed=""; \
 	$(MAKE) --no-print-directory lint typecheck || failed="$$failed static"; \
 	OMP_NUM_THREADS=1 $(BIN)/pytest -q --durations=20 tests || failed="$$failed unit"; \
@@ -186,7 +193,7 @@ test-cluster-free: venv venv-vllm
 	printf '%s' "$$failed" > .state/cluster-free.failed
 
 # While developing: static checks and every test not marked slow, no cluster (a few minutes warm).
-test-quick: venv
+test-quick: venv docs-tools
 	$(MAKE) lint typecheck
 	$(BIN)/pytest -q -m "not slow and not e2e" tests
 

@@ -1,4 +1,6 @@
-"""The README's "Install on a real cluster" section as data, so tests hold the README to what the chart is.
+"""The "Install on a real cluster" page of the documentation site (docs/tasks/install.md, moved there from the
+README) as data, so tests hold the page to what the chart is; `page_section` reads the other pages the README's
+sections moved to.
 
 `tests/unit/test_readme_install.py` checks that every command and every chart value the section shows exists
 (values.yaml, values.schema.json) and that the chart README's RBAC table is the chart's rules;
@@ -17,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 CHART_DIR = "charts/loom"
 SECTION = "Install on a real cluster"
+DOCS = REPO / "docs"
 # What the README's commands call the release, its namespace and the namespaces it watches.
 RELEASE = "loom"
 NAMESPACE = "loom-system"
@@ -32,6 +35,23 @@ def section(text: str, title: str = SECTION) -> str:
     return match.group(1)
 
 
+# The sections the README had, by title, and the page of the documentation site each moved to (its `# <title>`).
+PAGES = {
+    SECTION: DOCS / "tasks" / "install.md",
+    "Development: the local real stack": DOCS / "getting-started" / "local-stack.md",
+    "Feature views": DOCS / "tasks" / "feature-views.md",
+    "GitOps with Argo CD and Flux": DOCS / "tasks" / "gitops.md",
+}
+
+
+def page_section(title: str = SECTION) -> str:
+    """The body of the page the README's `## <title>` section moved to (everything below its `# <title>`)."""
+    heading, _, body = PAGES[title].read_text().partition("\n")
+    if heading != f"# {title}":
+        raise ValueError(f"{PAGES[title]} does not start with '# {title}'")
+    return body
+
+
 def commands(body: str) -> list[list[str]]:
     """The commands of the section's ```bash blocks, each as argv (continuation lines joined, comments dropped)."""
     found: list[list[str]] = []
@@ -44,13 +64,13 @@ def commands(body: str) -> list[list[str]]:
 
 
 def readme_commands() -> list[list[str]]:
-    return commands(section(README.read_text()))
+    return commands(page_section())
 
 
 def real_node_commands() -> list[list[str]]:
     """The section's walk on the local stack's real node: its ```shell block (kept apart from the real-cluster
     commands above, which `readme_commands` returns), as argv."""
-    body = section(README.read_text())
+    body = page_section()
     [block] = re.findall(r"^```shell\n(.*?)^```", body, flags=re.M | re.S)
     return commands(f"```bash\n{block}```\n")
 
@@ -61,7 +81,7 @@ LOCAL_SECTION = "Development: the local real stack"
 
 def local_install_command() -> list[str]:
     """The one `helm install` of the README's local-stack section, as argv."""
-    found = [argv for argv in commands(section(README.read_text(), LOCAL_SECTION)) if argv[:2] == ["helm", "install"]]
+    found = [argv for argv in commands(page_section(LOCAL_SECTION)) if argv[:2] == ["helm", "install"]]
     if len(found) != 1:
         raise ValueError(f"expected one helm install in '## {LOCAL_SECTION}', found {len(found)}")
     return found[0]
@@ -185,7 +205,7 @@ FEATURES_SECTION = "Feature views"
 
 def feature_lookup() -> tuple[str, str]:
     """(the URL the README POSTs to, the JSON body it sends) of the Feature views section's curl lookup."""
-    for argv in commands(section(README.read_text(), FEATURES_SECTION)):
+    for argv in commands(page_section(FEATURES_SECTION)):
         if argv[0] == "curl":
             url = next(arg for arg in argv[1:] if arg.startswith("http"))
             return url, flag_values(argv, "-d")[0]

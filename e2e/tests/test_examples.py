@@ -47,7 +47,7 @@ from loom.devstack.cluster.paths import AGENT_STATE_DIR
 from loom.e2e.autoscaling import ready_pods
 from loom.e2e.helm_operator import InClusterOperator, operator_in_cluster, wait_default_service_account
 from loom.e2e.pytest_operator import apply_crds
-from loom.e2e.readme_install import LOCAL_SECTION, README, commands, local_install_command, section
+from loom.e2e.readme_install import LOCAL_SECTION, commands, local_install_command, page_section
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -371,7 +371,7 @@ def test_gpu_autoscaling_example_scales_up_on_its_metric(
 def readme_gpu_autoscaling_commands() -> tuple[list[str], list[str]]:
     """The README local-stack section's `kubectl apply` of the GPU autoscaling example and its
     `loom dev gpu-utilization` (argv, the program name first)."""
-    argvs = commands(section(README.read_text(), LOCAL_SECTION))
+    argvs = commands(page_section(LOCAL_SECTION))
     applies = [a for a in argvs if a[:2] == ["kubectl", "apply"] and "inferenceservice-autoscale-gpu.yaml" in a[-1]]
     sets = [a for a in argvs if a[0].endswith("loom") and a[1:3] == ["dev", "gpu-utilization"]]
     assert len(applies) == 1 and len(sets) == 1, argvs

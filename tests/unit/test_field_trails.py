@@ -25,7 +25,8 @@ EXPECTED = {
 
 
 def trails() -> dict[tuple[str, str], list[str]]:
-    section = (ROOT / "README.md").read_text().split("Finding the code behind a CRD field", 1)[1]
+    page = ROOT / "docs" / "architecture" / "layout.md"  # the README's "Layout" section moved there
+    section = page.read_text().split("Finding the code behind a CRD field", 1)[1]
     found: dict[tuple[str, str], list[str]] = {}
     for line in section.splitlines():
         if (match := ROW.match(line)) is not None:

@@ -22,7 +22,6 @@ from loom.e2e.readme_install import (
     CHART_DIR,
     NAMESPACE,
     PUSHED_VALUES,
-    README,
     RELEASE,
     REPO,
     SECTION,
@@ -32,6 +31,7 @@ from loom.e2e.readme_install import (
     flag_values,
     inline_values,
     nest,
+    page_section,
     readme_commands,
     section,
     set_values,
@@ -39,7 +39,7 @@ from loom.e2e.readme_install import (
 from loom.e2e.stack_images import push_tool
 
 CHART = REPO / CHART_DIR
-BODY = section(README.read_text())
+BODY = page_section()
 
 
 def defaults() -> dict[str, Any]:
@@ -265,7 +265,7 @@ def test_every_file_the_install_and_gitops_sections_name_exists(title: str) -> N
     """The tests and files these sections cite as proof (test_gitops.py, the Argo CD health script, ...) exist."""
     named = [
         code
-        for code in re.findall(r"`([^`\s]+)`", section(README.read_text(), title))
+        for code in re.findall(r"`([^`\s]+)`", page_section(title))
         if "/" in code
         and ":" not in code
         and not code.startswith("-")
