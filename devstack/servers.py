@@ -24,6 +24,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from loom.devstack.agent.shim import published_host_port
+from loom.devstack.cluster.paths import AGENT_STATE_DIR
+
 # The binaries live next to the interpreter that runs the tests (the project's virtualenv).
 _BIN = Path(sys.executable).parent
 _DEFAULT_START_TIMEOUT_S = 60.0
@@ -172,7 +175,11 @@ def s3_server(workdir: Path, timeout_s: float = _DEFAULT_START_TIMEOUT_S) -> Ite
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     argv = [str(_BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)]
-    with _running("s3", argv, f"{url}/moto-api/", Path(workdir), timeout_s=timeout_s):
+    # Pods on the node agent are given this address (a model's endpoint): publish the port to them (agent/shim.py).
+    with (
+        published_host_port(AGENT_STATE_DIR, port),
+        _running("s3", argv, f"{url}/moto-api/", Path(workdir), timeout_s=timeout_s),
+    ):
         yield S3Endpoint(url=url, access_key="loom-test-access", secret_key="loom-test-secret")
 
 
@@ -213,5 +220,8 @@ def mlflow_server(
         env.update(s3.env())
     else:
         argv += ["--artifacts-destination", str(workdir / "artifacts")]
-    with _running("mlflow", argv, f"{url}/health", workdir, env=env, timeout_s=timeout_s):
+    with (
+        published_host_port(AGENT_STATE_DIR, port),
+        _running("mlflow", argv, f"{url}/health", workdir, env=env, timeout_s=timeout_s),
+    ):
         yield MLflowEndpoint(url=url, artifacts_uri=artifacts_uri)

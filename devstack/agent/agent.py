@@ -27,6 +27,7 @@ from loom.devstack.agent.plan import ClusterData
 from loom.devstack.agent.podworker import PodWorker
 from loom.devstack.agent.proxies import PodEndpoint, ServiceTable, api_endpoints, named_ports
 from loom.devstack.agent.runtime import ContainerProcess
+from loom.devstack.agent.shim import host_ports_environment
 from loom.devstack.agent.status import pod_status
 from loom.devstack.agent.volumes import needs_token, refresh_config_maps
 
@@ -61,7 +62,11 @@ class Agent:
         self.dirty = asyncio.Event()
         self.logs = LogServer(self.locate_log, cfg.kubelet_port, cfg.tls_cert, cfg.tls_key)
         host, port = self.api.server
-        self.extra_env = plan.api_server_environment(host, port)
+        # Pods reach host loopback ports only where published (shim.py): the API server's, and <state>/host-ports.
+        self.extra_env = {
+            **plan.api_server_environment(host, port),
+            **host_ports_environment(cfg.state_dir, host, port),
+        }
 
     # ---- main loop -----------------------------------------------------------------------------
 
