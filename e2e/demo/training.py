@@ -67,12 +67,13 @@ def last_logged_step(log: str) -> int | None:
 
 def death_step(logged_before: int | None, logged_after: int | None, checkpoint: int, status_step: int) -> int:
     """The step the killed worker died at: the trainer's last logged step, read from rank 0's log just after the
-    kill (rank 0 cannot finish a step without the killed rank: FSDP's collectives wait on it) or, when that read got
-    nothing (the pod already gone), just before it. Never below the newest checkpoint reported, which the trainer
-    had passed. The status's step is the last resort only: it is a progress poll old (up to a training poll behind
-    the trainer; the demo of #52 said "killed at step 81" with the step-90 checkpoint already written)."""
-    logged = logged_after if logged_after is not None else logged_before
-    return max(logged if logged is not None else status_step, checkpoint)
+    kill (rank 0 cannot finish a step without the killed rank: FSDP's collectives wait on it) and just before it
+    (the later of the two: after the kill the pod may be gone, or already a new attempt's). Never below the newest
+    checkpoint reported, which the trainer had passed. The status's step is the last resort only: it is a progress
+    poll old (up to a training poll behind the trainer; the demo of #52 said "killed at step 81" with the step-90
+    checkpoint already written)."""
+    logged = [step for step in (logged_before, logged_after) if step is not None]
+    return max(max(logged) if logged else status_step, checkpoint)
 
 
 def rank0_log(demo: Demo, job: str) -> str:

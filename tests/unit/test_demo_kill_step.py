@@ -35,6 +35,8 @@ def test_the_death_step_is_the_trainers_not_the_lagging_status() -> None:
     assert training.death_step(logged_before=92, logged_after=93, checkpoint=90, status_step=81) == 93
     # Rank 0's pod already gone after the kill: the read just before it stands.
     assert training.death_step(logged_before=92, logged_after=None, checkpoint=90, status_step=81) == 92
+    # The read after the kill found a new attempt's worker 0 (resumed from 60): the earlier read stands.
+    assert training.death_step(logged_before=92, logged_after=61, checkpoint=90, status_step=81) == 92
     # No log at all: the status's step, never below the newest checkpoint the trainer had passed.
     assert training.death_step(logged_before=None, logged_after=None, checkpoint=90, status_step=81) == 90
     assert training.death_step(logged_before=None, logged_after=None, checkpoint=60, status_step=68) == 68
