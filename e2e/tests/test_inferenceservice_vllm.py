@@ -8,7 +8,8 @@ builtin autoscaler scales the service up on `llm-waiting-requests`.
 
 And the smallest vllm service (runtime, model.uri, auth: no `vllm:` block, no resources) becomes Ready without a
 restart and answers (issue 52): Loom gives a replica without GPUs a KV cache of its own size instead of vLLM's CPU
-default, 0.92 of the host's memory, which crash-loops on a host that runs anything else.
+default, 0.92 of the host's memory, which crash-loops on a host that runs anything else. Before it, the same service
+asking vLLM for all of the host's memory fails, and its Ready condition names the engine's own error.
 
 The node agent runs the vllm image's containers from the checkout's .venv-vllm (`make venv-vllm`; the image's
 repository name `vllm` maps to it: loom.devstack.cluster.paths.AGENT_IMAGE_ENVIRONMENTS), as a cluster would run
@@ -109,6 +110,26 @@ def test_the_smallest_vllm_service_is_ready_without_a_restart_and_answers(
     upload_folder(s3, bucket, write_llama_folder(tmp_path / name, LlamaShape(max_positions=256)), name)
     apply_s3_secret(cluster, ns, s3)
     cluster.kubectl("create", "secret", "generic", "llm-keys", "-n", ns, f"--from-literal=keys={API_KEY}")
+
+    def ready_condition() -> dict[str, Any]:
+        result = cluster.kubectl("get", "inferenceservice", name, "-n", ns, "-o", "json", check=False)
+        obj = json.loads(result.stdout) if result.returncode == 0 else {}
+        conds = {c["type"]: c for c in (obj.get("status") or {}).get("conditions", [])}
+        return dict(conds.get("Ready") or {})
+
+    # First what crash-looped before: vLLM's CPU build asked for a share of the host's memory (all of it here, which
+    # is never free). The Ready condition names the engine's own error, from the front's termination message.
+    failing = smallest_service(name, bucket, s3)
+    failing["spec"]["vllm"] = {"gpuMemoryUtilization": 1.0}
+    cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(failing))
+    named = wait_until(lambda: (c := ready_condition()).get("reason") == "LoadFailed" and "ValueError: Available memory"
+                       in c.get("message", "") and c, timeout=300, what="Ready to name the engine's error", interval=2)
+    assert "the vLLM engine exited with code 1 before it was ready: ValueError: Available memory on node" in \
+        named["message"] and named["status"] == "False", named
+    wide = cluster.kubectl("get", "inferenceservice", name, "-n", ns, "-o", "wide").stdout
+    assert "ValueError: Available memory" in wide, wide
+
+    # Then the smallest service, as a user writes it: no vllm block.
     cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(smallest_service(name, bucket, s3)))
 
     def ready() -> dict[str, Any] | None:
@@ -128,10 +149,13 @@ def test_the_smallest_vllm_service_is_ready_without_a_restart_and_answers(
     # The engine ran with the KV cache Loom sized (1 GiB: the pod names no memory), in its first container run.
     llm_json = json.loads(cluster.kubectl("get", "configmap", f"{name}-config", "-n", ns, "-o", "json").stdout)
     assert json.loads(llm_json["data"]["llm.json"])["engine"]["kvCacheMemoryBytes"] == 1 << 30
-    (pod,) = json.loads(cluster.kubectl("get", "pods", "-n", ns, "-l",
-                                        f"app.kubernetes.io/instance={name},app.kubernetes.io/component=server",
-                                        "-o", "json").stdout)["items"]
-    assert [c["restartCount"] for c in pod["status"]["containerStatuses"]] == [0], pod["status"]
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", ns, "-l",
+                                      f"app.kubernetes.io/instance={name},app.kubernetes.io/component=server",
+                                      "-o", "json").stdout)["items"]
+    serving = [p for p in pods if not p["metadata"].get("deletionTimestamp")
+               and all(c.get("ready") for c in p["status"].get("containerStatuses") or [])]
+    assert len(serving) == 1, [p["status"] for p in pods]
+    assert [c["restartCount"] for c in serving[0]["status"]["containerStatuses"]] == [0], serving[0]["status"]
     # kubectl get -o wide shows the Ready condition's message.
     wide = cluster.kubectl("get", "inferenceservice", name, "-n", ns, "-o", "wide").stdout
     assert "MESSAGE" in wide.splitlines()[0] and "replica(s) ready" in wide.splitlines()[1], wide
