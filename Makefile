@@ -88,7 +88,7 @@ test-real-node: venv image-tools
 	  --basetemp=$(REAL_NODE_STATE)/pytest e2e; rc=$$?; \
 	LOOM_STATE_DIR=$(REAL_NODE_STATE) $(BIN)/loom dev down; exit $$rc
 
-# The test tiers (README "Tests"; how long each takes: docs/measurements.md). Kueue, KServe and Kubeflow Trainer split
+# The test tiers (docs/architecture/tests.md; how long each takes: docs/measurements.md). Kueue, KServe and Kubeflow Trainer split
 # their proof by cost the same way:
 # - test-static: ruff, import contracts, mypy strict;
 # - test-unit: every test of tests/ not marked slow: pure code and single processes, no cluster;
@@ -159,7 +159,7 @@ test: venv image-tools venv-vllm node-tools docs-tools
 # run niced in the background (.state/cluster-free.log); the e2e tests not marked real_node run in $(E2E_WORKERS)
 # pytest-xdist workers on the main stack (a test module per worker at a time), the serial ones afterwards on their
 # own (they restart components every session shares); the real node's tests run on a stack of their own
-# (.state/real-node) beside them. Its time: README "Tests".
+# (.state/real-node) beside them. Its time: docs/architecture/tests.md.
 test-all: venv image-tools venv-vllm node-tools
 	@mkdir -p .state; rm -f .state/cluster-free.failed .state/real-node.failed; failed=""; real_node=""; \
 	( nice -n $(CLUSTER_FREE_NICE) $(MAKE) --no-print-directory test-cluster-free > .state/cluster-free.log 2>&1 ) & cluster_free=$$!; \

@@ -205,3 +205,36 @@ def test_every_link_of_the_readme_resolves() -> None:
 
 def test_the_readme_is_at_most_200_lines() -> None:
     assert len((REPO / "README.md").read_text().splitlines()) <= 200
+
+
+COMMAND_FENCE = re.compile(r"^\s*```(bash|sh|shell|console|python)\s*$")
+MARK = re.compile(r"^\s*<!-- commands: (run by|run in part by|not run by a test)\b(.*)-->$")
+
+
+def command_blocks() -> list[tuple[Path, int, str]]:
+    """(page, line, the mark above it or '') for every block of commands a reader is told to run: README.md and the
+    site's pages (the generated CRD reference has none)."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    found = []
+    for page in pages:
+        lines = page.read_text().splitlines()
+        fenced = False
+        for number, line in enumerate(lines, start=1):
+            if line.lstrip().startswith("```"):
+                if not fenced and COMMAND_FENCE.match(line):
+                    above = lines[number - 2] if number >= 2 else ""
+                    found.append((page, number, above if MARK.match(above) else ""))
+                fenced = not fenced
+    return found
+
+
+def test_every_command_block_is_run_by_a_test_or_marked_not_run() -> None:
+    """A `<!-- commands: run by <test> -->` (or `run in part by`, or `not run by a test`) line right above each
+    block of commands; a test it names exists."""
+    blocks = command_blocks()
+    assert len(blocks) >= 10
+    unmarked = [f"{page.relative_to(REPO)}:{line}" for page, line, mark in blocks if not mark]
+    assert unmarked == []
+    for page, line, mark in blocks:
+        for named in re.findall(r"(?:e2e|tests)/[\w/]+\.py", mark):
+            assert (REPO / named).exists(), f"{page.relative_to(REPO)}:{line} names {named}"
