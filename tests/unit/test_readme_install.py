@@ -1,4 +1,5 @@
-"""The README's "Install on a real cluster" section and the chart README's RBAC table hold to the chart.
+"""The "Install on a real cluster" page (docs/tasks/install.md, the README's section until #49) and the chart
+README's RBAC table hold to the chart.
 
 Without a cluster or helm: every chart value the section shows (in its commands and in its prose) exists in
 values.yaml and passes values.schema.json; the commands name the chart, the CRDs and the Deployment the chart
