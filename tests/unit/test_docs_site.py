@@ -221,7 +221,8 @@ def command_blocks() -> list[tuple[Path, int, str]]:
         fenced = False
         for number, line in enumerate(lines, start=1):
             if line.lstrip().startswith("```"):
-                if not fenced and COMMAND_FENCE.match(line):
+                included = number < len(lines) and lines[number].lstrip().startswith("--8<--")  # a file, shown
+                if not fenced and COMMAND_FENCE.match(line) and not included:
                     above = lines[number - 2] if number >= 2 else ""
                     found.append((page, number, above if MARK.match(above) else ""))
                 fenced = not fenced
