@@ -242,14 +242,16 @@ class Controller:
         return seen
 
     def pace(self, ctx: Pass[Any], seen: Observed, decision: Decision | None) -> None:
-        """A steady job (pacing.py) leaves the periodic resync, and the poller follows its rank 0 instead."""
+        """A steady job (pacing.py) leaves the periodic resync. The poller follows every job whose rank 0 runs, steady
+        or not, so that status progress is within one training poll of the trainer's (#52): a job that is not steady
+        would otherwise show the answer of the poll its previous pass started, up to two polls behind."""
         key = (ctx.namespace, ctx.name)
         calm = decision is not None and seen.observation is not None and steady(seen.observation, decision)
         if calm and self.quiet is not None:
             self.quiet(*key, QUIET_S)
         if self.progress is None:
             return
-        if calm and seen.rank0 is not None:
+        if seen.rank0 is not None:
             self.progress.follow(key, *seen.rank0)
         else:
             self.progress.unfollow(key)

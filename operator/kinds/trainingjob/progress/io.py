@@ -7,10 +7,13 @@ Prometheus scrape. A failed read is not an error: the last known progress stays 
 
 A pass never waits on a pod (`ProgressPoller`): it reads the last answer and, when that is stale, starts a poll
 that runs on its own; an answer the state machine acts on (the first, a new trainer phase, a newer checkpoint,
-an upload retry) triggers the job's next pass at once, a moving step or loss waits for the job's periodic pass.
-A steady job (pacing.py) has no periodic pass: the poller follows its rank 0 itself, every training poll, and any
-change of the answer triggers the job's pass (status shows the step and loss as fresh as before: within one poll
-interval and a poll's own time of the trainer, held by tests/unit/test_trainingjob_progress_lag.py).
+an upload retry) triggers the job's next pass at once. Every job whose rank 0 runs is followed (`follow`): the
+poller asks its rank 0 itself every training poll and any change of the answer triggers the job's pass. A steady
+job (pacing.py) has no periodic pass, so that is how its status moves; a job that is not steady gets both, and
+the follower's pass makes the resync skip it when it came less than half an interval before (core/runner.py).
+Before #52 a job that was not steady showed the answer the poll its previous pass started got: up to two intervals
+behind the trainer. Status shows the step and loss within one poll interval and a poll's own time of the
+trainer's (held by tests/unit/test_trainingjob_progress_lag.py).
 Before, each pass asked rank 0 itself and held its pass slot for up to the connect timeout when rank 0 did not
 answer (a trainer still starting; in bench/bench_kubeflow_p1.py, every simulated pod). The client is aiohttp's,
 not httpx's: 0.4 against 1.8-2.1 ms of CPU per request, answered or timed out (measured on this machine), and the
@@ -112,6 +115,11 @@ class RecentPolls:
         before = last[3] if last is not None and last[1] == target else 0
         self._last[job] = (now, target, report, 0 if report is not None else before + 1)
 
+    def unanswered(self, job: tuple[str, str], target: Target) -> bool:
+        """Whether this rank 0's last read got no answer (its backoff applies to every poller of it)."""
+        last = self._last.get(job)
+        return last is not None and last[1] == target and last[3] > 0
+
     def last(self, job: tuple[str, str], target: Target) -> ProgressReport | None:
         """The last answer recorded for this rank 0, however old (None: none yet, or its last read got none)."""
         last = self._last.get(job)
@@ -145,7 +153,7 @@ Poll = tuple[Target, str | None, int | None]  # rank 0, the checkpoint URI, samp
 class ProgressPoller:
     """Each job's rank 0, polled in the background of its passes (at most one poll per job at a time), its answers
     kept in `polls`; `on_news(namespace, name)` (the runner's trigger) runs as a task of its own when an answer is
-    `news`, or for a job the poller follows (`follow`: a steady job, which has no periodic pass) when it changed."""
+    `news`, or for a job the poller follows (`follow`: every job whose rank 0 runs) when it changed."""
 
     def __init__(
         self,
@@ -177,7 +185,8 @@ class ProgressPoller:
 
     def follow(self, job: Job, target: Target, checkpoint_uri: str | None, samples_per_step: int | None) -> None:
         """Poll this job's rank 0 every interval without being asked by a pass, and trigger its pass whenever the
-        answer changes (a steady job: its periodic pass is skipped)."""
+        answer changes (every job whose rank 0 runs: a steady one has no periodic pass, and the periodic pass of
+        one that is not steady would show an answer up to an interval old)."""
         self._followed[job] = (target, checkpoint_uri, samples_per_step)
         if self._follower is None or self._follower.done():
             self._follower = asyncio.get_running_loop().create_task(self._follow_forever())
@@ -190,8 +199,12 @@ class ProgressPoller:
         return frozenset(self._followed)
 
     async def _follow_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        tick = loop.time()
         while self._followed:
-            await asyncio.sleep(self.interval_s)
+            # On a fixed schedule: a late wake-up (a busy loop) does not push every later tick back with it.
+            tick = max(tick + self.interval_s, loop.time())
+            await asyncio.sleep(tick - loop.time())
             if not await LEADERSHIP.leads():  # a replica standing by triggers no pass (core/leadership.py)
                 continue
             for job, poll in list(self._followed.items()):
@@ -199,9 +212,11 @@ class ProgressPoller:
 
     def _start_poll(self, job: Job, poll: Poll, reuse: bool = True) -> None:
         """A poll of rank 0 as a task of its own, unless a poll runs already or (`reuse`: a pass asks) its last
-        answer is fresh. The follower does not reuse: an answer a pass got just before its tick would otherwise
-        skip the tick, and status would lag the trainer by the interval and the reuse (#52)."""
-        recent = reuse and self.polls.fresh(job, poll[0], time.monotonic())[0]
+        answer is fresh. The follower does not reuse an answer (one a pass got just before its tick would otherwise
+        skip the tick, and status would lag the trainer by the interval and the reuse, #52); it keeps the backoff of
+        a rank 0 that did not answer."""
+        backoff = reuse or self.polls.unanswered(job, poll[0])  # a rank 0 that does not answer is asked less
+        recent = backoff and self.polls.fresh(job, poll[0], time.monotonic())[0]
         if not recent and job not in self._polling:
             self._polling[job] = asyncio.get_running_loop().create_task(self._poll(job, *poll))
 
