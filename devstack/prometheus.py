@@ -31,7 +31,9 @@ from typing import Any
 
 import yaml
 
+from loom.devstack.agent.shim import published_host_port
 from loom.devstack.cluster.build import MODULES, Progress, build, stack_bin_dir
+from loom.devstack.cluster.paths import AGENT_STATE_DIR
 from loom.devstack.servers import ServiceStartError, free_port
 
 # Built with the rest of the stack (`loom dev build`); see MODULES in devstack/cluster/build.py.
@@ -156,9 +158,11 @@ def prometheus_server(
             if time.monotonic() > deadline:
                 raise ServiceStartError(f"prometheus not ready after {start_timeout_s:g}s; see {log_file}")
             time.sleep(0.2)
-        yield PrometheusEndpoint(
-            url=url, scrape_interval_s=scrape_interval_s, config_file=config_file, log_file=log_file
-        )
+        # Pods on the node agent may be given this address: publish the port to them (agent/shim.py).
+        with published_host_port(AGENT_STATE_DIR, port):
+            yield PrometheusEndpoint(
+                url=url, scrape_interval_s=scrape_interval_s, config_file=config_file, log_file=log_file
+            )
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
