@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Literal
 
 from .model import (
@@ -183,6 +184,27 @@ def cpu_cores(quantity: int | str) -> float:
     """A CPU quantity as cores: 2, "2", "1.5", "500m"; raises ValueError on the suffixes CPU does not use."""
     text = str(quantity).strip()
     return int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+# Kubernetes quantity suffixes: binary (Ki = 1024) and decimal (k = 1000, m = 1/1000).
+_BINARY = {suffix: Decimal(1024) ** (power + 1) for power, suffix in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))}
+_DECIMAL = {"m": Decimal("0.001"), **{suffix: Decimal(1000) ** (power + 1) for power, suffix in enumerate("kMGTPE")}}
+
+
+def memory_bytes(quantity: int | str) -> int | None:
+    """A Kubernetes memory quantity in bytes (512Mi, 4Gi, 1G, 1e9, 268435456); None when it is not one."""
+    text = str(quantity).strip()
+    factor = Decimal(1)
+    for suffixes in (_BINARY, _DECIMAL):
+        suffix = next((s for s in suffixes if text.endswith(s)), None)
+        if suffix is not None:
+            text, factor = text[: -len(suffix)], suffixes[suffix]
+            break
+    try:
+        value = Decimal(text) * factor
+    except InvalidOperation:
+        return None
+    return int(value) if value.is_finite() and value > 0 else None
 
 
 def cpu_threads_env(resources: ResourceRequirements | None) -> list[Manifest]:

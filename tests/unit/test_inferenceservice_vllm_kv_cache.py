@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
+from loom.operator.core.kit import memory_bytes
 from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
 from loom.operator.kinds.inferenceservice.llm.vllm import (
     CPU_KV_CACHE_DEFAULT,
     CPU_KV_CACHE_FLOOR,
     cpu_kv_cache_bytes,
-    memory_bytes,
 )
 from loom.operator.kinds.inferenceservice.render import render_deployment
 from loom.operator.kinds.inferenceservice.source.model import resolve_model

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from loom.workloads.llm.adapters import ADAPTERS_FILE, AdapterList
 from loom.workloads.llm.config import EngineOptions, LlmLimits, LlmServerConfig
 from loom.workloads.server.config import AuthConfig, ServerConfig
 
-from ....core.kit import Manifest
+from ....core.kit import Manifest, memory_bytes
 from ..api import InferenceServiceSpec
 from .api import VllmSpec
 
@@ -38,28 +38,10 @@ CPU_KV_CACHE_FLOOR = 256 << 20
 CPU_KV_CACHE_DEFAULT = 1 << 30
 # Flags that size the KV cache: one the user passes through extraArgs is theirs to decide.
 _KV_CACHE_FLAGS = ("--kv-cache-memory-bytes", "--gpu-memory-utilization")
-_BINARY = {suffix: Decimal(1024) ** (power + 1) for power, suffix in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))}
-_DECIMAL = {"m": Decimal("0.001"), **{suffix: Decimal(1000) ** (power + 1) for power, suffix in enumerate("kMGTPE")}}
 
 
 def openai_base_url(service_url: str) -> str:
     return service_url + OPENAI_PATH
-
-
-def memory_bytes(quantity: int | str) -> int | None:
-    """A Kubernetes memory quantity in bytes (512Mi, 4Gi, 1G, 1e9, 268435456); None when it is not one."""
-    text = str(quantity).strip()
-    factor = Decimal(1)
-    for suffixes in (_BINARY, _DECIMAL):
-        suffix = next((s for s in suffixes if text.endswith(s)), None)
-        if suffix is not None:
-            text, factor = text[: -len(suffix)], suffixes[suffix]
-            break
-    try:
-        value = Decimal(text) * factor
-    except InvalidOperation:
-        return None
-    return int(value) if value.is_finite() and value > 0 else None
 
 
 def cpu_kv_cache_bytes(spec: InferenceServiceSpec) -> int | None:
