@@ -152,7 +152,12 @@ def test_the_smallest_vllm_service_is_ready_without_a_restart_and_answers(
     pods = json.loads(cluster.kubectl("get", "pods", "-n", ns, "-l",
                                       f"app.kubernetes.io/instance={name},app.kubernetes.io/component=server",
                                       "-o", "json").stdout)["items"]
+    # The replica of the service as applied now (its Deployment's pod template hash): the failing one's pod may still
+    # be there while the rollout finishes (restarted meanwhile, it reads the track's rewritten ConfigMap and runs).
+    deployment = json.loads(cluster.kubectl("get", "deployment", name, "-n", ns, "-o", "json").stdout)
+    current = deployment["spec"]["template"]["metadata"]["annotations"]["loom.dev/config-hash"]
     serving = [p for p in pods if not p["metadata"].get("deletionTimestamp")
+               and (p["metadata"].get("annotations") or {}).get("loom.dev/config-hash") == current
                and all(c.get("ready") for c in p["status"].get("containerStatuses") or [])]
     assert len(serving) == 1, [p["status"] for p in pods]
     assert [c["restartCount"] for c in serving[0]["status"]["containerStatuses"]] == [0], serving[0]["status"]
