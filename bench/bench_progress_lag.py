@@ -17,6 +17,7 @@ import asyncio
 import random
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from loom.devstack.servers import free_port
@@ -37,117 +38,80 @@ REUSE_S = 0.2  # RecentPolls' reuse, scaled as the production 2 s are to 5 s
 STEP_S = 0.02  # the trainer's pace: 25 steps per interval
 
 
-async def followed_job(tmp_path: Path) -> tuple[float, float, int]:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    progress = Progress(ProgressSpec(file=str(tmp_path / "progress.json"), metrics_port=port), total_steps=100_000)
-    progress.update(0, 2.0, 64.0, 30.0, "Running")
-    job, rank0 = ("ml", "gpt"), ("127.0.0.1", 1)
-    status_step = -1  # what the job's status shows (the last pass's write)
-    passes = 0
+class Job:
+    """A job whose rank 0 runs a real progress endpoint moving one step every STEP_S, and the status its passes
+    write from the poller's answer (what the controller's pass does with progress)."""
 
-    async def a_pass(namespace: str, name: str) -> None:  # what the controller's pass does with progress
-        nonlocal status_step, passes
-        passes += 1
-        report = poller.latest(job, rank0, None, 32)
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        self.progress = Progress(ProgressSpec(file=str(folder / "progress.json"), metrics_port=port), 100_000)
+        self.progress.update(0, 2.0, 64.0, 30.0, "Running")
+        self.key, self.rank0 = ("ml", "gpt"), ("127.0.0.1", 1)
+        self.poller = ProgressPoller(self.a_pass, RecentPolls(reuse_s=REUSE_S), port=port, interval_s=INTERVAL_S)
+        self.status_step, self.last_pass, self.passes = -1, float("-inf"), 0
+        self.started = time.monotonic()
+
+    async def a_pass(self, namespace: str, name: str) -> None:
+        self.passes += 1
+        report = self.poller.latest(self.key, self.rank0, None, 32)
         if report is not None:
-            status_step = report.step
+            self.status_step = report.step
+        self.last_pass = time.monotonic()
 
-    poller = ProgressPoller(a_pass, RecentPolls(reuse_s=REUSE_S), port=port, interval_s=INTERVAL_S)
-    started = time.monotonic()
+    def trainer_step(self) -> int:
+        return int((time.monotonic() - self.started) / STEP_S)
 
-    def trainer_step() -> int:
-        return int((time.monotonic() - started) / STEP_S)
-
-    async def train() -> None:
+    async def train(self) -> None:
         while True:
-            progress.update(trainer_step(), 1.0, 64.0, 30.0, "Running")
+            self.progress.update(self.trainer_step(), 1.0, 64.0, 30.0, "Running")
             await asyncio.sleep(STEP_S / 2)
 
-    async def other_events() -> None:  # passes no poll asked for: a worker pod's status, its node's heartbeat
-        rng = random.Random(52)
-        while True:
-            await asyncio.sleep(rng.uniform(0.1, 0.8))
-            await a_pass(*job)
 
-    tasks = [asyncio.create_task(train()), asyncio.create_task(other_events())]
+async def other_events(job: Job) -> None:
+    """A steady job's passes no poll asked for: a worker pod's status, its node's heartbeat."""
+    rng = random.Random(52)
+    while True:
+        await asyncio.sleep(rng.uniform(0.1, 0.8))
+        await job.a_pass(*job.key)
+
+
+async def resync(job: Job) -> None:
+    """A job that is not steady (a deadline, an MLflow run not ready...): the runner's rounds, at their own phase,
+    leaving it alone when its last pass ended less than half an interval before (core/runner.py's resync_order)."""
+    await asyncio.sleep(INTERVAL_S * 0.37)
+    while True:
+        if time.monotonic() - job.last_pass >= INTERVAL_S / 2:
+            await job.a_pass(*job.key)
+        await asyncio.sleep(INTERVAL_S)
+
+
+async def lag(folder: Path, passes_besides: Callable[[Job], Awaitable[None]]) -> tuple[float, float, int]:
+    """The job followed (what controller.pace does for every job whose rank 0 runs), other passes beside: the lag
+    at p95 and at worst over 4 s, and the passes made."""
+    job = Job(folder)
+    tasks = [asyncio.create_task(job.train()), asyncio.create_task(passes_besides(job))]
     try:
-        poller.follow(job, rank0, None, 32)
-        while status_step < 0:
+        job.poller.follow(job.key, job.rank0, None, 32)
+        while job.status_step < 0:
             await asyncio.sleep(0.005)
         lags: list[float] = []
         until = time.monotonic() + 4.0
         while time.monotonic() < until:
-            lags.append((trainer_step() - status_step) * STEP_S)
+            lags.append((job.trainer_step() - job.status_step) * STEP_S)
             await asyncio.sleep(0.005)
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await poller.close()
-    return percentile(lags, 95), max(lags), passes
-
-
-async def not_steady_job(tmp_path: Path) -> tuple[float, float, int]:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    """A job the resync still visits every interval (not steady: a deadline, an MLflow run not ready...) used to
-    show the answer of the poll its previous pass had started: up to two intervals behind. It is followed too now
-    (controller.pace), and the resync leaves it alone when its last pass ended less than half an interval before,
-    as core/runner.py's resync_order does."""
-    port = free_port()
-    progress = Progress(ProgressSpec(file=str(tmp_path / "progress.json"), metrics_port=port), total_steps=100_000)
-    progress.update(0, 2.0, 64.0, 30.0, "Running")
-    job, rank0 = ("ml", "gpt"), ("127.0.0.1", 1)
-    status_step, last_pass, passes = -1, float("-inf"), 0
-
-    async def a_pass(namespace: str, name: str) -> None:
-        nonlocal status_step, last_pass, passes
-        passes += 1
-        report = poller.latest(job, rank0, None, 32)
-        if report is not None:
-            status_step = report.step
-        last_pass = time.monotonic()
-
-    poller = ProgressPoller(a_pass, RecentPolls(reuse_s=REUSE_S), port=port, interval_s=INTERVAL_S)
-    started = time.monotonic()
-
-    def trainer_step() -> int:
-        return int((time.monotonic() - started) / STEP_S)
-
-    async def train() -> None:
-        while True:
-            progress.update(trainer_step(), 1.0, 64.0, 30.0, "Running")
-            await asyncio.sleep(STEP_S / 2)
-
-    async def resync() -> None:  # the runner's rounds, at their own phase
-        await asyncio.sleep(INTERVAL_S * 0.37)
-        while True:
-            if time.monotonic() - last_pass >= INTERVAL_S / 2:
-                await a_pass(*job)
-            await asyncio.sleep(INTERVAL_S)
-
-    tasks = [asyncio.create_task(train()), asyncio.create_task(resync())]
-    try:
-        poller.follow(job, rank0, None, 32)  # what controller.pace now does for every job whose rank 0 runs
-        while status_step < 0:
-            await asyncio.sleep(0.005)
-        lags: list[float] = []
-        until = time.monotonic() + 4.0
-        while time.monotonic() < until:
-            lags.append((trainer_step() - status_step) * STEP_S)
-            await asyncio.sleep(0.005)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await poller.close()
-    return percentile(lags, 95), max(lags), passes
+        await job.poller.close()
+    return percentile(lags, 95), max(lags), job.passes
 
 
 async def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
-        for label, run in (("followed (steady) job", followed_job), ("job that is not steady", not_steady_job)):
-            typical, worst, passes = await run(Path(folder) / label.split()[0])
+        for label, besides in (("followed (steady) job", other_events), ("job that is not steady", resync)):
+            typical, worst, passes = await lag(Path(folder) / label.split()[0], besides)
             print(f"{label}: status lags the trainer by {typical:.3f} s at p95 ({typical / INTERVAL_S:.2f} of the "
                   f"poll interval), {worst:.3f} s at worst ({worst / INTERVAL_S:.2f}); {passes} passes")
 
