@@ -63,29 +63,6 @@ def upload_folder(s3: S3Endpoint, bucket: str, folder: Path, prefix: str) -> Non
         client.upload_file(str(path), bucket, f"{prefix}/{path.name}")
 
 
-def service(bucket: str, s3: S3Endpoint) -> dict[str, Any]:
-    return {
-        "apiVersion": "loom.dev/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {"name": NAME},
-        "spec": {
-            "runtime": "vllm",
-            "model": {"uri": f"s3://{bucket}/{NAME}", "endpoint": s3.url, "secretRef": {"name": "s3-credentials"}},
-            "replicas": 1,
-            "nodeSelector": {"kubernetes.io/hostname": AGENT_NODE_NAME},
-            "auth": {"apiKeysSecretRef": {"name": "llm-keys", "key": "keys"}},
-            # The smallest engine that serves it on CPU: no graph compilation, a 64 MiB KV cache.
-            "vllm": {
-                "maxModelLen": 256, "dtype": "float32", "enforceEager": True,
-                "kvCacheMemoryBytes": 64 << 20, "maxNumSeqs": MAX_NUM_SEQS, "maxTokens": 64,
-            },
-            # Waiting requests per replica: 2 is the target, so a queue of 8 asks for more replicas than the max.
-            "autoscaling": {"minReplicas": 1, "maxReplicas": 2, "metric": "llm-waiting-requests", "target": 2},
-            "env": [{"name": "AWS_DEFAULT_REGION", "value": s3.region}],
-        },
-    }
-
-
 def smallest_service(name: str, bucket: str, s3: S3Endpoint) -> dict[str, Any]:
     """What a user writes first: the runtime, the model and the keys; the engine's options are Loom's and vLLM's."""
     return {
@@ -103,6 +80,30 @@ def smallest_service(name: str, bucket: str, s3: S3Endpoint) -> dict[str, Any]:
     }
 
 
+def service(bucket: str, s3: S3Endpoint) -> dict[str, Any]:
+    """The smallest service with the engine options that serve it fastest on CPU, autoscaled on waiting requests."""
+    body = smallest_service(NAME, bucket, s3)
+    body["spec"].update({
+        "replicas": 1,
+        # The smallest engine that serves it on CPU: no graph compilation, a 64 MiB KV cache.
+        "vllm": {
+            "maxModelLen": 256, "dtype": "float32", "enforceEager": True,
+            "kvCacheMemoryBytes": 64 << 20, "maxNumSeqs": MAX_NUM_SEQS, "maxTokens": 64,
+        },
+        # Waiting requests per replica: 2 is the target, so a queue of 8 asks for more replicas than the max.
+        "autoscaling": {"minReplicas": 1, "maxReplicas": 2, "metric": "llm-waiting-requests", "target": 2},
+    })
+    return body
+
+
+def service_and_ready(cluster: Cluster, ns: str, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The InferenceService as stored ({} while it cannot be read) and its Ready condition ({} before it has one)."""
+    result = cluster.kubectl("get", "inferenceservice", name, "-n", ns, "-o", "json", check=False)
+    obj = json.loads(result.stdout) if result.returncode == 0 else {}
+    conds = {c["type"]: c for c in (obj.get("status") or {}).get("conditions", [])}
+    return obj, dict(conds.get("Ready") or {})
+
+
 def test_the_smallest_vllm_service_is_ready_without_a_restart_and_answers(
     cluster: Cluster, operator_namespace: str, s3: S3Endpoint, bucket: str, tmp_path: Path,
 ) -> None:
@@ -112,10 +113,7 @@ def test_the_smallest_vllm_service_is_ready_without_a_restart_and_answers(
     cluster.kubectl("create", "secret", "generic", "llm-keys", "-n", ns, f"--from-literal=keys={API_KEY}")
 
     def ready_condition() -> dict[str, Any]:
-        result = cluster.kubectl("get", "inferenceservice", name, "-n", ns, "-o", "json", check=False)
-        obj = json.loads(result.stdout) if result.returncode == 0 else {}
-        conds = {c["type"]: c for c in (obj.get("status") or {}).get("conditions", [])}
-        return dict(conds.get("Ready") or {})
+        return service_and_ready(cluster, ns, name)[1]
 
     # First what crash-looped before: vLLM's CPU build asked for a share of the host's memory (all of it here, which
     # is never free). The Ready condition names the engine's own error, from the front's termination message.
@@ -133,10 +131,8 @@ def test_the_smallest_vllm_service_is_ready_without_a_restart_and_answers(
     cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(smallest_service(name, bucket, s3)))
 
     def ready() -> dict[str, Any] | None:
-        result = cluster.kubectl("get", "inferenceservice", name, "-n", ns, "-o", "json", check=False)
-        obj = json.loads(result.stdout) if result.returncode == 0 else {}
-        conds = {c["type"]: c for c in (obj.get("status") or {}).get("conditions", [])}
-        return obj if conds.get("Ready", {}).get("status") == "True" else None
+        obj, condition = service_and_ready(cluster, ns, name)
+        return obj if condition.get("status") == "True" else None
 
     try:
         wait_until(ready, timeout=600, what="the smallest vllm InferenceService to be Ready", interval=3)
@@ -188,10 +184,8 @@ def test_openai_client_through_the_service_and_scaling_on_waiting_requests(
     cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(service(bucket, s3)))
 
     def ready() -> dict[str, Any] | None:
-        result = cluster.kubectl("get", "inferenceservice", NAME, "-n", ns, "-o", "json", check=False)
-        obj = json.loads(result.stdout) if result.returncode == 0 else {}
-        conds = {c["type"]: c for c in (obj.get("status") or {}).get("conditions", [])}
-        return obj if conds.get("Ready", {}).get("status") == "True" else None
+        obj, condition = service_and_ready(cluster, ns, NAME)
+        return obj if condition.get("status") == "True" else None
 
     try:
         obj = wait_until(ready, timeout=600, what="the vllm InferenceService to be Ready", interval=3)
