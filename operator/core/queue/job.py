@@ -34,8 +34,8 @@ from .workload import Eviction, FlavorView, Position, Priority, WorkloadView
 State = Literal["Queued", "Admitted", "Evicting"]
 
 
-class QueuedJob(Protocol):
-    """A kind's object in its pure decision, as `reconcile` drives it."""
+class Admittable(Protocol):
+    """What `admission` reads of a job: its pod set, what it asks for, what still runs, how it words an eviction."""
 
     @property
     def pod_set(self) -> str:
@@ -50,17 +50,21 @@ class QueuedJob(Protocol):
         """Its pods that have not terminated (possibly being deleted)."""
         ...
 
+    def describe_eviction(self, eviction: Eviction, active: int, *, force: bool) -> str:
+        """An eviction in the words of the job's status: while `active` pods stop (`force`: past the bound), and
+        once none is left (`active` 0: its quota is released and it is queued again)."""
+        ...
+
+
+class QueuedJob(Admittable, Protocol):
+    """A kind's object in its pure decision, as `reconcile` drives it: admission's consequences applied to it."""
+
     def run(self, admitted: int) -> None:
         """Admitted: run this many pods (at most `requested`, fewer when Kueue admitted it partially)."""
         ...
 
     def stop(self, *, force: bool) -> None:
         """Stop every pod: not admitted (any more), or evicted. `force`: the bound for a graceful stop passed."""
-        ...
-
-    def describe_eviction(self, eviction: Eviction, active: int, *, force: bool) -> str:
-        """An eviction in the words of the job's status: while `active` pods stop (`force`: past the bound), and
-        once none is left (`active` 0: its quota is released and it is queued again)."""
         ...
 
 
@@ -113,7 +117,7 @@ class Gate:
 
 
 def admission(
-    queue: QueueObservation, job: QueuedJob, now: datetime | None = None, bound_s: float = math.inf
+    queue: QueueObservation, job: Admittable, now: datetime | None = None, bound_s: float = math.inf
 ) -> Gate:
     """One Workload's admission as Kueue left it -> what its job may do. An evicted job stops its pods (gracefully
     until `bound_s` after the eviction; without a bound, as for serving replicas that hold nothing to save, the

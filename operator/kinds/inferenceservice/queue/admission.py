@@ -113,8 +113,8 @@ def observe(name: str, bodies: list[Manifest], base_name: str) -> tuple[kueue.Wo
 
 @dataclass(frozen=True)
 class Minimum:
-    """The service's minimum replicas as Kueue's generic job (core/queue/job.py's QueuedJob): one pod set, admitted
-    whole. Admission's consequences for the replicas are `Admission`'s (below), so run and stop act on nothing."""
+    """The service's minimum replicas as what Kueue's generic admission reads (core/queue/job.py's Admittable): one
+    pod set, admitted whole. Admission's consequences for the replicas are `Admission`'s (below), not run/stop hooks."""
 
     spec: InferenceServiceSpec
     running: int  # replicas the service's Deployments run now
@@ -125,12 +125,6 @@ class Minimum:
 
     def active(self) -> int:
         return self.running
-
-    def run(self, admitted: int) -> None:
-        pass
-
-    def stop(self, *, force: bool) -> None:
-        pass
 
     def describe_eviction(self, eviction: Eviction, active: int, *, force: bool) -> str:
         why = f"{eviction.reason}: {eviction.message}".strip(": ")
