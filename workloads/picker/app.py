@@ -1,5 +1,6 @@
-"""The picker's HTTP side: every request, any path and method, sent to the replica the state picks, and its
-answer streamed back unbuffered (the activator's proxy: loom.workloads.activator.proxy).
+"""The picker's HTTP side: every request, any path and method, sent to the replica the decision picks (decide.py,
+the one a gateway's Envoy gets over ext_proc), and its answer streamed back unbuffered (the activator's proxy:
+loom.workloads.activator.proxy).
 
 Nothing about keys or limits happens here: headers pass through as they came, and each replica's front checks
 API keys, request and token budgets as it does without a picker. Answers of its own (JSON, never a model's):
@@ -26,6 +27,7 @@ from loom.workloads.activator.app import METHODS, _error, _path, read_body
 from loom.workloads.activator.proxy import Unreachable, Upstream, raw_response_headers, relay, request_headers
 
 from .config import PickerConfig
+from .decide import Decider, PickRequest, Refused
 from .state import PickerState
 
 log = logging.getLogger("loom.workloads.picker")
@@ -35,8 +37,10 @@ NO_REPLICA_WAIT_S = 10.0
 
 
 def build_app(config: PickerConfig, state: PickerState, upstream: Upstream,
-              no_replica_wait_s: float = NO_REPLICA_WAIT_S) -> Starlette:
-    retry_after = {"Retry-After": str(config.retry_after_seconds)}
+              no_replica_wait_s: float = NO_REPLICA_WAIT_S, decider: Decider | None = None) -> Starlette:
+    """The proxy; `decider`: the decision it asks (default: one over `state` waiting `no_replica_wait_s` for a
+    replica)."""
+    decider = decider or Decider(state, wait_s=no_replica_wait_s)
     metrics = state.metrics
 
     async def forward(request: Request) -> Response:
@@ -47,36 +51,34 @@ def build_app(config: PickerConfig, state: PickerState, upstream: Upstream,
         path = _path(request)
         tried: frozenset[str] = frozenset()
         while True:
-            pick = state.pick(request.url.path, body, request.headers, exclude=tried)
-            if pick is None:
-                if not tried and await state.wait(no_replica_wait_s):
-                    continue
-                metrics.outcome("no_replica")
-                return _error(503, "no replica can take the request", "picker_no_replica", retry_after)
-            endpoint = pick.decision.endpoint
-            state.sent(pick)
+            outcome = await decider.decide(PickRequest(request.url.path, body, request.headers, exclude=tried))
+            if isinstance(outcome, Refused):
+                retry = {"Retry-After": str(outcome.retry_after_s)} if outcome.retry_after_s is not None else {}
+                return _error(outcome.status, outcome.message, outcome.code, retry)
+            endpoint = outcome.endpoint
             try:
                 response = await upstream.send(endpoint, request.method, path, headers, body)
             except Unreachable as exc:
-                state.done(endpoint)
+                decider.finished(outcome)
                 log.info("replica unreachable (%s); trying another", exc)
                 metrics.outcome("retried")
                 state.forget(endpoint)
                 tried = tried | {endpoint}
                 continue
             except (aiohttp.ClientError, TimeoutError) as exc:
-                state.done(endpoint)
+                decider.finished(outcome)
                 metrics.outcome("upstream_error")
                 return _error(502, f"the replica broke off: {type(exc).__name__}", "picker_upstream")
             break
         metrics.outcome("forwarded")
+        routed = outcome
 
         async def body_then_done() -> AsyncIterator[bytes]:
             try:
                 async for chunk in relay(response):
                     yield chunk
             finally:
-                state.done(endpoint)
+                decider.finished(routed)
 
         answer = StreamingResponse(body_then_done(), status_code=response.status)
         answer.raw_headers = raw_response_headers(response.headers.items())

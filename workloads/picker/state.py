@@ -41,6 +41,8 @@ class Pick:
     session: str | None
     adapter: str | None = None
     prompt_chars: int = 0  # the length of the prompt text the hashes were cut from
+    # The next replicas in the picker's order, for a gateway that tries them when the first fails (GIE's fallbacks).
+    fallbacks: tuple[str, ...] = ()
 
 
 class PickerState:
@@ -106,10 +108,10 @@ class PickerState:
         for endpoint, pod in self.pods.items():
             self.metrics.overloaded.labels(self.metrics.service, pod.name).set(1 if endpoint in busy else 0)
 
-    def _replicas(self, exclude: frozenset[str] = frozenset()) -> list[Replica]:
+    def _replicas(self, exclude: frozenset[str] = frozenset(), only: frozenset[str] | None = None) -> list[Replica]:
         out = []
         for endpoint in sorted(self.pods):
-            if endpoint in exclude:
+            if endpoint in exclude or (only is not None and endpoint not in only):
                 continue
             load = self.loads.get(endpoint, EngineLoad())
             out.append(Replica(endpoint, self.pods[endpoint].track, load.waiting, load.kv_usage,
@@ -119,25 +121,39 @@ class PickerState:
     # ------------------------------------------------------------------------------------------- choice
 
     def pick(self, path: str, body: bytes, headers: Mapping[str, str],
-             exclude: frozenset[str] = frozenset()) -> Pick | None:
+             exclude: frozenset[str] = frozenset(), only: frozenset[str] | None = None,
+             fallbacks: int = 0) -> Pick | None:
+        """The replica for a request, among the ready ones not in `exclude` and (unless None) in `only`, and up to
+        `fallbacks` more in the order the policy would take them were the first ones gone. `headers`: names in
+        lower case (or a case-insensitive mapping)."""
         started = time.perf_counter()
         request = _json_object(body)
         text = self._prompt(path, request) if self.config.policy == "prefix-cache" else None
         chains = self.indexes.chains(text, seed=str((request or {}).get("model", ""))) if text else {}
         adapter = self._adapter(request)
-        replicas = self._replicas(exclude)
+        replicas = self._replicas(exclude, only)
         session = headers.get(self.config.session_header.lower()) if self.config.session_header else None
         shares = self.indexes.shares(chains, [r.endpoint for r in replicas])
-        decision = choose(self.config.policy, replicas, shares, self.limits, turn=next(self._turn),
-                          draw=self._draw(), session=self.sessions.get(session) if session else None,
-                          holders=self.adapters.holders(adapter) if adapter else frozenset())
+        turn, draw = next(self._turn), self._draw()
+        holders = self.adapters.holders(adapter) if adapter else frozenset()
+        decision = choose(self.config.policy, replicas, shares, self.limits, turn=turn, draw=draw,
+                          session=self.sessions.get(session) if session else None, holders=holders)
+        after: list[str] = []
+        while decision is not None and len(after) < fallbacks:
+            taken = {decision.endpoint, *after}
+            # The same turn and draw: the order the policy gives the rest, not a new request's.
+            then = choose(self.config.policy, [r for r in replicas if r.endpoint not in taken], shares, self.limits,
+                          turn=turn, draw=draw, holders=holders)
+            if then is None:
+                break
+            after.append(then.endpoint)
         self.metrics.latency.labels(self.metrics.service).observe(time.perf_counter() - started)
         if decision is None:
             return None
         self.metrics.decisions.labels(self.metrics.service, decision.reason).inc()
         if any(chains.values()):
             self.metrics.predicted.labels(self.metrics.service).observe(decision.share)
-        return Pick(decision, chains, session, adapter, len(text) if text else 0)
+        return Pick(decision, chains, session, adapter, len(text) if text else 0, tuple(after))
 
     def _adapter(self, request: dict[str, object] | None) -> str | None:
         """The LoRA adapter a request asks for: a `model` other than the base model's."""
@@ -168,6 +184,15 @@ class PickerState:
                 self.sessions.popitem(last=False)
         if endpoint in self.pods:
             self.metrics.routed.labels(self.metrics.service, self.pods[endpoint].name).inc()
+
+    def served_by(self, pick: Pick, endpoint: str) -> None:
+        """A gateway sent the request to `endpoint`, one of the pick's fallbacks, not the first choice: count it in
+        flight there (and the prompt's blocks there) instead."""
+        if endpoint == pick.decision.endpoint or endpoint not in self.pods:
+            return
+        self.done(pick.decision.endpoint)
+        self.inflight[endpoint] += 1
+        self.indexes.add(endpoint, pick.chains)
 
     def done(self, endpoint: str) -> None:
         self.inflight[endpoint] -= 1
