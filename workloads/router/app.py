@@ -32,6 +32,9 @@ from .errors import GraphError, StepRecord
 from .metrics import RouterMetrics
 from .openai_chat import DONE, check_request, completion_as_chunk, error_body, graph_error_body, sse
 from .payload import Endpoint, Payload, PayloadError
+from .retrieval import Retrieval
+from .retrieval_io import HttpRetriever
+from .sources import DEGRADED_HEADER, SOURCES_HEADER, sources_header, with_sources
 from .upstream import Caller, Stream, Upstreams, forwarded_headers
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,18 @@ def _steps_header(steps: list[StepRecord]) -> dict[str, str]:
     return {STEPS_HEADER: ",".join(record.header_value() for record in steps)}
 
 
+def _retrieval_headers(retrieval: Retrieval | None) -> dict[str, str]:
+    """Which documents the answer was given from (and, when it was given without any, why)."""
+    if retrieval is None:
+        return {}
+    headers = {SOURCES_HEADER: sources_header(retrieval.sources)}
+    if retrieval.degraded is not None:
+        # One header line of printable ASCII: the reason may quote an upstream's text.
+        reason = "".join(c if " " <= c <= "~" else "?" for c in retrieval.degraded)
+        headers[DEGRADED_HEADER] = reason[:500]
+    return headers
+
+
 def build_app(
     config: RouterConfig,
     caller: Caller | None = None,
@@ -64,14 +79,18 @@ def build_app(
     graph = config.graph_name
     metrics = engine.metrics if engine is not None else RouterMetrics(graph)
     upstreams: Upstreams | None = None
+    retriever: HttpRetriever | None = None
     if engine is None:
         if caller is None:
             steps = [step for node in config.nodes.values() for step in node.steps]
             longest = max([config.step_timeout_ms, *(step.timeout_ms or 0 for step in steps)])
             upstreams = Upstreams(config.services, longest / 1000.0, config.max_connections)
             caller = upstreams
+        if any(step.retrieve for node in config.nodes.values() for step in node.steps):
+            retriever = HttpRetriever(config.max_connections)
         engine = GraphEngine(
-            config, caller, compile_conditions(config) if conditions is None else conditions, metrics=metrics
+            config, caller, compile_conditions(config) if conditions is None else conditions, metrics=metrics,
+            retriever=retriever,
         )
     ready = {"value": False}
 
@@ -172,11 +191,14 @@ def build_app(
         stream = doc.get("stream") is True
         outcome = await engine.run(payload, "chat", forwarded_headers(request.headers), stream=stream)
         value = outcome.value
+        retrieval = outcome.retrieval
+        answer_headers = {**_steps_header(outcome.steps), **_retrieval_headers(retrieval)}
         if not stream:
             assert isinstance(value, Payload)
-            return Response(value.body, media_type="application/json", headers=_steps_header(outcome.steps))
+            body = value.body if retrieval is None else with_sources(value.body, retrieval.sources)
+            return Response(body, media_type="application/json", headers=answer_headers)
         events = _relay_chat(value) if isinstance(value, Stream) else _chat_one_event(value)
-        headers = {"cache-control": "no-cache", **_steps_header(outcome.steps)}
+        headers = {"cache-control": "no-cache", **answer_headers}
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 
     async def prometheus(request: Request) -> Response:
@@ -205,6 +227,8 @@ def build_app(
             ready["value"] = False
             if upstreams is not None:
                 await upstreams.aclose()
+            if retriever is not None:
+                await retriever.aclose()
 
     limit = Middleware(BodyLimit, max_bytes=config.max_request_bytes, timeout_s=config.request_body_timeout_s)
     app = Starlette(

@@ -27,6 +27,8 @@ from loom.workloads.common.body_limit import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_
 from loom.workloads.common.config import CamelModel, WorkloadConfig
 from loom.workloads.common.model_name import ModelName, model_name
 
+from .retrieval_config import RetrieveConfig, VectorStoreConfig
+
 # ------------------------------------------------------------------------------------------- shared vocabulary
 # What an InferenceGraph's nodes and steps also declare is written here, once; the operator's API
 # (loom.operator.kinds.inferencegraph.api) imports it, and tests/unit/test_contracts.py fails if the two drift apart.
@@ -76,6 +78,9 @@ class StepConfig(CamelModel):
     protocol: Protocol | None = Field(
         None, description="oip-v2 (the default) or openai-chat: POST /v1/chat/completions of the service."
     )
+    retrieve: RetrieveConfig | None = Field(
+        None, description="Retrieval-augmented generation: documents put into the prompt (retrieval_config.py)."
+    )
 
     @field_validator("name")
     @classmethod
@@ -90,6 +95,8 @@ class StepConfig(CamelModel):
             raise ValueError("set exactly one of serviceName or nodeName")
         if self.protocol is not None and self.node_name is not None:
             raise ValueError("protocol applies to serviceName steps (a nodeName step speaks its node's protocol)")
+        if self.retrieve is not None and self.protocol != "openai-chat":
+            raise ValueError("retrieve applies to steps with protocol openai-chat (it writes the chat prompt)")
         return self
 
     @property
@@ -112,6 +119,9 @@ class RouterConfig(WorkloadConfig):
     nodes: dict[str, NodeConfig] = Field(min_length=1, description="Execution starts at 'root'.")
     services: dict[str, UpstreamConfig] = Field(
         default_factory=dict, description="Every InferenceService a step names, by serviceName."
+    )
+    stores: dict[str, VectorStoreConfig] = Field(
+        default_factory=dict, description="Every vector FeatureView a retrieve step names, by featureView."
     )
     step_timeout_ms: int = Field(30_000, ge=1, le=3_600_000, description="Default per-step timeout.")
     deadline_ms: int = Field(
@@ -183,6 +193,8 @@ def graph_issues(config: RouterConfig) -> list[GraphIssue]:
                 found.append(("nodeName", f"nodeName {step.node_name!r} is not a node of this graph"))
             if step.service_name is not None and step.service_name not in config.services:
                 found.append(("serviceName", f"serviceName {step.service_name!r} has no entry in services"))
+            if step.retrieve is not None and step.retrieve.feature_view not in config.stores:
+                found.append(("retrieve", f"featureView {step.retrieve.feature_view!r} has no entry in stores"))
             if node.router_type == "Splitter":
                 if step.weight is None:
                     found.append(("weight", "every Splitter step needs a weight"))

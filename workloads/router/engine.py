@@ -52,6 +52,8 @@ from .payload import (
     error_message,
     request_id,
 )
+from .prompt import PromptError
+from .retrieval import Retrieval, RetrievalFailed, Retriever, augment
 from .upstream import Caller, Stream, UpstreamFailure
 
 Result: TypeAlias = Payload | Stream
@@ -68,6 +70,7 @@ class Run:
     stream: bool
     steps: list[StepRecord] = field(default_factory=list)
     skipped: list[GraphError] = field(default_factory=list)
+    retrieval: Retrieval | None = None  # the last retrieval step's, named in the response
 
 
 @dataclass
@@ -75,6 +78,7 @@ class Outcome:
     value: Result
     steps: list[StepRecord]
     skipped: list[GraphError]
+    retrieval: Retrieval | None = None
 
 
 def _soft(step: StepConfig, error: GraphError) -> bool:
@@ -90,9 +94,13 @@ class GraphEngine:
         rng: random.Random | None = None,
         metrics: RouterMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        retriever: Retriever | None = None,
     ):
+        if retriever is None and any(s.retrieve for n in config.nodes.values() for s in n.steps):
+            raise ValueError("a graph with retrieve steps needs a retriever")
         self.config = config
         self.caller = caller
+        self.retriever = retriever
         self.conditions = compile_conditions(config) if conditions is None else conditions
         self.rng = rng or random.Random()
         self.metrics = metrics or RouterMetrics(config.graph_name)
@@ -112,7 +120,7 @@ class GraphEngine:
         except GraphError as exc:
             exc.steps = run.steps
             raise
-        return Outcome(value, run.steps, run.skipped)
+        return Outcome(value, run.steps, run.skipped, run.retrieval)
 
     async def _node(self, run: Run, name: str, data: Payload, last: bool) -> Result:
         node = self.config.nodes[name]
@@ -249,7 +257,7 @@ class GraphEngine:
             if step.node_name is not None:
                 result = await self._node(run, step.node_name, data, last)
             else:
-                result = await self._call(run, step, data, last)
+                result = await self._call(run, node, step, data, last)
         except GraphError as exc:
             seconds = self.clock() - started
             if exc.node is None:
@@ -265,7 +273,7 @@ class GraphEngine:
         self.metrics.step_done(node, step.label, target, seconds, None, step.dependency)
         return result
 
-    async def _call(self, run: Run, step: StepConfig, data: Payload, last: bool) -> Result:
+    async def _call(self, run: Run, node: str, step: StepConfig, data: Payload, last: bool) -> Result:
         assert step.service_name is not None
         service = step.service_name
         left = run.deadline - self.clock()
@@ -277,6 +285,9 @@ class GraphEngine:
         streams = last and run.stream
         if run.endpoint == "chat":
             body = chat_request(data, run.request, self.config.services[service].model_name, streams)
+            if step.retrieve is not None:
+                body = await self._retrieve(run, node, step, body, left)
+                left = run.deadline - self.clock()
         else:
             body = as_request(data, run.endpoint, run.request)
         try:
@@ -302,6 +313,32 @@ class GraphEngine:
                 upstream_status=200, upstream_message=message,
             )
         return result
+
+    async def _retrieve(self, run: Run, node: str, step: StepConfig, body: Payload, left: float) -> Payload:
+        """The chat request with the retrieved documents in its prompt (retrieval.py); metrics per step."""
+        spec = step.retrieve
+        assert spec is not None and self.retriever is not None
+        view = spec.feature_view
+        doc = body.doc()
+        assert isinstance(doc, dict)  # chat_request built it
+        started = self.clock()
+        try:
+            augmented = await augment(
+                doc, spec, self.config.stores[view], self.retriever, run.headers, min(spec.timeout_ms / 1000.0, left)
+            )
+        except PromptError as exc:
+            raise GraphError(exc.code, 400, exc.message) from exc
+        except RetrievalFailed as exc:
+            self.metrics.retrieved(node, step.label, view, self.clock() - started, None, degraded=False)
+            code, status = ("retrieval_timeout", 504) if exc.timed_out else ("retrieval_failed", 502)
+            raise GraphError(code, status, f"retrieval from FeatureView {view!r} failed: {exc.message}") from exc
+        retrieval = augmented.retrieval
+        documents = None if retrieval.degraded is not None else len(retrieval.sources)
+        self.metrics.retrieved(
+            node, step.label, view, self.clock() - started, documents, degraded=retrieval.degraded is not None
+        )
+        run.retrieval = retrieval
+        return Payload.from_doc(augmented.request, origin="request")
 
     @staticmethod
     def _upstream_error(exc: UpstreamFailure) -> GraphError:

@@ -22,6 +22,11 @@ Codes and HTTP statuses:
 | ``bad_upstream_response`` | 502 | a response the router had to combine is not OIP-shaped |
 | ``upstream_unreachable`` | 502 | connecting to the step's service failed |
 | ``step_timeout`` | 504 | the step's timeout passed |
+| ``no_question`` | 400 | a retrieval step found no last user message with text |
+| ``question_too_long`` | 400 | the question alone does not fit the retrieval step's ``promptBudgetChars`` |
+| ``context_too_long`` | 400 | the documents do not fit the budget and the step's ``onOverflow`` is ``Refuse`` |
+| ``retrieval_failed`` | 502 | embedding the question or searching the store failed (``onFailure: Fail``) |
+| ``retrieval_timeout`` | 504 | retrieval did not answer within ``retrieve.timeoutMs`` (``onFailure: Fail``) |
 | ``deadline_exceeded`` | 504 | the graph's overall deadline passed (never skipped, even for Soft steps) |
 """
 
@@ -35,7 +40,10 @@ StepOutcome = Literal["ok", "failed", "skipped", "not_taken"]
 # Upstream 4xx statuses that describe the caller's request or credentials: passed on as they are.
 _CALLER_STATUSES = frozenset({400, 401, 403, 409, 413, 415, 422, 429})
 # Codes that stop the graph whatever the step's dependency says.
-FATAL_CODES = frozenset({"deadline_exceeded", "condition_error", "bad_request"})
+# The retrieval step's refusals of the question are the caller's to fix: no Soft dependency turns them into a skip.
+FATAL_CODES = frozenset(
+    {"deadline_exceeded", "condition_error", "bad_request", "no_question", "question_too_long", "context_too_long"}
+)
 
 
 def status_for_upstream(upstream_status: int) -> int:

@@ -40,6 +40,43 @@ class RouterMetrics(RequestMetrics):
             ["graph", "node", "step"], registry=self.registry,
         )
 
+        # The retrieval step (retrieve on a chat step): its own latency, what the store gave, and when it gave none.
+        self.retrieval_latency = Histogram(
+            "loom_router_retrieval_duration_seconds",
+            "Time a retrieval step took to embed the question and search the vector store.",
+            ["graph", "node", "step", "feature_view"], buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self.retrieval_documents = Histogram(
+            "loom_router_retrieval_documents",
+            "Documents a retrieval step put into the prompt (after filters, threshold and budget).",
+            ["graph", "node", "step", "feature_view"], buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 50),
+            registry=self.registry,
+        )
+        self.retrieval_empty = Counter(
+            "loom_router_retrieval_empty",
+            "Retrievals that put no document into the prompt (nothing near enough, or all filtered out).",
+            ["graph", "node", "step", "feature_view"], registry=self.registry,
+        )
+        self.retrieval_failures = Counter(
+            "loom_router_retrieval_failures",
+            "Retrievals that failed (embedding service or store), by what the step did: failed or degraded "
+            "(answered without context).",
+            ["graph", "node", "step", "feature_view", "outcome"], registry=self.registry,
+        )
+
+    def retrieved(
+        self, node: str, step: str, feature_view: str, seconds: float, documents: int | None, degraded: bool
+    ) -> None:
+        """One retrieval: ``documents`` None when it failed (``degraded``: the step answered without context)."""
+        labels = (self.graph, node, step, feature_view)
+        self.retrieval_latency.labels(*labels).observe(seconds)
+        if documents is None:
+            self.retrieval_failures.labels(*labels, "degraded" if degraded else "failed").inc()
+            return
+        self.retrieval_documents.labels(*labels).observe(documents)
+        if documents == 0:
+            self.retrieval_empty.labels(*labels).inc()
+
     def node_done(self, node: str, router_type: str, seconds: float, code: str | None) -> None:
         self.node_latency.labels(self.graph, node, router_type).observe(seconds)
         if code is not None:

@@ -182,3 +182,74 @@ class FakeChat:
             return StreamingResponse(events(), media_type="text/event-stream")
 
         return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def bag_of_words(text: str, dimension: int = 32) -> list[float]:
+    """A deterministic toy embedding (hashed word counts, unit length): similar words, near vectors."""
+    import hashlib
+    import math
+    import re
+
+    vector = [0.0] * dimension
+    for word in re.findall(r"[a-z0-9]+", text.lower()):
+        vector[int(hashlib.sha256(word.encode()).hexdigest(), 16) % dimension] += 1.0
+    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+    return [v / norm for v in vector]
+
+
+@dataclass
+class FakeVectorStore:
+    """An embedding service (``POST /v1/embeddings``) and a Feast feature server's vector search (``POST /search``,
+    api_version 2) in one Starlette app, for router tests: the documents are ``{id: (text, topic)}``, embedded with
+    :func:`bag_of_words`, searched exactly by cosine distance and answered in Feast's column-wise form (rows in
+    join-key order, as Loom's sqlite-vec store sends them). ``fail_embed`` / ``fail_search``: answer that status."""
+
+    documents: dict[str, tuple[str, str]]
+    view: str = "docs"
+    fail_embed: int | None = None
+    fail_search: int | None = None
+    embed_requests: list[dict[str, Any]] = field(default_factory=list)
+    search_requests: list[dict[str, Any]] = field(default_factory=list)
+
+    def store(self, url: str) -> dict[str, Any]:
+        """The router's VectorStoreConfig (camelCase) for this fake served at ``url``."""
+        return {
+            "searchUrl": f"{url}/search", "featureRefs": [f"{self.view}:text", f"{self.view}:topic"],
+            "textField": "text", "metric": "cosine",
+            "embedding": {"url": f"{url}/v1/embeddings", "modelName": "toy-embedder"},
+        }
+
+    def app(self) -> ASGIApp:
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse, Response
+        from starlette.routing import Route
+
+        async def embed(request: Request) -> Response:
+            doc = await request.json()
+            self.embed_requests.append(doc)
+            if self.fail_embed is not None:
+                return JSONResponse({"error": {"message": "embedder down"}}, status_code=self.fail_embed)
+            data = [{"object": "embedding", "index": 0, "embedding": bag_of_words(doc["input"])}]
+            return JSONResponse({"object": "list", "model": doc["model"], "data": data})
+
+        async def search(request: Request) -> Response:
+            doc = await request.json()
+            self.search_requests.append(doc)
+            if self.fail_search is not None:
+                return JSONResponse({"detail": "store down"}, status_code=self.fail_search)
+            query = doc["query"]
+            scored = []
+            for doc_id, (text, topic) in self.documents.items():
+                similarity = sum(a * b for a, b in zip(query, bag_of_words(text), strict=True))
+                scored.append((1.0 - similarity, doc_id, text, topic))
+            nearest = sorted(scored)[: doc["top_k"]]
+            rows = sorted(nearest, key=lambda row: row[1])
+            columns = {"text": [r[2] for r in rows], "topic": [r[3] for r in rows],
+                       "distance": [r[0] for r in rows], "doc_id": [r[1] for r in rows]}
+            results = [{"values": values, "statuses": ["PRESENT"] * len(values)} for values in columns.values()]
+            return JSONResponse({"metadata": {"feature_names": list(columns)}, "results": results})
+
+        return Starlette(routes=[
+            Route("/v1/embeddings", embed, methods=["POST"]), Route("/search", search, methods=["POST"]),
+        ])
