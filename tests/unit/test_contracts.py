@@ -131,7 +131,9 @@ GRAPH_STEPS = Contract(
     api=GraphStep,
     workload=StepConfig,
     expected=frozenset(
-        {"name", "serviceName", "nodeName", "data", "condition", "weight", "dependency", "protocol"}
+        {"name", "serviceName", "nodeName", "data", "condition", "weight", "dependency", "protocol",
+         "retrieve.featureView", "retrieve.topK", "retrieve.minScore", "retrieve.promptTemplate",
+         "retrieve.promptBudgetChars", "retrieve.onOverflow", "retrieve.onFailure", "retrieve.timeoutMs"}
     ),
 )
 GRAPH_NODES = Contract(api=GraphNode, workload=NodeConfig, expected=frozenset({"routerType", "steps"}))

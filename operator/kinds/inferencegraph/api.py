@@ -2,17 +2,94 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from loom.workloads.router.config import Dependency, Protocol, RouterType, SplitterWeight, StepData
+from loom.workloads.router.retrieval_config import (
+    DEFAULT_PROMPT_TEMPLATE,
+    FilterOperator,
+    MinScore,
+    OnOverflow,
+    OnRetrievalFailure,
+    PromptBudget,
+    RetrievalTimeout,
+    TopK,
+)
 
 from ...autoscale.spec import Autoscaling, AutoscalingStatus
 from ...core.kind import AGE, PHASE, Kind, NameRule, PrinterColumn
 from ...core.model import ApiModel, DnsName, StatusBase, cel, validations
 
 GraphPhase = Literal["Pending", "Ready", "Degraded", "Failed"]
+
+
+class MetadataFilter(ApiModel):
+    """Keep a document only if its feature `field` is (In) or is not (NotIn) one of `values`, compared as text."""
+
+    field: str = Field(
+        description="A feature of the FeatureView (not its text or vector).",
+        max_length=63, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$",
+    )
+    operator: FilterOperator = Field("In", description="In: the value is one of values; NotIn: it is none of them.")
+    values: list[Annotated[str, Field(max_length=256)]] = Field(
+        min_length=1, max_length=32, description="Values compared as text."
+    )
+
+
+class Retrieve(ApiModel):
+    """Retrieval-augmented generation on a chat step: the caller's question (the last user message) is embedded,
+    the nearest documents of a vector FeatureView are put into the prompt template, and the step's service (an LLM)
+    answers from that prompt. The answer names the documents used: header loom-rag-sources (JSON: id, score) and,
+    when not streamed, the completion's field loom_sources."""
+
+    model_config = validations(
+        cel(
+            "self.promptTemplate.contains('{question}') && self.promptTemplate.contains('{context}')",
+            "promptTemplate must contain {question} and {context}",
+            field_path=".promptTemplate",
+        ),
+    )
+
+    feature_view: DnsName = Field(description="The vector FeatureView (same namespace) whose documents are searched.")
+    embedding_service: DnsName | None = Field(
+        None,
+        description="The embedding InferenceService (OpenAI /v1/embeddings) that embeds the question. By default "
+        "the one the FeatureView embeds its documents with; naming another one is refused (two models' vectors "
+        "do not compare).",
+    )
+    top_k: TopK = 4
+    min_score: MinScore | None = Field(
+        None,
+        description="Documents scoring below are left out (score: 1 - distance for cosine, i.e. the cosine "
+        "similarity; 1 / (1 + distance) for the other metrics). Unset: the topK nearest whatever their score.",
+    )
+    filters: list[MetadataFilter] = Field(
+        default_factory=list, max_length=8,
+        description="Every filter must hold. Applied to the documents the store returns (it is asked for 4 x topK "
+        "when filters are set).",
+    )
+    prompt_template: str = Field(
+        DEFAULT_PROMPT_TEMPLATE,
+        min_length=1, max_length=8192,
+        description="The user message sent to the LLM: {question} is the caller's last user message, {context} the "
+        "documents. Only these two placeholders are replaced (no other braces are interpreted).",
+    )
+    prompt_budget_chars: PromptBudget = 8000
+    on_overflow: OnOverflow = Field(
+        "TruncateDocuments",
+        description="Documents that do not fit promptBudgetChars: TruncateDocuments drops the lowest ranked and cuts "
+        "the last one kept; Refuse answers 400 (context_too_long). A question that alone does not fit is always a "
+        "400 (question_too_long) naming the budget.",
+    )
+    on_failure: OnRetrievalFailure = Field(
+        "Fail",
+        description="The embedding service or the store cannot answer: Fail answers 502 (retrieval_failed) or 504 "
+        "(retrieval_timeout) naming the step; AnswerWithoutContext asks the LLM without documents and says why in "
+        "the header loom-rag-degraded.",
+    )
+    timeout_ms: RetrievalTimeout = 5000
 
 
 class GraphStep(ApiModel):
@@ -24,6 +101,11 @@ class GraphStep(ApiModel):
             "!has(self.protocol) || has(self.serviceName)",
             "protocol applies to serviceName steps (a nodeName step speaks its node's protocol)",
             field_path=".protocol",
+        ),
+        cel(
+            "!has(self.retrieve) || (has(self.protocol) && self.protocol == 'openai-chat')",
+            "retrieve applies to steps with protocol openai-chat (it writes the chat prompt)",
+            field_path=".retrieve",
         ),
     )
 
@@ -45,6 +127,9 @@ class GraphStep(ApiModel):
         "openai-chat "
         "(POST /v1/chat/completions of a runtime vllm service). A graph whose steps are openai-chat is itself an "
         "OpenAI chat endpoint (POST /v1/chat/completions); one graph speaks one protocol (serviceName steps only).",
+    )
+    retrieve: Retrieve | None = Field(
+        None, description="Retrieval-augmented generation: put the nearest documents of a FeatureView into the prompt."
     )
 
 

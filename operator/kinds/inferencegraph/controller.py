@@ -41,6 +41,7 @@ from .render import (
     service_conflict,
     service_name,
 )
+from .retrieval import ViewRef, embedding_services, observe_view, referenced_views
 from .status import Observed as StatusObserved
 from .status import compute_status
 
@@ -50,6 +51,7 @@ PLURAL = "inferencegraphs"
 KIND = "InferenceGraph"
 INDEX_ID = "loom_inferencegraphs"
 BY_SERVICE_INDEX_ID = "loom_inferencegraphs_by_service"
+BY_VIEW_INDEX_ID = "loom_inferencegraphs_by_featureview"
 POD_INDEX_ID = "loom_inferencegraph_pods"
 
 
@@ -58,6 +60,7 @@ class Observed:
     """What a graph's pass reads: the InferenceServices its steps name, its Service, its router Deployment."""
 
     services: dict[str, ServiceRef] = field(default_factory=dict)
+    views: dict[str, ViewRef] = field(default_factory=dict)  # the retrieve steps' FeatureViews that exist
     existing_service: Manifest | None = None
     deployment: Manifest | None = None
     pods: list[Manifest] = field(default_factory=list)  # the router's, from the watch cache
@@ -86,7 +89,11 @@ class GraphReconciler(StatusAfterApply):
     async def observe(self, ctx: Pass[InferenceGraphSpec]) -> Observed:
         observed = Observed()
         if ctx.spec is not None:
-            wanted = set(referenced_services(ctx.spec))
+            wanted = set(referenced_services(ctx.spec)) | set(embedding_services(ctx.spec))
+            for view_name in referenced_views(ctx.spec):
+                view = await kube.get(API_VERSION, "FeatureView", ctx.namespace, view_name)
+                if view is not None and not view["metadata"].get("deletionTimestamp"):
+                    observed.views[view_name] = observe_view(view)
             if wanted:
                 # Each by name: served by the watch cache (core/watch_cache.py), no LIST per pass.
                 for wanted_name in sorted(wanted):
@@ -102,7 +109,7 @@ class GraphReconciler(StatusAfterApply):
     def decide(self, ctx: Pass[InferenceGraphSpec], observed: Observed) -> Plan:
         if ctx.spec is None:
             return Plan(None, GraphProblem("InvalidGraph", ctx.invalid or ""))
-        config, problem = router_config(ctx.owner, ctx.spec, observed.services)
+        config, problem = router_config(ctx.owner, ctx.spec, observed.services, observed.views)
         return Plan(config, problem)
 
     async def apply(self, ctx: Pass[InferenceGraphSpec], observed: Observed, plan: Plan) -> Observed:
@@ -140,13 +147,36 @@ async def reconcile(namespace: str, name: str, settings: OperatorSettings, pods:
     await run(GraphReconciler(settings, pods), namespace, name)
 
 
+def _raw_steps(spec: Manifest | None) -> list[Manifest]:
+    """Every step of a raw spec that is an object (the indexes must not fail on a spec that does not validate)."""
+    nodes = (spec or {}).get("nodes")
+    return [
+        step
+        for node in (nodes.values() if isinstance(nodes, dict) else [])
+        for step in ((node or {}).get("steps") or [] if isinstance(node, dict) else [])
+        if isinstance(step, dict)
+    ]
+
+
 def services_named(spec: Manifest | None) -> set[str]:
-    """serviceName of every step of a raw spec (the index must not fail on a spec that does not validate)."""
+    """serviceName of every step of a raw spec, and every retrieve step's embeddingService."""
     names: set[str] = set()
-    for node in ((spec or {}).get("nodes") or {}).values():
-        for step in (node or {}).get("steps") or []:
-            if isinstance(step, dict) and step.get("serviceName"):
-                names.add(str(step["serviceName"]))
+    for step in _raw_steps(spec):
+        if step.get("serviceName"):
+            names.add(str(step["serviceName"]))
+        retrieve = step.get("retrieve")
+        if isinstance(retrieve, dict) and retrieve.get("embeddingService"):
+            names.add(str(retrieve["embeddingService"]))
+    return names
+
+
+def views_named(spec: Manifest | None) -> set[str]:
+    """featureView of every retrieve step of a raw spec."""
+    names: set[str] = set()
+    for step in _raw_steps(spec):
+        retrieve = step.get("retrieve")
+        if isinstance(retrieve, dict) and retrieve.get("featureView"):
+            names.add(str(retrieve["featureView"]))
     return names
 
 
@@ -177,6 +207,30 @@ def register(settings: OperatorSettings) -> None:
     @kopf.index(GROUP, VERSION, PLURAL, id=BY_SERVICE_INDEX_ID)
     async def _by_service(namespace: str | None, name: str | None, spec: Any, **_: Any) -> dict[tuple[str, str], str]:
         return {(str(namespace), service): str(name) for service in services_named(dict(spec or {}))}
+
+    # (namespace, FeatureView) -> names of the graphs whose retrieve steps name it.
+    @kopf.index(GROUP, VERSION, PLURAL, id=BY_VIEW_INDEX_ID)
+    async def _by_view(namespace: str | None, name: str | None, spec: Any, **_: Any) -> dict[tuple[str, str], str]:
+        return {(str(namespace), view): str(name) for view in views_named(dict(spec or {}))}
+
+    # What of a FeatureView a graph uses: its status.vectorSearch (where to search, which model embeds).
+    views_seen: LastSeen[tuple[Any, ...]] = LastSeen()
+
+    @kopf.on.event(GROUP, VERSION, "featureviews")
+    async def _view_changed(body: kopf.Body, type: str | None, **kwargs: Any) -> None:
+        meta = body.get("metadata", {})
+        namespace, view = meta.get("namespace"), meta.get("name")
+        if not namespace or not view:
+            return
+        key = (str(namespace), str(view))
+        state = (repr(sorted((observe_view(dict(body)).vector_search or {}).items())),)
+        if type == "DELETED":
+            views_seen.forget(key)
+        elif not views_seen.changed(key, state):
+            return
+        index = kwargs.get(BY_VIEW_INDEX_ID) or {}
+        for graph in sorted(set(index.get(key, ()))):
+            await runner.trigger(key[0], graph)
 
     # The router's rollout and readiness come with its Deployment's status.
     child_handlers(runner, KIND_LABEL, ("apps", "v1", "deployments"))

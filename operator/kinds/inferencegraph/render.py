@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
@@ -36,6 +36,7 @@ from loom.workloads.router.config import (
     UpstreamConfig,
     graph_issues,
 )
+from loom.workloads.router.retrieval_config import VectorStoreConfig
 
 from ...core.kit import Manifest, child_metadata, labels, match_labels, restricted_security_context, selector
 from ...core.model import first_error
@@ -47,6 +48,7 @@ from ..inferenceservice.render import (
     service_url,
 )
 from .api import INFERENCE_GRAPH, GraphStep, InferenceGraphSpec
+from .retrieval import StoreProblem, ViewRef, placeholder_store, referenced_views, resolve_store
 
 KIND_LABEL = "inferencegraph"
 COMPONENT = "router"
@@ -66,7 +68,9 @@ DEFAULT_DEADLINE_MS = 60_000
 # Where a problem with the graph's own name is (its GraphIssue's field; admission's field path as it is).
 NAME_FIELD = "metadata.name"
 
-ProblemReason = Literal["InvalidGraph", "ServiceNotFound", "ServiceNameConflict"]
+ProblemReason = Literal[
+    "InvalidGraph", "ServiceNotFound", "ServiceNameConflict", "FeatureViewNotFound", "FeatureViewNotReady"
+]
 
 
 @dataclass(frozen=True)
@@ -232,8 +236,9 @@ def _checked_nodes(spec: InferenceGraphSpec, name: str | None) -> tuple[dict[str
     placeholders = {
         ref: UpstreamConfig(url=f"http://{ref}:{SERVICE_PORT}", model_name=ref) for ref in referenced_services(spec)
     }
+    stores = {view: placeholder_store(view) for view in referenced_views(spec)}
     # Unvalidated, so that every problem is listed (the graph's name was judged above).
-    candidate = RouterConfig.model_construct(graph_name="graph", nodes=nodes, services=placeholders)
+    candidate = RouterConfig.model_construct(graph_name="graph", nodes=nodes, services=placeholders, stores=stores)
     structural: list[GraphIssue] = graph_issues(candidate)
     return nodes, named + structural + [
         GraphIssue(
@@ -260,11 +265,37 @@ def _upstream(ref: ServiceRef) -> UpstreamConfig:
     return UpstreamConfig(url=ref.url, model_name=ref.model_name)
 
 
+def _stores(
+    spec: InferenceGraphSpec, services: Mapping[str, ServiceRef], views: Mapping[str, ViewRef]
+) -> tuple[dict[str, VectorStoreConfig], GraphProblem | None]:
+    """The retrieve steps' stores, or the first problem (one the spec must fix before one that waits)."""
+    embedders = {name: (ref.url, ref.model_name) for name, ref in services.items()}
+    stores: dict[str, VectorStoreConfig] = {}
+    problems = []
+    for node in spec.nodes.values():
+        for step in node.steps:
+            if step.retrieve is None:
+                continue
+            resolved = resolve_store(step.retrieve, views.get(step.retrieve.feature_view), embedders)
+            if isinstance(resolved, StoreProblem):
+                problems.append(resolved)
+            else:
+                stores[step.retrieve.feature_view] = resolved
+    if problems:
+        first = min(problems, key=lambda p: p.reason != "InvalidGraph")
+        return {}, GraphProblem(cast(ProblemReason, first.reason), first.message)
+    return stores, None
+
+
 def router_config(
-    owner: Manifest, spec: InferenceGraphSpec, services: Mapping[str, ServiceRef]
+    owner: Manifest,
+    spec: InferenceGraphSpec,
+    services: Mapping[str, ServiceRef],
+    views: Mapping[str, ViewRef] | None = None,
 ) -> tuple[RouterConfig | None, GraphProblem | None]:
     """The router's config, or why there is none. Structural and CEL problems are reported before missing
-    InferenceServices (fixing the spec is the user's next step either way; a missing service may just be late)."""
+    InferenceServices (fixing the spec is the user's next step either way; a missing service may just be late),
+    and those before the retrieve steps' FeatureViews (`views`, by name)."""
     nodes, issues = _checked_nodes(spec, owner["metadata"]["name"])
     if issues:
         return None, GraphProblem("InvalidGraph", "; ".join(str(issue) for issue in issues))
@@ -272,12 +303,16 @@ def router_config(
     missing = [name for name in wanted if name not in services]
     if missing:
         return None, GraphProblem("ServiceNotFound", f"InferenceService(s) not found: {', '.join(missing)}")
+    stores, problem = _stores(spec, services, views or {})
+    if problem is not None:
+        return None, problem
     upstreams = {name: _upstream(services[name]) for name in wanted}
     try:
         config = RouterConfig(
             graph_name=owner["metadata"]["name"],
             nodes=nodes,
             services=upstreams,
+            stores=stores,
             step_timeout_ms=spec.router.timeout_ms,
             deadline_ms=deadline_ms(spec),
             port=ROUTER_PORT,

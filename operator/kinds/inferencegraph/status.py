@@ -219,5 +219,5 @@ def _phase(invalid: bool, available: bool, stuck: str | None, ready: bool, all_s
 
 WARNING_REASONS = {
     "InvalidGraph", "ServiceNotFound", "ServiceNotReady", "ProgressDeadlineExceeded", "ServiceNameConflict",
-    *POD_REASONS,
+    "FeatureViewNotFound", "FeatureViewNotReady", *POD_REASONS,
 }  # fmt: skip
