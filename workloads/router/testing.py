@@ -225,6 +225,8 @@ class FakeVectorStore:
         from starlette.responses import JSONResponse, Response
         from starlette.routing import Route
 
+        vectors: dict[str, list[float]] = {}
+
         async def embed(request: Request) -> Response:
             doc = await request.json()
             self.embed_requests.append(doc)
@@ -241,7 +243,9 @@ class FakeVectorStore:
             query = doc["query"]
             scored = []
             for doc_id, (text, topic) in self.documents.items():
-                similarity = sum(a * b for a, b in zip(query, bag_of_words(text), strict=True))
+                if doc_id not in vectors:
+                    vectors[doc_id] = bag_of_words(text)
+                similarity = sum(a * b for a, b in zip(query, vectors[doc_id], strict=True))
                 scored.append((1.0 - similarity, doc_id, text, topic))
             nearest = sorted(scored)[: doc["top_k"]]
             rows = sorted(nearest, key=lambda row: row[1])
