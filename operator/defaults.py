@@ -136,12 +136,12 @@ def training_job_manifest(job: dict[str, Any], d: EndpointDefaults) -> dict[str,
 
 def inference_service(spec: InferenceServiceSpec, d: EndpointDefaults) -> Defaulted[InferenceServiceSpec]:
     """model.endpoint/secretRef for s3:// and models:/ sources (a fromTrainingJob source takes the job's, filled by
-    `training_job_manifest`) and model.trackingUri for models:/ sources."""
+    `training_job_manifest`; an oci:// one needs none) and model.trackingUri for models:/ sources."""
     used: dict[str, str] = {}
     missing: list[Missing] = []
     model = spec.model
-    if model.from_training_job is not None:
-        return Defaulted(spec)
+    if model.from_training_job is not None or (model.uri or "").startswith("oci://"):
+        return Defaulted(spec)  # a model image needs no S3 or MLflow: its registry is in its reference
     endpoint, secret = _s3("spec.model", model.endpoint, model.secret_ref, d, used)
     tracking_uri = model.tracking_uri
     if model.mlflow is not None and tracking_uri is None:

@@ -181,6 +181,9 @@ class InferenceServiceStatus(StatusBase):
     ready_replicas: int = 0
     selector: str | None = Field(None, description="Label selector of the serving pods (scale subresource).")
     model_version: str | None = Field(None, description="Model version being served to stable traffic.")
+    model_image: str | None = Field(
+        None, description="For model.uri oci://: the image stable traffic is served from, by digest (a tag resolved)."
+    )
     canary: CanaryStatus | None = None
     rollout: RolloutStatus | None = Field(None, description="Canary analysis: its step, verdict and rejected versions.")
     model_changed: str | None = Field(None, description="Why the model asked for last changed.")

@@ -10,8 +10,9 @@ Layout of the children of InferenceService `<name>`:
 
 Both tracks' pods match the Service, so the traffic share of the canary is its share of ready replicas
 (see inferenceservice_rollout.split_replicas). Each pod fetches its model into an emptyDir cache in an init
-container, then the server loads it; readiness (/v2/health/ready) turns true only once the model is loaded,
-so the Service never sends a request to a replica that cannot answer it.
+container, then the server loads it (a model image, model.uri oci://, is mounted as an image volume instead: no init
+container, the node's container runtime pulls it once); readiness (/v2/health/ready) turns true only once the model
+is loaded, so the Service never sends a request to a replica that cannot answer it.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ SERVICE_PORT = 80
 CONFIG_DIR = "/etc/loom"
 CONFIG_FILE = "server.json"
 MODEL_DIR = "/models"
+# Where a model image (model.uri: oci://...) is mounted, read-only, as an image volume.
+MODEL_IMAGE_DIR = "/model"
 API_KEYS_DIR = "/var/run/loom/api-keys"
 API_KEYS_FILE = "keys"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -161,8 +164,9 @@ def server_config(
         model_version=ref.version,
         handler=ref.handler,
         model_dir=MODEL_DIR,
-        storage_uri=ref.storage_uri,
-        storage_kind=ref.storage_kind,
+        # A model image is the folder the pod mounts: the server loads it where it is, nothing is fetched.
+        storage_uri=MODEL_IMAGE_DIR if ref.storage_kind == "oci" else ref.storage_uri,
+        storage_kind="local" if ref.storage_kind == "oci" else ref.storage_kind,
         batching=BatchingConfig(
             max_batch_size=spec.batching.max_batch_size,
             max_latency_ms=spec.batching.max_latency_ms,
@@ -254,6 +258,16 @@ def _probe(path: str, period: int, failures: int, timeout: int = 2) -> Manifest:
     }
 
 
+MODEL_IMAGE_VOLUME = "model-image"
+
+
+def model_image_volume(ref: ModelRef) -> Manifest:
+    """The model image as a Kubernetes image volume (GA since 1.36): the container runtime pulls it by digest into its
+    image store, once per node, and mounts its layers read-only; a second replica on the node pulls nothing."""
+    reference = ref.storage_uri.removeprefix("oci://")
+    return {"name": MODEL_IMAGE_VOLUME, "image": {"reference": reference, "pullPolicy": "IfNotPresent"}}
+
+
 def pod_template(
     owner: Manifest, spec: InferenceServiceSpec, track: Track, ref: ModelRef, config_json: str, image: str
 ) -> Manifest:
@@ -281,6 +295,9 @@ def pod_template(
             }
         )
         server_mounts.append({"name": "api-keys", "mountPath": API_KEYS_DIR, "readOnly": True})
+    if ref.storage_kind == "oci":
+        volumes.append(model_image_volume(ref))
+        server_mounts.append({"name": MODEL_IMAGE_VOLUME, "mountPath": MODEL_IMAGE_DIR, "readOnly": True})
     env = container_env(spec, ref)
     image_name = spec.image or image
     fetch = {
@@ -317,7 +334,8 @@ def pod_template(
     if server_resources:
         server["resources"] = server_resources
     pod_spec: Manifest = {
-        "initContainers": [fetch],
+        # A model image needs no fetch step: the kubelet pulls it (once per node) and mounts it before the server runs.
+        **({} if ref.storage_kind == "oci" else {"initContainers": [fetch]}),
         "containers": [server],
         "volumes": volumes,
         "securityContext": {

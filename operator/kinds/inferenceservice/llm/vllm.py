@@ -77,7 +77,9 @@ def llm_config(spec: InferenceServiceSpec, server: ServerConfig, config_dir: str
     lora = spec.adapters is not None
     return LlmServerConfig(
         model_name=server.model_name,
-        model_dir=server.model_dir,  # the front follows the fetch step's marker to the model folder
+        # The front follows the fetch step's marker to the model folder; a model image is loaded where it is mounted.
+        model_dir=server.storage_uri if server.resolved_storage_kind == "local" and server.storage_uri
+        else server.model_dir,
         port=server.port,
         engine_port=ENGINE_PORT,
         engine_python="python",

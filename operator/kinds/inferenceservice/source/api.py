@@ -7,7 +7,12 @@ from typing import Literal
 
 from pydantic import Field
 
+from loom.workloads.common.oci.reference import URI_PATTERN as OCI_URI_PATTERN
+
 from ....core.model import ApiModel, DnsName, S3Credentials, cel, validations
+
+# An S3 prefix, or a model image by tag and/or digest (the reference grammar of loom.workloads.common.oci).
+MODEL_URI_PATTERN = r"^(s3://.+|" + OCI_URI_PATTERN[1:-1] + r")$"
 
 
 class FromTrainingJob(ApiModel):
@@ -31,7 +36,12 @@ class ModelSource(ApiModel):
 
     name: DnsName | None = Field(None, description="Model name in the inference protocol (default: object name).")
     uri: str | None = Field(
-        None, description="s3://bucket/prefix of a model folder.", pattern=r"^s3://.+", max_length=1024
+        None,
+        description="s3://bucket/prefix of a model folder, or oci://<registry>/<repository>[:tag][@sha256:...] of "
+        "a model image (`loom model push`): mounted read-only as an image volume, pulled once per node, no download "
+        "at pod start; a tag is resolved to its digest (status.modelImage).",
+        pattern=MODEL_URI_PATTERN,
+        max_length=1024,
     )
     mlflow: str | None = Field(
         None,

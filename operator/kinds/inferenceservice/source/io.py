@@ -1,15 +1,23 @@
-"""The model source's edge and hooks: the TrainingJob a model comes from, MLflow (where a followed alias points,
-and the writes of a canary verdict: the rejection tag, the promotion alias), and the Kopf handlers that re-run a
-service when an object it follows changes (follows.py). The resolution itself is pure (model.py, alias.py).
+"""The model source's edge and hooks: the registry an oci:// model image is looked up in (a tag to its digest, the
+image checked to be a model), the TrainingJob a model comes from, MLflow (where a followed alias points, and the
+writes of a canary verdict: the rejection tag, the promotion alias), and the Kopf handlers that re-run a service
+when an object it follows changes (follows.py). The resolution itself is pure (model.py, alias.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
 import kopf
+
+from loom.workloads.common.oci import transfer
+from loom.workloads.common.oci.reference import SCHEME, ImageReference, parse_reference
+from loom.workloads.common.oci.registry import Registry as ImageRegistry
+from loom.workloads.common.oci.registry import RegistryError as ImageRegistryError
 
 from ....core import client as kube
 from ....core.kit import Event
@@ -29,16 +37,58 @@ PLURAL = "inferenceservices"
 FOLLOWERS_INDEX_ID = "loom_inferenceservice_followers"  # (kind, namespace, name) -> the services following it
 
 
+# What each failure of the registry means for the service: a condition's reason, and whether to wait it out.
+IMAGE_ERRORS = {
+    "NotFound": ("ImageNotFound", True),  # it may be pushed yet
+    "Unauthorized": ("RegistryUnauthorized", False),
+    "NotAModel": ("NotAModelImage", False),
+    "Unavailable": ("RegistryUnavailable", True),
+    "Invalid": ("RegistryError", True),
+}
+# How long a tag's digest is trusted before the registry is asked again (a digest, once found, always).
+TAG_RECHECK_S = 60.0
+_images: dict[str, tuple[float, ImageReference]] = {}  # oci:// uri -> (monotonic time looked up, image by digest)
+
+
+def _look_up(asked: ImageReference) -> ImageReference:
+    with ImageRegistry(asked.registry, timeout=15.0) as registry:
+        return transfer.resolve(asked, registry)[0]
+
+
+async def resolve_image(uri: str) -> tuple[ImageReference | None, ResolveError | None]:
+    """An oci:// model's image by digest, as its registry answers (a tag looked up at most every TAG_RECHECK_S; the
+    image checked to be a model). When the registry cannot be reached, the digest found before is kept."""
+    asked = parse_reference(uri)
+    now = time.monotonic()
+    known = _images.get(uri)
+    if known is not None and (asked.digest is not None or now - known[0] < TAG_RECHECK_S):
+        return known[1], None
+    try:
+        image = await asyncio.to_thread(_look_up, asked)
+    except ImageRegistryError as error:
+        if known is not None and error.kind == "Unavailable":
+            return known[1], None
+        reason, transient = IMAGE_ERRORS.get(error.kind, ("RegistryError", True))
+        return None, ResolveError(reason, error.message[:300], transient=transient)
+    _images[uri] = (now, image)
+    return image, None
+
+
 async def resolve(
     spec: InferenceServiceSpec, namespace: str, defaults: EndpointDefaults, alias_version: str | None = None
 ) -> tuple[ModelRef | None, ResolveError | None]:
+    image = None
+    if spec.model.uri is not None and spec.model.uri.startswith(SCHEME):
+        image, error = await resolve_image(spec.model.uri)
+        if error is not None:
+            return None, error
     job = None
     if spec.model.from_training_job is not None:
         job = await kube.get(API_VERSION, "TrainingJob", namespace, spec.model.from_training_job.name)
         # The job's checkpoints are where it wrote them: with the operator's S3 defaults where it names none.
         job = training_job_manifest(job, defaults) if job is not None else None
     try:
-        return resolve_model(spec.model, spec.serving_handler, job, spec.runtime, alias_version), None
+        return resolve_model(spec.model, spec.serving_handler, job, spec.runtime, alias_version, image), None
     except ResolveError as err:
         return None, err
 
@@ -152,6 +202,8 @@ class SourceFeature(Feature):
         if p.ctx.spec is not None and followed(p.ctx.spec.spec.model) is not None:
             status.alias = seen.alias or (previous.alias if previous else None)
         status.model_changed = change_reason(status.alias) or (previous.model_changed if previous else None)
+        stable = plan.rollout.stable_ref
+        status.model_image = stable.storage_uri if stable is not None and stable.storage_kind == "oci" else None
         return []
 
     def register(self, trigger: Callable[[str, str], Awaitable[None]]) -> None:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from loom.workloads.common.oci.reference import SCHEME, ImageReference, parse_reference
 from loom.workloads.server.config import BUILTIN_HANDLERS, parse_mlflow_uri
 
 from ....core.model import ApiModel, S3Credentials
@@ -24,7 +25,7 @@ from .api import ModelSource
 
 MODEL_ANNOTATION = "loom.dev/model"
 
-StorageKind = Literal["s3", "mlflow", "checkpoint"]
+StorageKind = Literal["s3", "mlflow", "checkpoint", "oci"]
 
 
 class ModelRef(ApiModel):
@@ -84,8 +85,8 @@ def resolve_handler(handler: str, kind: StorageKind | Literal["trainingjob"]) ->
         return "chargpt"  # the trainer's bundled model: what a TrainingJob produces unless told otherwise
     raise ResolveError(
         "HandlerRequired",
-        "handler: auto cannot be guessed for an s3 uri; set handler (e.g. torchscript, torch-export, mlflow-pyfunc, "
-        "chargpt, noop or module:Class)",
+        f"handler: auto cannot be guessed for an {kind} uri; set handler (e.g. torchscript, torch-export, "
+        "mlflow-pyfunc, chargpt, noop or module:Class)",
         transient=False,
     )
 
@@ -96,10 +97,14 @@ def resolve_model(
     training_job: dict[str, Any] | None = None,
     runtime: str = "default",
     alias_version: str | None = None,
+    image: ImageReference | None = None,
 ) -> ModelRef:
     """The concrete model the spec asks for. `training_job` is the referenced TrainingJob (None: not found);
     runtime vllm serves a TrainingJob's Hugging Face export only; `alias_version` the version a models:/name@alias
-    source's alias points to now (the operator follows it)."""
+    source's alias points to now (the operator follows it); `image` an oci:// source's image by digest, as the
+    registry resolved it (io.py)."""
+    if source.uri is not None and source.uri.startswith(SCHEME):
+        return _from_image(source, handler, image)
     if source.uri is not None:
         return ModelRef(
             storage_uri=source.uri,
@@ -130,6 +135,23 @@ def resolve_model(
             _check_hugging_face_export(source, training_job)
         return _from_training_job(source, handler, training_job)
     raise ResolveError("InvalidModel", "set one of model.uri, model.mlflow or model.fromTrainingJob", transient=False)
+
+
+def _from_image(source: ModelSource, handler: str, image: ImageReference | None) -> ModelRef:
+    """A model image: served from the image volume the pod mounts (render.py), pinned by the digest the registry
+    resolved, so a tag moved to another image is a new ref (it rolls out) and every replica mounts the same bytes."""
+    assert source.uri is not None
+    asked = parse_reference(source.uri)  # the API server checked the grammar (api.MODEL_URI_PATTERN)
+    if image is None or image.digest is None:
+        raise ResolveError("ImageNotResolved", f"{source.uri} has not been looked up in its registry yet")
+    if asked.digest is not None and image.digest != asked.digest:
+        raise ResolveError("ImageDigestMismatch", f"{source.uri}: the registry serves {image.digest}", transient=False)
+    return ModelRef(
+        storage_uri=image.pinned(image.digest).uri,
+        storage_kind="oci",
+        handler=resolve_handler(handler, "oci"),  # runtime vllm loads no handler: the caller passes noop
+        version=source.version or asked.tag or image.digest.removeprefix("sha256:")[:12],
+    )
 
 
 def final_export_uri(job: dict[str, Any]) -> str | None:
