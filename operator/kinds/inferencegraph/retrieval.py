@@ -80,7 +80,8 @@ def resolve_store(
         )
     vector_field = found.get("field", found.get("vectorField"))
     refs = [str(ref) for ref in found["featureRefs"] if _feature(str(ref)) != vector_field]
-    embedding = found.get("embedding") if isinstance(found.get("embedding"), dict) else {}
+    raw_embedding = found.get("embedding")
+    embedding: Mapping[str, Any] = raw_embedding if isinstance(raw_embedding, dict) else {}
     view_service = embedding.get("service")
     wanted = retrieve.embedding_service
     if wanted is not None and view_service and wanted != view_service:
