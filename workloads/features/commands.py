@@ -26,6 +26,7 @@ from feast.errors import EntityNotFoundException, FeatureViewNotFoundException
 from feast.infra.offline_stores.offline_utils import infer_event_timestamp_from_entity_df
 from feast.infra.registry.registry import FeastObjectType
 
+from loom.workloads.features import vectors
 from loom.workloads.features.config import (
     FeaturesConfig,
     FeatureViewConfig,
@@ -34,6 +35,7 @@ from loom.workloads.features.config import (
     NotFound,
 )
 from loom.workloads.features.convert import MANAGED_BY_KEY, MANAGED_BY_TAG, repo_config, to_feast_objects
+from loom.workloads.features.embedding import check_documents
 from loom.workloads.features.s3compat import arrow_s3, ensure_s3_protocol
 
 
@@ -79,6 +81,9 @@ def check_source(store: FeatureStore, view: FeatureViewConfig, feature_view: Fea
     checked here, before anything is written, with a message naming the column and its role.
     """
     source = view.source
+    if view.vector is not None and view.vector.embedding is not None:
+        # Its Feast source is what materialization writes; what must be readable now is the documents.
+        return check_documents(view, source_schema)
     batch_source = feature_view.batch_source
     if batch_source is None:
         raise InvalidConfig(f"feature view {view.name!r} has no batch source")
@@ -243,26 +248,40 @@ def materialize(
         if registered is None:
             raise NotFound(f"feature view {view.name!r} is not registered in project {config.project!r}: apply it")
         check_source(store, view, registered)
+    embedded = {
+        v.name: vectors.prepare(config, v, end, read_parquet, write_parquet)
+        for v in views
+        if v.vector is not None and v.vector.embedding is not None
+    }
     counter = _WriteCounter(store)
     view_names = [v.name for v in views]
     with feast_output_to_stderr():
         if start is None:
-            if view_names:
-                store.materialize_incremental(end_date=end, feature_views=view_names)
+            incremental = [name for name in view_names if name not in embedded]
+            if incremental:
+                store.materialize_incremental(end_date=end, feature_views=incremental)
+            for view in views:
+                if view.name in embedded:
+                    store.materialize(start_date=vectors.window_start(view, end), end_date=end,
+                                      feature_views=[view.name])
         else:
             for view in views:
                 store.materialize(start_date=ttl_bound(start, end, view.ttl_seconds), end_date=end,
                                   feature_views=[view.name])
     results = []
-    for name in view_names:
+    for view in views:
+        name = view.name
         intervals = store.get_feature_view(name).materialization_intervals
         window_start, window_end = intervals[-1] if intervals else (start, end)
-        results.append({
+        result: dict[str, Any] = {
             "name": name,
             "start": _iso(window_start),
             "end": _iso(window_end),
             "rowsWritten": counter.rows.get(name, 0) if counter.available else None,
-        })
+        }
+        if view.vector is not None:
+            result["vectorIndex"] = vectors.finish(config, view, embedded.get(name))
+        results.append(result)
     starts = [r["start"] for r in results if r["start"]]
     return {
         "command": "materialize",
@@ -287,7 +306,17 @@ def read_parquet(path: str, endpoint: str | None = None) -> pd.DataFrame:
     try:
         return pq.read_table(location, filesystem=filesystem).to_pandas()
     except Exception as error:
-        raise InvalidSource(f"cannot read entity dataframe {path}: {type(error).__name__}: {error}") from error
+        raise InvalidSource(f"cannot read parquet {path}: {type(error).__name__}: {error}") from error
+
+
+def source_schema(path: str, endpoint: str | None = None) -> dict[str, str]:
+    """A parquet file's columns (name -> Arrow type) without reading its rows."""
+    filesystem, location = _filesystem(path, endpoint)
+    try:
+        schema = pq.read_schema(location, filesystem=filesystem)
+    except Exception as error:
+        raise InvalidSource(f"cannot read source {path}: {type(error).__name__}: {error}") from error
+    return {field.name: str(field.type) for field in schema}
 
 
 def write_parquet(frame: pd.DataFrame, path: str, endpoint: str | None = None) -> None:

@@ -37,6 +37,9 @@ FEATURE_DTYPES: tuple[str, ...] = SCALAR_DTYPES + ARRAY_DTYPES
 # Entity keys Feast can serialize into an online-store key (feast.infra.key_encoding_utils).
 ENTITY_DTYPES: tuple[str, ...] = ("Int32", "Int64", "String", "Bytes", "UnixTimestamp")
 
+# The online store a project with a vector view runs: Feast's sqlite store with Loom's sqlite-vec index.
+VECTOR_STORE_TYPE = "loom.workloads.features.vector_store.LoomSqliteOnlineStore"
+
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]{0,62}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -152,6 +155,63 @@ class SourceConfig(CamelModel):
         return self.path.startswith("s3://")
 
 
+VECTOR_METRICS: tuple[str, ...] = ("cosine", "l2", "l1")
+VECTOR_DTYPE = "Array(Float32)"
+MAX_DIMENSION = 8192
+
+
+class ChunkingConfig(CamelModel):
+    """How a document's text is cut before embedding: windows of ``size`` characters, consecutive windows sharing
+    ``overlap`` characters (cuts move back to the last whitespace when there is one)."""
+
+    size: int = Field(1000, ge=16, le=100_000, description="Characters per chunk.")
+    overlap: int = Field(100, ge=0, le=50_000, description="Characters shared by consecutive chunks.")
+
+    @model_validator(mode="after")
+    def _check(self) -> ChunkingConfig:
+        if self.overlap >= self.size:
+            raise ValueError(f"chunking overlap ({self.overlap}) must be smaller than size ({self.size})")
+        return self
+
+
+class EmbeddingConfig(CamelModel):
+    """Documents embedded during materialization by an OpenAI-compatible ``POST <url>/v1/embeddings``.
+
+    The source holds documents (``documentColumn``: an id, ``textColumn``: the text); each is cut into chunks and
+    every chunk becomes one row of the view: the join key is ``<document id>#<n>``, the text field the chunk, the
+    vector field its embedding, and every other feature is copied from the document's row."""
+
+    url: str = Field(description="Base URL of the embedding service (http://host[:port]).")
+    model: str = Field(description="The model name the service serves.")
+    document_column: str = Field("document_id", description="Source column identifying a document.")
+    text_column: str = Field("text", description="Source column holding the document's text.")
+    chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
+    batch_size: int = Field(32, ge=1, le=2048, description="Chunks per embeddings request.")
+    api_key_env: str | None = Field(None, description="Variable holding the service's API key (from a Secret).")
+    reembed: int = Field(
+        0, ge=0, description="Re-embedding generation: an index built by another model is rebuilt only when this "
+        "exceeds the generation that built it."
+    )
+    output_path: str = Field(description="Where the embedded chunks are written (parquet): the view's Feast source.")
+
+    @field_validator("document_column", "text_column")
+    @classmethod
+    def _column(cls, value: str) -> str:
+        if not _IDENTIFIER.match(value):
+            raise ValueError(f"column {value!r} must be letters, digits and '_'")
+        return value
+
+
+class VectorConfig(CamelModel):
+    """The view's vector field: one Array(Float32) feature indexed for nearest-neighbour search."""
+
+    field: str = Field(description="The Array(Float32) feature holding each document's vector.")
+    dimension: int = Field(ge=1, le=MAX_DIMENSION, description="Length of every vector.")
+    metric: Literal["cosine", "l2", "l1"] = Field("cosine", description="Distance of the search.")
+    text_field: str | None = Field(None, description="The String feature holding the document's text.")
+    embedding: EmbeddingConfig | None = None
+
+
 class FeatureViewConfig(CamelModel):
     name: str
     entities: list[EntityConfig] = Field(min_length=1)
@@ -162,6 +222,7 @@ class FeatureViewConfig(CamelModel):
     description: str = ""
     owner: str = ""
     tags: dict[str, str] = Field(default_factory=dict)
+    vector: VectorConfig | None = None
 
     @field_validator("name")
     @classmethod
@@ -183,7 +244,26 @@ class FeatureViewConfig(CamelModel):
         clash = sorted(timestamps & set(columns))
         if clash:
             raise ValueError(f"feature view {self.name!r}: timestamp column(s) {clash} also declared as a feature/key")
+        if self.vector is not None:
+            self._check_vector(self.vector)
         return self
+
+    def _check_vector(self, vector: VectorConfig) -> None:
+        dtypes = {f.name: f.dtype for f in self.features}
+        if dtypes.get(vector.field) != VECTOR_DTYPE:
+            raise ValueError(
+                f"feature view {self.name!r}: vector field {vector.field!r} must be a feature of dtype {VECTOR_DTYPE}"
+            )
+        if vector.text_field is not None and dtypes.get(vector.text_field) != "String":
+            raise ValueError(f"feature view {self.name!r}: text field {vector.text_field!r} must be a String feature")
+        if vector.embedding is not None:
+            if vector.text_field is None:
+                raise ValueError(f"feature view {self.name!r}: an embedded view needs vector.textField")
+            if len(self.entities) != 1 or self.entities[0].value_type != "String":
+                raise ValueError(
+                    f"feature view {self.name!r}: an embedded view has one String entity, the chunk id "
+                    "(<document id>#<n>)"
+                )
 
 
 class RegistrySettings(CamelModel):
@@ -227,6 +307,9 @@ class OnlineStoreSettings(CamelModel):
 
     type: Literal["sqlite", "redis"] = "sqlite"
     path: str = Field("/var/lib/loom/features/online.db", description="sqlite: database file on a volume.")
+    vector_path: str = Field(
+        "/var/lib/loom/features/vectors.db", description="sqlite: the vector indexes (sqlite-vec) beside it."
+    )
     connection_string_env: str = Field(
         "LOOM_FEAST_REDIS", description="redis: variable holding 'host:port[,password=...,ssl=true]'."
     )
@@ -280,6 +363,10 @@ class FeaturesConfig(WorkloadConfig):
 
     @model_validator(mode="after")
     def _unique(self) -> FeaturesConfig:
+        if self.has_vectors and self.online_store.type != "sqlite":
+            raise ValueError(
+                f"vector search needs the sqlite online store (sqlite-vec); this project uses {self.online_store.type}"
+            )
         names = [view.name for view in self.feature_views]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -292,6 +379,10 @@ class FeaturesConfig(WorkloadConfig):
                 if seen.setdefault(entity.name, key) != key:
                     raise ValueError(f"entity {entity.name!r} is declared with different join keys or value types")
         return self
+
+    @property
+    def has_vectors(self) -> bool:
+        return any(view.vector is not None for view in self.feature_views)
 
     def view(self, name: str) -> FeatureViewConfig:
         for view in self.feature_views:
@@ -312,7 +403,10 @@ class FeaturesConfig(WorkloadConfig):
             registry = {"registry_type": "sql", "path": f"${{{self.registry.url_env}}}"}
         registry["cache_ttl_seconds"] = self.registry.cache_ttl_seconds
         online: dict[str, Any]
-        if self.online_store.type == "sqlite":
+        if self.online_store.type == "sqlite" and self.has_vectors:
+            online = {"type": VECTOR_STORE_TYPE, "path": self.online_store.path,
+                      "vector_path": self.online_store.vector_path}
+        elif self.online_store.type == "sqlite":
             online = {"type": "sqlite", "path": self.online_store.path}
         else:
             online = {"type": "redis", "connection_string": f"${{{self.online_store.connection_string_env}}}"}

@@ -73,15 +73,28 @@ def to_entities(view: FeatureViewConfig) -> list[Entity]:
 
 def to_source(view: FeatureViewConfig) -> FileSource:
     source = view.source
+    # An embedded view's Feast source is the chunks its materialization writes, not the documents.
+    embedding = view.vector.embedding if view.vector is not None else None
     return FileSource(
         # One source per view: the name shows up in the registry and in Feast's error messages.
         name=f"{view.name}_source",
-        path=source.path,
+        path=embedding.output_path if embedding is not None else source.path,
         timestamp_field=source.timestamp_field,
         created_timestamp_column=source.created_timestamp_field or "",
-        s3_endpoint_override=source.endpoint if source.is_s3 else None,
+        s3_endpoint_override=source.endpoint if source.is_s3 and embedding is None else None,
         tags=dict(MANAGED_BY_TAG),
     )
+
+
+def vector_options(view: FeatureViewConfig, feature: str) -> dict[str, Any]:
+    """Feast's vector settings for the view's vector field (none for other features)."""
+    if view.vector is None or view.vector.field != feature:
+        return {}
+    return {
+        "vector_index": True,
+        "vector_length": view.vector.dimension,
+        "vector_search_metric": view.vector.metric,
+    }
 
 
 def to_feature_view(view: FeatureViewConfig, entities: list[Entity] | None = None) -> FeatureView:
@@ -97,6 +110,7 @@ def to_feature_view(view: FeatureViewConfig, entities: list[Entity] | None = Non
             dtype=feast_dtype(feature.dtype, f"{where} feature {feature.name!r}"),
             description=feature.description,
             tags=feature.tags,
+            **vector_options(view, feature.name),
         )
         for feature in view.features
     ]

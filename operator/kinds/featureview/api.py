@@ -14,6 +14,7 @@ from pydantic import Field
 from ...autoscale.spec import Autoscaling, AutoscalingStatus
 from ...core.kind import AGE, PHASE, Kind, NameRule, PrinterColumn
 from ...core.model import ApiModel, S3Credentials, SecretKeySelector, StatusBase, cel, validations
+from .vector.api import VECTOR_RULES, VectorSearch, VectorSearchStatus
 
 FeatureDtype = Literal[
     "Int32",
@@ -193,6 +194,7 @@ class FeatureServer(ApiModel):
 
 class FeatureViewSpec(ApiModel):
     model_config = validations(
+        *VECTOR_RULES,
         cel(
             "self.features.all(f, !self.entities.exists(e, e.name == f.name))",
             "a feature may not share its name with an entity",
@@ -224,6 +226,9 @@ class FeatureViewSpec(ApiModel):
     materialization: Materialization = Field(default_factory=Materialization)
     store: Store = Field(default_factory=Store)
     server: FeatureServer = Field(default_factory=FeatureServer)
+    vector: VectorSearch | None = Field(
+        None, description="Index one Array(Float32) feature for vector search (documents for retrieval)."
+    )
 
 
 class LastMaterialization(ApiModel):
@@ -258,6 +263,7 @@ class FeatureViewStatus(StatusBase):
     autoscaling: AutoscalingStatus | None = Field(
         None, description="The project feature server's autoscaler (on the view whose autoscaling is in force)."
     )
+    vector_search: VectorSearchStatus | None = None
 
 
 class FeatureView(ApiModel):

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from loom.workloads.features.config import (
+    ChunkingConfig,
+    EmbeddingConfig,
     EntityConfig,
     FeatureConfig,
     FeaturesConfig,
@@ -25,13 +27,16 @@ from loom.workloads.features.config import (
     RegistrySettings,
     ServeSettings,
     SourceConfig,
+    VectorConfig,
     parse_duration,
     project_name,
 )
 
 from ...core.model import InvalidSpec as InvalidSpec  # re-exported
 from ...core.model import S3Credentials
+from ..inferenceservice.render import service_url
 from .api import FeatureViewSpec, Store
+from .vector.api import VectorSearch
 
 DATA_DIR = "/var/lib/loom/features"  # the project's folder inside every Feast pod
 HTTP_PORT = 6566
@@ -96,6 +101,21 @@ def server_url(namespace: str, project: str) -> str:
     return f"http://{project_object_name(project)}.{namespace}.svc"
 
 
+def embedding_url(namespace: str, service: str) -> str:
+    """The embedding InferenceService's base URL (its Service; POST <url>/v1/embeddings)."""
+    return service_url({"metadata": {"name": service, "namespace": namespace}})
+
+
+def embedding_key_env(name: str) -> str:
+    """The variable holding the API key of view `name`'s embedding service (from its Secret)."""
+    return f"LOOM_EMBEDDING_KEY_{feast_view_name(name).upper()}"
+
+
+def embedded_path(name: str) -> str:
+    """Where an embedded view's chunks are written: its Feast source, in the project's folder."""
+    return f"{DATA_DIR}/embedded/{feast_view_name(name)}.parquet"
+
+
 def host_folder(namespace: str, spec: FeatureViewSpec) -> str:
     return f"{spec.store.volume.host_path.rstrip('/')}/{namespace}/{project_prefix(spec.project)}"
 
@@ -111,6 +131,7 @@ class Member:
     uid: str
     created: str  # creationTimestamp: the oldest view sets the project's store
     spec: FeatureViewSpec
+    namespace: str = ""  # where an embedded view's embedding service is
 
 
 @dataclass(frozen=True)
@@ -131,7 +152,30 @@ class ProjectPlan:
     rejected: dict[str, Rejection] = field(default_factory=dict)
 
 
-def view_config(name: str, spec: FeatureViewSpec) -> FeatureViewConfig:
+def vector_config(name: str, namespace: str, vector: VectorSearch) -> VectorConfig:
+    embedding = vector.embedding
+    return VectorConfig(
+        field=vector.field,
+        dimension=vector.dimension,
+        metric=vector.metric,
+        text_field=vector.text_field,
+        embedding=None
+        if embedding is None
+        else EmbeddingConfig(
+            url=embedding_url(namespace, embedding.service),
+            model=embedding.model,
+            document_column=embedding.document_column,
+            text_column=embedding.text_column,
+            chunking=ChunkingConfig(size=embedding.chunking.size, overlap=embedding.chunking.overlap),
+            batch_size=embedding.batch_size,
+            api_key_env=embedding_key_env(name) if embedding.api_key_secret_ref is not None else None,
+            reembed=embedding.reembed,
+            output_path=embedded_path(name),
+        ),
+    )
+
+
+def view_config(name: str, spec: FeatureViewSpec, namespace: str = "") -> FeatureViewConfig:
     """The workload's view of one FeatureView, by keyword (raises ValidationError/ValueError on what the pods
     would refuse)."""
     return FeatureViewConfig(
@@ -161,6 +205,7 @@ def view_config(name: str, spec: FeatureViewSpec) -> FeatureViewConfig:
         description=spec.description,
         owner=spec.owner,
         tags=dict(spec.tags),
+        vector=vector_config(name, namespace, spec.vector) if spec.vector is not None else None,
     )
 
 
@@ -231,7 +276,7 @@ def plan_project(project: str, members: list[Member]) -> ProjectPlan:
         try:
             candidate = FeaturesConfig(
                 project=config.project,
-                feature_views=[*views, view_config(member.name, member.spec)],
+                feature_views=[*views, view_config(member.name, member.spec, member.namespace)],
                 registry=registry,
                 online_store=online,
                 offline_store=offline,

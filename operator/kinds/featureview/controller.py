@@ -42,6 +42,7 @@ from .config import (
     apply_job_name,
     cronjob_name,
     delete_job_name,
+    embedding_url,
     feast_view_name,
     feature_refs,
     plan_project,
@@ -144,7 +145,7 @@ async def _members(namespace: str, project: str, defaults: EndpointDefaults) -> 
         if meta.get("deletionTimestamp"):
             continue
         names.add(meta["name"])
-        members.append(Member(meta["name"], meta["uid"], meta.get("creationTimestamp") or "", spec))
+        members.append(Member(meta["name"], meta["uid"], meta.get("creationTimestamp") or "", spec, meta["namespace"]))
     return members, names
 
 
@@ -296,6 +297,10 @@ class ViewReconciler(StatusAfterApply):
             server_ready=int(dstatus.get("readyReplicas") or 0),
             apply_problem=apply_problem,
             server_problem=find_problem(server_pods),
+            vector=spec.vector,
+            embedding_url=embedding_url(ctx.namespace, spec.vector.embedding.service)
+            if spec.vector is not None and spec.vector.embedding is not None
+            else None,
         )
         status, events = compute_status(seen, previous, observed.now)
         status.endpoint_defaults = ctx.spec.status_field()

@@ -40,6 +40,7 @@ from .config import (
     apply_job_name,
     cronjob_name,
     delete_job_name,
+    embedding_key_env,
     feast_view_name,
     host_folder,
     manual_job_name,
@@ -157,6 +158,16 @@ def _env(plan: ProjectPlan) -> list[Manifest]:
     secret = plan.primary.spec.store.online.connection_secret_ref
     if plan.config.online_store.type == "redis" and secret is not None:
         env.append({"name": REDIS_ENV, "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}})
+    for member in plan.members:  # an embedding service's API key, one variable per embedded view
+        vector = member.spec.vector
+        key = vector.embedding.api_key_secret_ref if vector is not None and vector.embedding is not None else None
+        if key is not None:
+            env.append(
+                {
+                    "name": embedding_key_env(member.name),
+                    "valueFrom": {"secretKeyRef": {"name": key.name, "key": key.key}},
+                }
+            )
     # Feast's progress bars and Python's buffering make pod logs unreadable otherwise.
     env += [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "OMP_NUM_THREADS", "value": "1"}]
     return env

@@ -25,6 +25,8 @@ from ...core.pod_problems import PodProblem
 from .api import FeatureViewStatus, LastMaterialization
 from .config import Rejection
 from .render import CONTAINER, cron_expression
+from .vector.api import VectorSearch
+from .vector.status import vector_status
 
 JobState = Literal["Pending", "Running", "Succeeded", "Failed"]
 
@@ -138,6 +140,8 @@ class Observed:
     # Why a pod of the apply Job / of the feature server cannot start (a missing Secret, ...): pod_problems.
     apply_problem: PodProblem | None = None
     server_problem: PodProblem | None = None
+    vector: VectorSearch | None = None  # spec.vector
+    embedding_url: str | None = None  # the embedding service's base URL (an embedded view)
 
 
 def _registered(observed: Observed) -> tuple[Literal["True", "False", "Unknown"], str, str]:
@@ -228,6 +232,22 @@ def compute_status(
     last = _last_materialization(observed.materialization, old.last_materialization)
     running = observed.materialization is not None and observed.materialization.state in ("Pending", "Running")
 
+    finished = observed.materialization
+    done = finished is not None and finished.state in ("Succeeded", "Failed")
+    vector, vector_condition = vector_status(
+        observed.vector,
+        url=observed.url or "",
+        feast_view=observed.feast_view or "",
+        feature_refs=list(observed.feature_refs),
+        embedding_url=observed.embedding_url,
+        outcome=finished.state if finished is not None and done else None,  # type: ignore[arg-type]
+        result=finished.result if finished is not None else {},
+        reason=finished.reason if finished is not None else None,
+        message=finished.message if finished is not None else None,
+        previous=old.vector_search,
+    )
+    if vector_condition is not None:
+        put("VectorIndex", vector_condition)
     registered = put("Registered", _registered(observed))
     put("Materialized", _materialized(observed, last, running, next_time))
     server = put("ServerReady", _server(observed))
@@ -264,6 +284,7 @@ def compute_status(
         # Written by the autoscaler (autoscale/loop.py) on the view whose server autoscaling is in force;
         # carried so this pass never clears it.
         autoscaling=old.autoscaling,
+        vector_search=vector,
     )
     return status, _events(old, status)
 

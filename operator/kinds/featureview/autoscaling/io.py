@@ -55,7 +55,7 @@ class FeatureViewAdapter:
                 continue
             if other.project == spec.project:
                 m = obj["metadata"]
-                members.append(Member(m["name"], m["uid"], m.get("creationTimestamp") or "", other))
+                members.append(Member(m["name"], m["uid"], m.get("creationTimestamp") or "", other, m["namespace"]))
         chosen = project_autoscaling(members)
         if chosen is None or chosen[0] != meta["name"]:
             return None  # another view's autoscaling is in force for the project's server

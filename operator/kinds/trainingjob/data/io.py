@@ -42,7 +42,8 @@ async def _project_members(namespace: str, project: str, defaults: EndpointDefau
         except ValidationError:
             continue
         if spec.project == project:
-            members.append(Member(meta["name"], meta["uid"], meta.get("creationTimestamp") or "", spec))
+            created = meta.get("creationTimestamp") or ""
+            members.append(Member(meta["name"], meta["uid"], created, spec, meta["namespace"]))
     return members
 
 
