@@ -34,6 +34,13 @@ from ..kinds.featureview.api import (
     Store,
     Volume,
 )
+from ..kinds.featureview.vector.api import (
+    Chunking,
+    Embedding,
+    EmbeddingStatus,
+    VectorSearch,
+    VectorSearchStatus,
+)
 from ..kinds.inferencegraph.api import (
     GraphNode,
     GraphRouter,
@@ -122,8 +129,11 @@ __all__ = [
     "CheckStatus",
     "CheckpointSpec",
     "CheckpointStatus",
+    "Chunking",
     "Condition",
     "DeepSpeedOptions",
+    "Embedding",
+    "EmbeddingStatus",
     "Entity",
     "Entrypoint",
     "EnvVar",
@@ -187,6 +197,8 @@ __all__ = [
     "TrainingJob",
     "TrainingJobSpec",
     "TrainingJobStatus",
+    "VectorSearch",
+    "VectorSearchStatus",
     "VllmSpec",
     "Volume",
     "WorkerCounts",
