@@ -158,7 +158,8 @@ class PodWorker:
         while True:
             try:
                 data, token = await self.fetch(self.pod, True)
-                self.folders = materialize(self.pod, self.dir, self.cfg.state_dir, data, token)
+                # In a thread: an image volume's pull takes as long as its layers take to download.
+                self.folders = await asyncio.to_thread(materialize, self.pod, self.dir, self.cfg.state_dir, data, token)
                 return
             except Exception as error:  # API hiccups (or a terminating namespace) retry like config errors
                 exc = _as_config_error(error)

@@ -1,18 +1,23 @@
 """Pod volumes as host folders, and the bind mounts that put them at their mountPaths.
 
 `volume_files` is pure (what files a configMap/secret/downwardAPI/projected volume holds);
-`materialize` writes them under the pod's state folder; `refresh_config_maps` rewrites a running pod's configMap
+`materialize` writes them under the pod's state folder (an image volume: the image's layers unpacked, pull_image);
+`refresh_config_maps` rewrites a running pod's configMap
 volumes when their ConfigMap changed, as the kubelet does (not subPath mounts of a single file, as there).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from loom.devstack.agent.plan import ClusterData, ConfigError, config_map_data, field_value, secret_data
+from loom.workloads.common.oci.reference import ReferenceError, parse_reference
+from loom.workloads.common.oci.registry import Registry, RegistryError
+from loom.workloads.common.oci.transfer import pull_folder
 
 Obj = dict[str, Any]
 FileSet = dict[str, tuple[bytes, int]]  # relative path -> (content, mode)
@@ -92,7 +97,7 @@ def volume_dir(volume: Obj, pod_dir: Path, state_dir: Path, namespace: str) -> P
         return state_dir / "claims" / namespace / str(volume["persistentVolumeClaim"]["claimName"])
     if "hostPath" in volume:
         return Path(str(volume["hostPath"]["path"]))
-    supported = {"emptyDir", "configMap", "secret", "downwardAPI", "projected"}
+    supported = {"emptyDir", "configMap", "secret", "downwardAPI", "projected", "image"}
     if not supported & set(volume):
         kinds = sorted(set(volume) - {"name"})
         raise ConfigError("CreateContainerConfigError", f"volume {name!r}: unsupported type {kinds}")
@@ -134,11 +139,38 @@ def materialize(pod: Obj, pod_dir: Path, state_dir: Path, data: ClusterData, tok
                 folder.mkdir(parents=True, exist_ok=True)
             else:
                 raise ConfigError("CreateContainerConfigError", f"hostPath {folder} does not exist")
+        if "image" in volume:
+            pull_image(volume, folder)
         folder.mkdir(parents=True, exist_ok=True)
         if files is not None:
             write_files(folder, files)
         folders[volume["name"]] = folder
     return folders
+
+
+def pull_image(volume: Obj, folder: Path) -> None:
+    """An image volume (Kubernetes' `image` source). The agent runs no container runtime, so it unpacks the image's
+    layers itself into the pod's volume folder with `loom model pull`'s code: model images only (plain tar layers),
+    and every pod downloads the whole image (no per-node image store as a kubelet's runtime keeps; the real node
+    has one). Pulled into a staging folder renamed into place, so a pod restarted mid-pull never sees half an
+    image; a pod's folder that holds the image already is kept."""
+    if folder.is_dir() and any(folder.iterdir()):
+        return
+    staging = folder.with_name(folder.name + ".pulling")
+    shutil.rmtree(staging, ignore_errors=True)
+    source = volume["image"]
+    try:
+        image = parse_reference(str(source.get("reference", "")))
+        with Registry(image.registry) as registry:
+            pull_folder(image, registry, staging)
+    except (ReferenceError, RegistryError, ValueError, OSError) as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        detail = error.message if isinstance(error, RegistryError) else str(error)
+        message = f"image volume {volume['name']!r} ({source.get('reference')}): {detail}"
+        raise ConfigError("ErrImagePull", message) from error
+    if folder.exists():
+        folder.rmdir()  # the empty folder of an earlier attempt
+    staging.rename(folder)
 
 
 def container_mounts(container: Obj, folders: dict[str, Path]) -> list[Mount]:

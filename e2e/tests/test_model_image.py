@@ -2,7 +2,8 @@
 registry speaks it; issue 48): a model folder round-trips byte for byte, a second push of the same folder sends no
 layer, a new adapter sends only the adapter, a tag names the digest the push printed; a digest the registry never
 received and an image that is not a model are refused with errors that say so.
-Whether a runtime mounts what was pushed: e2e/tests/test_model_oci_real_node.py (containerd on the real node)."""
+The node agent's image volumes (it has no runtime: it unpacks the layers itself) use the same pull. Whether a real
+runtime mounts what was pushed: e2e/tests/test_model_oci_real_node.py (containerd on the real node)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from loom.client.model_image import model
+from loom.devstack.agent.plan import ConfigError
+from loom.devstack.agent.volumes import pull_image
 from loom.devstack.cluster import Cluster
 from loom.workloads.common.oci.image import CONFIG_MEDIA_TYPE, MANIFEST_MEDIA_TYPE, Blob
 from loom.workloads.common.oci.reference import parse_reference
@@ -100,3 +103,23 @@ def test_a_missing_digest_and_an_image_that_is_not_a_model_are_refused(cluster: 
         assert not_a_model.value.kind == "NotAModel" and "is not a model image" in str(not_a_model.value)
     failed = CliRunner().invoke(model, ["pull", f"{cluster.registry}/{repository}:app", str(tmp_path / "x")])
     assert failed.exit_code != 0 and "is not a model image" in failed.output
+
+
+def test_the_node_agent_unpacks_an_image_volume_itself(cluster: Cluster, tmp_path: Path) -> None:
+    """The node agent has no container runtime: it unpacks a model image's layers into the pod's volume folder
+    (devstack/agent/volumes.pull_image); a pull that cannot be done is the container's ErrImagePull."""
+    source = tmp_path / "model"
+    source.mkdir()
+    (source / "weights.bin").write_bytes(os.urandom(LARGE + 1))
+    (source / "config.json").write_text("{}")
+    image, _ = run("push", str(source), f"{cluster.registry}/e2e-{uuid.uuid4().hex[:8]}/agent:v1")
+    folder = tmp_path / "pod" / "volumes" / "model-image"
+    folder.mkdir(parents=True)  # an earlier attempt's empty folder
+    volume = {"name": "model-image", "image": {"reference": image.removeprefix("oci://"), "pullPolicy": "IfNotPresent"}}
+    pull_image(volume, folder)
+    assert same_tree(source, folder) and not folder.with_name("model-image.pulling").exists()
+    pull_image(volume, folder)  # a restarted pod keeps what it has
+    missing = {**volume, "image": {"reference": image.removeprefix("oci://").split("@")[0] + "@sha256:" + "0" * 64}}
+    with pytest.raises(ConfigError) as failed:
+        pull_image(missing, tmp_path / "other")
+    assert failed.value.reason == "ErrImagePull" and "not found" in failed.value.message

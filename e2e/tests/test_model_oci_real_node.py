@@ -38,7 +38,8 @@ from loom.workloads.common.oci.reference import ImageReference, parse_reference
 from loom.workloads.common.oci.registry import Registry
 from loom.workloads.common.oci.transfer import PushResult, push_folder
 
-pytestmark = [pytest.mark.core, pytest.mark.real_node, pytest.mark.slow, pytest.mark.timeout(900)]
+# The main path is in the core tier (`make test`, about a minute); the bad-input scenarios in `make test-all`.
+pytestmark = [pytest.mark.real_node, pytest.mark.slow, pytest.mark.timeout(900)]
 LOAD_TIMEOUT_S = 300
 
 
@@ -145,6 +146,7 @@ def wait_condition(cluster: Cluster, namespace: str, name: str, ctype: str, reas
         raise AssertionError(f"{error}\nstatus: {json.dumps(obj.get('status'), indent=1)}") from error
 
 
+@pytest.mark.core
 def test_a_model_image_is_mounted_by_digest_and_a_second_replica_pulls_nothing(
     cluster: Cluster, operator: OperatorProcess, namespace: str, tmp_path: Path
 ) -> None:
