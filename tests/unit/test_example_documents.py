@@ -1,0 +1,28 @@
+"""The RAG example's documents: the shipped handbook cut into one document per section, written as parquet."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pandas as pd
+
+from loom.workloads.features.example_documents import FILE_NAME, HANDBOOK, sections, write
+
+
+def test_one_document_per_section_with_a_slug_id() -> None:
+    text = ("# Title\n\nintro is not a section\n\n## Inference graphs\n\nOne  line,\nand another.\n\n"
+            "## Empty\n\n## A/B\nx\n")
+    assert sections(text) == [("inference-graphs", "Inference graphs. One line, and another."), ("a-b", "A/B. x")]
+
+
+def test_the_shipped_handbook_as_parquet(tmp_path: Path) -> None:
+    at = datetime(2026, 11, 29, tzinfo=UTC)
+    path = write(tmp_path, at)
+    assert path.name == FILE_NAME
+    frame = pd.read_parquet(path)
+    assert list(frame.columns) == ["document_id", "text", "topic", "event_timestamp"]
+    assert len(frame) == len(sections(HANDBOOK.read_text())) >= 5
+    assert frame["document_id"].is_unique and (frame["document_id"] == frame["topic"]).all()
+    assert "inference-graphs" in set(frame["document_id"])
+    assert (frame["event_timestamp"] == pd.Timestamp(at)).all()
