@@ -1,7 +1,13 @@
-"""Builders for tests and the demo: the example driver_stats view and a single-node store in one folder."""
+"""Builders for tests and the demo: the example driver_stats view, a single-node store in one folder, and a real
+vLLM embedding engine."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,3 +44,46 @@ def local_config(root: Path, views: list[dict[str, Any]], project: str = "demo",
     }
     document.update(overrides)
     return FeaturesConfig.model_validate(document)
+
+
+# vLLM's CPU platform starts fastest with the worker in the engine's own process (see workloads/llm/engine.py).
+_ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+               "VLLM_CPU_KVCACHE_SPACE": "1"}  # GiB: the CPU platform reserves 92% of memory otherwise
+
+
+@contextlib.contextmanager
+def embedding_engine(
+    python: str, model_dir: Path, names: list[str], port: int, log: Path, timeout_s: float = 900.0
+) -> Iterator[str]:
+    """vLLM's OpenAI server serving the model in ``model_dir`` as an embedding model (the pooling runner, a causal
+    LM converted with ``--convert embed``: last-token pooling, normalized) under each of ``names``; yields its URL
+    once ``/health`` answers, and stops it afterwards."""
+    import httpx
+
+    argv = [
+        python, "-m", "vllm.entrypoints.openai.api_server", f"--model={model_dir}",
+        "--served-model-name", *names, "--runner=pooling", "--convert=embed", "--dtype=float32", "--enforce-eager",
+        "--max-model-len=256", "--host=127.0.0.1", f"--port={port}", "--distributed-executor-backend=uni",
+    ]
+    url = f"http://127.0.0.1:{port}"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **_ENGINE_ENV})
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"the embedding engine exited with {process.returncode}:\n{log.read_text()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the embedding engine is not ready after {timeout_s:.0f}s:\n{log.read_text()}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

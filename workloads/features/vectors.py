@@ -53,14 +53,18 @@ def prepare(config: FeaturesConfig, view: FeatureViewConfig, end: datetime, read
     embedding = vector.embedding
     client = EmbeddingClient.of(embedding)
     model = client.identity()
-    index = open_index(config, view)
+    # Read, not ensured: a view whose dimension is wrong must fail below before its index is touched.
+    index = VectorIndex(connect(config.online_store.vector_path), config.project, view.name)
     meta = index.meta()
     decision = reembed_decision(meta, model, embedding.reembed)
+    if decision == "keep" and meta is not None and (meta.dimension, meta.metric) != (vector.dimension, vector.metric):
+        decision = "fresh"  # another dimension or metric: a new index, every chunk embedded again
     documents = read(view.source.path, view.source.endpoint)
     result = embed_documents(view, documents, client, decision, end)
     frame = result.frame
     frame[vector.field] = [np.asarray(v, dtype=np.float32) for v in frame[vector.field]]
     write(frame, embedding.output_path)
+    index.ensure(vector.dimension, vector.metric)
     if decision == "rebuild":
         index.clear()
     key_of = chunk_keys(view, config)
