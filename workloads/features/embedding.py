@@ -84,7 +84,9 @@ class EmbeddingClient:
 
     @classmethod
     def of(cls, config: EmbeddingConfig) -> EmbeddingClient:
-        key = os.environ.get(config.api_key_env) if config.api_key_env else None
+        # The Secret may be an InferenceService's key list (one key per line): its first key is the view's.
+        text = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
+        key = next((line.strip() for line in text.splitlines() if line.strip()), None)
         return cls(config.url.rstrip("/"), config.model, key)
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
