@@ -54,16 +54,16 @@ class FakeEngine:
         return 200, json.dumps(answer).encode()
 
     @contextlib.asynccontextmanager
-    async def stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[tuple[int, AsyncIterator[str], bytes]]:
+    async def stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[tuple[int, AsyncIterator[bytes], bytes]]:
         self.bodies.append(body)
 
-        async def lines() -> AsyncIterator[str]:
-            yield "data: " + json.dumps({"model": body["model"], "choices": [{"text": "a", "index": 0}]})
-            yield "data: " + json.dumps({"model": body["model"], "choices": [],
-                                         "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
-            yield "data: [DONE]"
+        async def data() -> AsyncIterator[bytes]:
+            yield b"data: " + json.dumps({"model": body["model"], "choices": [{"text": "a", "index": 0}]}).encode()
+            yield b"\n\ndata: " + json.dumps({"model": body["model"], "choices": [],
+                                              "usage": {"prompt_tokens": 1, "completion_tokens": 1}}).encode()
+            yield b"\n\ndata: [DONE]\n\n"
 
-        yield 200, lines(), b""
+        yield 200, data(), b""
 
 
 def fetched(source: AdapterSource, root: Path) -> Path:

@@ -13,10 +13,10 @@ from loom.workloads.llm.openai_protocol import (
     engine_error,
     generate_to_completion,
     parse_request,
-    parse_sse_line,
     sse,
     usage_tokens,
 )
+from loom.workloads.llm.sse_relay import events
 from loom.workloads.server.protocol import GenerateRequest
 
 
@@ -117,10 +117,9 @@ def test_sse_framing_and_parsing_round_trip() -> None:
     chunk = {"choices": [{"index": 0, "delta": {"content": "He"}}]}
     line = sse(chunk).decode()
     assert line.endswith("\n\n") and line.startswith("data: ")
-    assert parse_sse_line(line.strip()) == chunk
+    assert events(sse(chunk)) == [chunk]
     assert sse("[DONE]") == b"data: [DONE]\n\n"
-    assert parse_sse_line("data: [DONE]") == "[DONE]"
-    assert parse_sse_line(": keep-alive") is None and parse_sse_line("data: [1]") is None
+    assert events(sse("[DONE]") + b": keep-alive\n\n" + sse("[1]")) == []
 
 
 def test_chunk_text_and_usage_of_completions_and_chats() -> None:

@@ -41,15 +41,14 @@ from .openai_protocol import (
     LlmRequest,
     OpenAIError,
     body_limit_error,
-    chunk_text,
     completion_to_generate,
     engine_error,
     generate_to_completion,
     parse_request,
-    parse_sse_line,
     sse,
     usage_tokens,
 )
+from .sse_relay import SseRelay, events
 
 log = logging.getLogger(__name__)
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -115,66 +114,67 @@ class LlmRoutes:
     async def _open_stream(
         self, request: Request, path: str, parsed: LlmRequest, stack: contextlib.AsyncExitStack | None = None,
         model: str | None = None,
-    ) -> AsyncIterator[dict[str, Any]]:
-        """Start the engine's stream (so an engine refusal is still an HTTP error) and return its chunks;
-        the usage chunk is consumed here (charged and measured) and passed on only if the client asked. ``stack``
-        is closed when the stream ends (what the request holds, its adapter version); ``model`` replaces the
-        chunks' model (an adapter's name for its version's engine name)."""
+    ) -> tuple[AsyncIterator[bytes], SseRelay]:
+        """Start the engine's stream (so an engine refusal is still an HTTP error) and return its events as the
+        client gets them, by the bytes (sse_relay.py: the usage read from them, charged and measured here at the
+        end; its event dropped unless the client asked). ``stack`` is closed when the stream ends (what the request
+        holds, its adapter version); ``model`` replaces the engine's model name in the events (an adapter's name
+        for its version's engine name)."""
         started = time.perf_counter()
         deadline = asyncio.get_running_loop().time() + self.config.limits.request_timeout_s
         stack = stack or contextlib.AsyncExitStack()
         try:
-            status, lines, error = await stack.enter_async_context(self.engine.stream(path, parsed.engine_body))
+            status, data, error = await stack.enter_async_context(self.engine.stream(path, parsed.engine_body))
         except BaseException:
             await stack.aclose()
             raise
         if status != 200:
             await stack.aclose()
             raise engine_error(status, error)
+        relay = SseRelay(parsed.include_usage, parsed.engine_body["model"], model)
 
-        async def chunks() -> AsyncIterator[dict[str, Any]]:
+        async def pieces() -> AsyncIterator[bytes]:
             first: float | None = None
-            usage = (0, 0)
             try:
                 async with asyncio.timeout_at(deadline):
-                    async for line in lines:
-                        event = parse_sse_line(line)
-                        if event is None:
-                            continue
-                        if isinstance(event, str):  # [DONE]
-                            break
-                        if first is None and chunk_text(event):
+                    # Read to the end, past [DONE]: the engine's connection then goes back to the pool.
+                    async for chunk in data:
+                        piece = relay.feed(chunk)
+                        if first is None and relay.text_started:
                             first = time.perf_counter()
-                        if event.get("usage"):
-                            usage = usage_tokens(event)
-                        if not parsed.include_usage:
-                            if not event.get("choices"):
-                                continue  # the usage-only chunk the client did not ask for
-                            event = {k: v for k, v in event.items() if k != "usage"}
-                        if model is not None and "model" in event:
-                            event["model"] = model
-                        yield event
-                self._finish(request, started, first, *usage)
+                        if piece:
+                            yield piece
+                    if last := relay.end():
+                        yield last
+                self._finish(request, started, first, *relay.usage)
             finally:
                 await stack.aclose()
 
-        return chunks()
+        return pieces(), relay
 
-    def _sse(self, events: AsyncIterator[dict[str, Any]], done: bool) -> StreamingResponse:
+    def _sse(self, pieces: AsyncIterator[bytes], end: Callable[[], bytes]) -> StreamingResponse:
+        """The stream's pieces, one write each (what one read of the engine brought: never held for more), an
+        error event if it fails, then ``end()``."""
+
         async def body() -> AsyncIterator[bytes]:
-            async with contextlib.aclosing(events):  # type: ignore[type-var]
+            async with contextlib.aclosing(pieces):  # type: ignore[type-var]
                 try:
-                    async for event in events:
-                        yield sse(event)
+                    async for piece in pieces:
+                        yield piece
                 except TimeoutError:
                     limit = self.config.limits.request_timeout_s
                     yield sse(OpenAIError(504, f"the stream took longer than {limit:g} s", "timeout").body())
                 except EngineUnavailable as exc:
                     yield sse(OpenAIError(503, str(exc), "engine_unavailable").body())
-            if done:
-                yield sse("[DONE]")
+            if last := end():
+                yield last
 
         return StreamingResponse(body(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    def _openai_sse(self, opened: tuple[AsyncIterator[bytes], SseRelay]) -> StreamingResponse:
+        """An OpenAI stream: the engine's own ``data: [DONE]`` ends it, or the front's when the engine's did not."""
+        pieces, relay = opened
+        return self._sse(pieces, lambda: b"" if relay.done else sse("[DONE]"))
 
     # ------------------------------------------------------------------------------------------- OpenAI
     async def _openai(self, request: Request, kind: Kind, path: str) -> Response:
@@ -185,7 +185,7 @@ class LlmRoutes:
         model = parsed.engine_body["model"]
         if model == self.config.model_name or self.adapters is None:
             if parsed.stream:
-                return self._sse(await self._open_stream(request, path, parsed), done=True)
+                return self._openai_sse(await self._open_stream(request, path, parsed))
             return JSONResponse(await self._complete(request, path, parsed))
         # An adapter: the request takes its current version (by its engine name) and holds it until it ends, so
         # a newer version or a removal never unloads it under the request.
@@ -195,7 +195,7 @@ class LlmRoutes:
         if parsed.stream:
             stack = contextlib.AsyncExitStack()
             stack.callback(manager.release, key)
-            return self._sse(await self._open_stream(request, path, parsed, stack, model), done=True)
+            return self._openai_sse(await self._open_stream(request, path, parsed, stack, model))
         try:
             doc = await self._complete(request, path, parsed)
         finally:
@@ -208,6 +208,24 @@ class LlmRoutes:
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._openai(request, "chat", "/v1/chat/completions")
+
+    async def embeddings(self, request: Request) -> Response:
+        """OpenAI embeddings, passed to the engine as they came (a pooling model: vLLM with ``--runner pooling``,
+        e.g. ``--convert embed``); the served model only, its prompt tokens charged to the caller's budget."""
+        try:
+            body = json.loads(await request.body())
+        except ValueError as exc:
+            raise OpenAIError(400, "the body is not JSON", "invalid_request") from exc
+        if not isinstance(body, dict) or body.get("model", self.config.model_name) != self.config.model_name:
+            model = body.get("model") if isinstance(body, dict) else None
+            raise OpenAIError(404, f"model '{model}' is not served here", "model_not_found")
+        started = time.perf_counter()
+        async with asyncio.timeout(self.config.limits.request_timeout_s):
+            status, answer = await self.engine.post("/v1/embeddings", {**body, "model": self.config.model_name})
+        if status != 200:
+            raise engine_error(status, answer)
+        self._finish(request, started, None, *usage_tokens(json.loads(answer)))
+        return Response(answer, media_type="application/json")
 
     async def models(self, request: Request) -> Response:
         model = {"id": self.config.model_name, "object": "model", "created": self.created, "owned_by": "loom"}
@@ -243,14 +261,17 @@ class LlmRoutes:
         decoded = decode_generate_request(await request.body())
         body = generate_to_completion(decoded, self.config.model_name, stream=True)
         parsed = parse_request("completion", body, self.config.model_name, self.config.limits.max_tokens_limit)
-        chunks = await self._open_stream(request, "/v1/completions", parsed)
+        chunks, _ = await self._open_stream(request, "/v1/completions", parsed)
 
-        async def pieces() -> AsyncIterator[dict[str, Any]]:
+        async def pieces() -> AsyncIterator[bytes]:
             async with contextlib.aclosing(chunks):  # type: ignore[type-var]
-                async for chunk in chunks:
-                    yield completion_to_generate(chunk, self.config.model_name, decoded.id).to_dict()
+                async for block in chunks:
+                    answers = [completion_to_generate(doc, self.config.model_name, decoded.id).to_dict()
+                               for doc in events(block)]
+                    if answers:
+                        yield b"".join(sse(answer) for answer in answers)
 
-        return self._sse(pieces(), done=False)  # the generate extension's stream has no [DONE]
+        return self._sse(pieces(), lambda: b"")  # the generate extension's stream has no [DONE]
 
     # ------------------------------------------------------------------------------------------- health
     async def live(self, request: Request) -> Response:
@@ -277,6 +298,7 @@ class LlmRoutes:
             Route("/v1/models", self.measured("models", self.models), methods=["GET"]),
             Route("/v1/completions", self.measured("completions", self.completions), methods=["POST"]),
             Route("/v1/chat/completions", self.measured("chat_completions", self.chat_completions), methods=["POST"]),
+            Route("/v1/embeddings", self.measured("embeddings", self.embeddings), methods=["POST"]),
             Route("/v2/models/{name}/ready", self.model_ready, methods=["GET"]),
         ]
         for suffix, handler in (("generate", self.generate), ("generate_stream", self.generate_stream)):

@@ -187,20 +187,6 @@ def sse(data: dict[str, Any] | str) -> bytes:
     return f"data: {text}\n\n".encode()
 
 
-def parse_sse_line(line: str) -> dict[str, Any] | str | None:
-    """A line of the engine's event stream: its JSON object, ``"[DONE]"``, or None for anything else."""
-    if not line.startswith("data:"):
-        return None
-    payload = line[5:].strip()
-    if payload == "[DONE]":
-        return payload
-    try:
-        doc = json.loads(payload)
-    except json.JSONDecodeError:
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
 def chunk_text(chunk: dict[str, Any]) -> str:
     """The text a stream chunk adds (completion ``text`` or chat ``delta.content``), over its choices."""
     pieces = []
