@@ -391,16 +391,20 @@ def _serve_s3(port: int, buckets: list[str]) -> None:
 
 
 def _seed_features(client: Any) -> None:
-    """The FeatureView example's parquet files, generated with their newest hour now (so they are inside its ttl)."""
+    """The FeatureView example's parquet files, generated with their newest hour now (so they are inside its ttl),
+    and the RAG example's documents (examples/rag/loom-handbook.md, one row per section)."""
     import tempfile
     from pathlib import Path
 
+    from loom.workloads.features import example_documents
     from loom.workloads.features.example_data import parse_end, write
 
     with tempfile.TemporaryDirectory() as folder:
         written = write(Path(folder), parse_end("now"))
         for key, name in FEATURES_OBJECTS.items():
             client.upload_file(written[name], FEATURES_BUCKET, key)
+        documents = example_documents.write(Path(folder))
+        client.upload_file(str(documents), FEATURES_BUCKET, example_documents.FILE_NAME)
 
 
 def _seed_models(client: Any) -> None:

@@ -26,3 +26,25 @@ def test_the_shipped_handbook_as_parquet(tmp_path: Path) -> None:
     assert frame["document_id"].is_unique and (frame["document_id"] == frame["topic"]).all()
     assert "inference-graphs" in set(frame["document_id"])
     assert (frame["event_timestamp"] == pd.Timestamp(at)).all()
+
+
+def test_loom_dev_up_seeds_it_where_the_rag_example_reads_it() -> None:
+    import yaml
+
+    from loom.devstack import backing
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.keys: list[tuple[str, str]] = []
+
+        def upload_file(self, path: str, bucket: str, key: str) -> None:
+            assert Path(path).exists()
+            self.keys.append((bucket, key))
+
+    recorder = Recorder()
+    backing._seed_features(recorder)
+    [view] = [d for d in yaml.safe_load_all((HANDBOOK.parent / "handbook-docs.yaml").read_text())
+              if d and d["kind"] == "FeatureView"]
+    bucket, key = view["spec"]["source"]["path"].removeprefix("s3://").split("/", 1)
+    assert (bucket, key) in recorder.keys
+    assert (bucket, key) == (backing.FEATURES_BUCKET, FILE_NAME)
