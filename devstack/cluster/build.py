@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from loom.devstack.cluster import keda, kueue
+from loom.devstack.cluster import gie, keda, kueue
 from loom.devstack.cluster.paths import GO_MODULES_DIR, cache_root
 
 KUBERNETES_VERSION = "v1.37.2"
@@ -255,6 +255,7 @@ def build(progress: Progress = print) -> Path:
             else:
                 _build_module(module, progress)
         keda.fetch(progress)  # not a binary: KEDA's CRDs, cached next to the binaries
+        gie.fetch(progress)  # likewise GIE's InferencePool CRD
         kueue.fetch_chart(progress)  # likewise Kueue's chart (its CRDs and webhook configurations)
         bin_dir = stack_bin_dir() if is_built() else _link_bin_dir(stack_bin_dir(), MODULES)
         progress(f"stack binaries ready in {bin_dir} ({time.monotonic() - started:.1f}s)")

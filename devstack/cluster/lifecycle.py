@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import yaml
 
-from loom.devstack.cluster import keda, kueue, kwok_crds, procs
+from loom.devstack.cluster import gie, keda, kueue, kwok_crds, procs
 from loom.devstack.cluster.build import build, build_node, is_built, node_bin_dir, node_is_built, stack_bin_dir
 from loom.devstack.cluster.components import (
     EGRESS_CONFIG,
@@ -345,6 +345,7 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
             # Pods of the development image run this checkout on the real node (realnode/checkout.py).
             realnode.apply_checkout_policy(cluster, progress)
         keda.install_crds(cluster, progress)  # engine keda's ScaledObjects are checked against KEDA's own schema
+        gie.install_crds(cluster, progress)  # a routed vllm service's InferencePool, against GIE's own schema
         _start_kueue(cluster, ports, progress)
         if agent is not None and procs.running(agent.name) is None:
             progress(f"WARNING: the node agent exited; see {procs.log_path(agent.name)}")

@@ -188,7 +188,10 @@ PICKER = Contract(
     api=Routing,
     workload=PickerConfig,
     moved={"sessionAffinity.header": "sessionHeader"},
-    expected=frozenset({"policy", "sessionAffinity.header", "maxWaitingRequests", "maxKvCacheUsage"}),
+    expected=frozenset({"policy", "sessionAffinity.header", "maxWaitingRequests", "maxKvCacheUsage",
+                        "flowControl.maxInflightPerReplica", "flowControl.maxQueued",
+                        "flowControl.maxQueueWaitSeconds", "flowControl.priorityHeader",
+                        "flowControl.defaultPriority", "flowControl.tenantHeader"}),
 )
 # InferenceService scale to zero -> the activator's ActivatorConfig, whose limits come from the operator's settings
 # (traffic/io: activator_config(owner, timeout_seconds=..., max_held=...)).

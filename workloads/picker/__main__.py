@@ -15,8 +15,11 @@ from pydantic import ValidationError
 from loom.workloads.activator.kube import api_client
 from loom.workloads.activator.proxy import Upstream
 
-from .app import build_admin_app, build_app
+from .app import NO_REPLICA_WAIT_S, build_admin_app, build_app
 from .config import ENV_VAR, PickerConfig
+from .decide import Decider
+from .gate import gate_for
+from .grpc_server import start_grpc
 from .kube import ReplicaWatch
 from .metrics import PickerMetrics
 from .poll import poll_forever
@@ -29,7 +32,8 @@ def load_config(path: str | None) -> PickerConfig:
     return PickerConfig.from_file_or_env(path, ENV_VAR)
 
 
-async def serve(config: PickerConfig, endpoints: list[str] | None = None) -> None:
+async def serve(config: PickerConfig, endpoints: list[str] | None = None,
+                kv_addresses: list[str] | None = None) -> None:
     loop = asyncio.get_running_loop()
     state = PickerState(config, PickerMetrics(f"{config.namespace}/{config.service}"))
     watch: ReplicaWatch | None = None
@@ -44,21 +48,38 @@ async def serve(config: PickerConfig, endpoints: list[str] | None = None) -> Non
         def ready() -> bool:
             return True
 
+    gate = gate_for(config, state)
+    decider = Decider(state, wait_s=NO_REPLICA_WAIT_S, gate=gate)
     servers = [
-        uvicorn.Server(uvicorn.Config(build_app(config, state, Upstream()), host=config.host, port=config.port,
-                                      log_level=config.log_level, access_log=False)),
+        uvicorn.Server(uvicorn.Config(build_app(config, state, Upstream(), decider=decider), host=config.host,
+                                      port=config.port, log_level=config.log_level, access_log=False)),
         uvicorn.Server(uvicorn.Config(build_admin_app(state, ready), host=config.host, port=config.admin_port,
                                       log_level="warning", access_log=False)),
     ]
+    grpc_server = None
+    if config.ext_proc_port is not None:
+        # A gateway's Envoy: the same decisions (and flow control), a 503 at once when no replica is ready (the
+        # gateway holds nothing for the picker), fallbacks named for a gateway that retries.
+        gateway = Decider(state, wait_s=0.0, fallbacks=config.ext_proc_fallbacks, gate=gate)
+        grpc_server = await start_grpc(gateway, config.host, config.ext_proc_port, ready)
     if watch is not None:
         watch.start()
     poller = asyncio.ensure_future(poll_forever(state, config.poll_interval_s))
+    follower = None
+    if config.kv_events is not None:
+        from .kv_subscriber import start_following  # pyzmq, msgpack and tokenizers only for precise routing
+
+        follower = start_following(config, state, dict(zip(endpoints or [], kv_addresses or [], strict=False)))
     log.info("endpoint picker for %s/%s on :%d, policy %s", config.namespace, config.service, config.port,
              config.policy)
     try:
         await asyncio.gather(*(s.serve() for s in servers))
     finally:
+        if grpc_server is not None:
+            await grpc_server.stop(grace=5)
         poller.cancel()
+        if follower is not None:
+            follower.cancel()
         if watch is not None:
             watch.stop()
 
@@ -67,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Loom endpoint picker: prefix-cache-aware routing over replicas.")
     parser.add_argument("--config", help=f"PickerConfig JSON file (default: ${ENV_VAR})")
     parser.add_argument("--endpoints", help="ip:port,... of fixed replicas instead of watching pods")
+    parser.add_argument("--kv-events", help="tcp://ip:port,... each fixed replica's KV-event publisher, in the "
+                        "order of --endpoints (default: the replica's address and kvEvents.port)")
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
@@ -76,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.getLogger().setLevel(config.log_level.upper())
     endpoints = [e for e in args.endpoints.split(",") if e] if args.endpoints else None
-    asyncio.run(serve(config, endpoints))
+    kv_addresses = [a for a in args.kv_events.split(",") if a] if args.kv_events else None
+    asyncio.run(serve(config, endpoints, kv_addresses))
     return 0
 
 

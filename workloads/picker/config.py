@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from loom.workloads.common.config import WorkloadConfig, label_selector
+from loom.workloads.common.config import CamelModel, WorkloadConfig, label_selector
 
 ENV_VAR = "LOOM_PICKER_CONFIG"
 Policy = Literal["prefix-cache", "least-loaded", "round-robin"]
@@ -26,6 +26,46 @@ DEFAULT_CHARS_PER_TOKEN = 4.0
 MaxWaiting = Annotated[int, Field(ge=1, le=100_000)]
 MaxKvUsage = Annotated[float, Field(gt=0, le=1)]
 HeaderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*$", max_length=128)]
+Priority = Annotated[int, Field(ge=-1000, le=1000)]
+MaxInflightPerReplica = Annotated[int, Field(ge=1, le=100_000)]
+MaxQueued = Annotated[int, Field(ge=0, le=1_000_000)]
+MaxQueueWaitSeconds = Annotated[float, Field(gt=0, le=3600)]
+DEFAULT_PRIORITY_HEADER = "x-loom-priority"
+DEFAULT_MAX_QUEUED = 1000
+DEFAULT_MAX_QUEUE_WAIT_S = 60.0
+
+
+class FlowControlConfig(CamelModel):
+    """Flow control (flow.py): at most `max_inflight_per_replica` requests in flight per ready replica; beyond, they
+    wait in priority order, tenants taking turns; past `max_queued` waiting, the lowest priority is shed (429)."""
+
+    max_inflight_per_replica: MaxInflightPerReplica = Field(
+        description="Requests in flight per ready replica before new ones wait (the engine's batch: vllm "
+        "--max-num-seqs is a good start).")
+    max_queued: MaxQueued = Field(DEFAULT_MAX_QUEUED, description="Requests waiting before the lowest priority's "
+                                  "newest is shed with 429 (0: shed everything beyond the in-flight limit).")
+    max_queue_wait_seconds: MaxQueueWaitSeconds = Field(
+        DEFAULT_MAX_QUEUE_WAIT_S, description="A request that waited this long is answered 429 with Retry-After.")
+    priority_header: HeaderName = Field(DEFAULT_PRIORITY_HEADER, description="A request's priority (an integer, "
+                                        "higher first), at most its tenant's: a client may only lower its own.")
+    default_priority: Priority = Field(0, description="The priority of a tenant not in tenantPriorities.")
+    tenant_header: HeaderName | None = Field(None, description="The fairness key's header (e.g. set by a gateway); "
+                                             "None: the API key's id (key-<first 12 hex of its sha256>).")
+    tenant_priorities: dict[str, Priority] = Field(
+        default_factory=dict, max_length=1000, description="Tenant -> its priority (the most a request of it gets).")
+
+
+class KvEventsConfig(CamelModel):
+    """Precise prefix routing (precise.py): the replicas' engines publish their KV-cache events (vLLM
+    --kv-events-config, ZMQ) and the picker tokenizes prompts with the model's tokenizer to match them."""
+
+    port: int = Field(5557, ge=1, le=65535, description="Each replica's ZMQ publisher port.")
+    topic: str = Field("", max_length=256, description="The events' topic (vLLM's kv-events-config topic).")
+    tokenizer_dir: str = Field(min_length=1, description="The model's folder: tokenizer.json, tokenizer_config.json.")
+    silence_seconds: float = Field(5.0, gt=0, le=3600, description="No event this long after a request was sent to "
+                                   "a replica: its events are not trusted (the estimate is used).")
+    relearn_seconds: float = Field(30.0, ge=0, le=3600, description="After a gap in a replica's events, the estimate "
+                                   "is used this long while its set is rebuilt.")
 
 
 class PickerConfig(WorkloadConfig):
@@ -39,6 +79,12 @@ class PickerConfig(WorkloadConfig):
     host: str = "0.0.0.0"
     port: int = Field(8080, ge=1, le=65535, description="Where the picker takes requests (the Service's).")
     admin_port: int = Field(9090, ge=1, le=65535, description="/healthz and /metrics (never proxied).")
+    ext_proc_port: int | None = Field(None, ge=1, le=65535, description="Where the picker answers a gateway's "
+                                      "Envoy over gRPC: ext_proc (GIE's endpoint-picker protocol) and grpc.health.v1 "
+                                      "(None: its own HTTP proxy only).")
+    ext_proc_fallbacks: int = Field(0, ge=0, le=16, description="Replicas named after the chosen one in "
+                                    "x-gateway-destination-endpoint, for a gateway that retries on another; 0: the "
+                                    "one chosen, the single ip:port an Envoy ORIGINAL_DST cluster reads.")
     policy: Policy = "prefix-cache"
     session_header: HeaderName | None = Field(None, description="Requests with the same value go to one replica.")
     base_model: str | None = Field(None, description="The served base model's name: a request for any other "
@@ -56,6 +102,8 @@ class PickerConfig(WorkloadConfig):
     poll_interval_s: float = Field(0.5, gt=0, le=60, description="How often each replica's /metrics is read.")
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="Larger request bodies get 413.")
     retry_after_seconds: int = Field(1, ge=1, le=3600)
+    flow_control: FlowControlConfig | None = Field(None, description="None: every request is routed at once.")
+    kv_events: KvEventsConfig | None = Field(None, description="None: prefixes are estimated from what was sent.")
     log_level: str = "info"
 
     def selector_string(self) -> str:

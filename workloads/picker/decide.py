@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .flow import Ticket
+from .gate import FlowGate, Shed
 from .state import Pick, PickerState
 
 
@@ -32,6 +34,7 @@ class PickRequest:
 @dataclass(frozen=True)
 class Routed:
     pick: Pick
+    ticket: Ticket | None = None  # its place under flow control (gate.py), given back when it is finished
 
     @property
     def endpoint(self) -> str:
@@ -57,18 +60,47 @@ class Refused:
 Outcome = Routed | Refused
 
 NO_REPLICA = "picker_no_replica"
+SHED = "picker_shed"
 
 
 class Decider:
     """`decide` and `finished` over the picker's state. `wait_s`: how long a request that finds no replica waits
     for one (only on its first try); `fallbacks`: how many replicas after the first a decision names."""
 
-    def __init__(self, state: PickerState, *, wait_s: float = 0.0, fallbacks: int = 0) -> None:
+    def __init__(self, state: PickerState, *, wait_s: float = 0.0, fallbacks: int = 0,
+                 gate: FlowGate | None = None) -> None:
         self.state = state
         self.wait_s = wait_s
         self.fallbacks = fallbacks
+        self.gate = gate
+        self._held: set[Ticket] = set()  # places not given back yet: each is given back once, whoever calls twice
 
     async def decide(self, request: PickRequest) -> Outcome:
+        """With flow control, a request first waits for its place (gate.py; 429 when shed); a retry (`exclude`
+        set) does not wait again: it had its turn."""
+        ticket = None
+        if self.gate is not None and not request.exclude:
+            try:
+                ticket = await self.gate.enter(request.headers)
+                self._held.add(ticket)
+            except Shed as shed:
+                self.state.metrics.outcome("shed")
+                return Refused(429, SHED, f"the service is saturated: {shed.reason}", shed.retry_after_s)
+        try:
+            outcome = await self._decide(request, ticket)
+        except BaseException:
+            self._leave(ticket)  # cancelled while waiting for a replica: the place goes on
+            raise
+        if isinstance(outcome, Refused):
+            self._leave(ticket)
+        return outcome
+
+    def _leave(self, ticket: Ticket | None) -> None:
+        if ticket is not None and self.gate is not None and ticket in self._held:
+            self._held.discard(ticket)
+            self.gate.leave(ticket)
+
+    async def _decide(self, request: PickRequest, ticket: Ticket | None) -> Outcome:
         state = self.state
         waited = False
         while True:
@@ -76,7 +108,7 @@ class Decider:
                               only=request.subset, fallbacks=self.fallbacks)
             if pick is not None:
                 state.sent(pick)
-                return Routed(pick)
+                return Routed(pick, ticket)
             if self.wait_s > 0 and not request.exclude and not waited:
                 waited = True
                 if await state.wait(self.wait_s):
@@ -91,3 +123,4 @@ class Decider:
     def finished(self, routed: Routed, endpoint: str | None = None) -> None:
         """The request is over (answered, failed or abandoned); `endpoint`: where it was served, if not the first."""
         self.state.done(endpoint or routed.endpoint)
+        self._leave(routed.ticket)

@@ -31,8 +31,8 @@ class PickerMetrics:
                               registry=self.registry)
         self.outcomes = Counter("loom_picker_outcomes", "Requests by outcome: forwarded, retried (a replica "
                                 "refused the connection: another one was tried), no_replica (503), upstream_error "
-                                "(502), too_large (413), client_gone.", ["service", "outcome"],
-                                registry=self.registry)
+                                "(502), too_large (413), shed (429: flow control, gate.py), client_gone.",
+                                ["service", "outcome"], registry=self.registry)
         self.replicas = Gauge("loom_picker_replicas", "Replicas that can take requests, and overloaded ones.",
                               ["service", "state"], registry=self.registry)
         self.overloaded = Gauge("loom_picker_replica_overloaded", "1 while the picker holds a replica overloaded "

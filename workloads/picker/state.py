@@ -16,6 +16,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .adapters import AdapterPlacement
 from .blocks import BlockIndexes, Chains, prompt_text
@@ -24,6 +25,9 @@ from .config import DEFAULT_BLOCK_SIZE, DEFAULT_CAPACITY_BLOCKS, DEFAULT_CHARS_P
 from .engine_metrics import EngineLoad
 from .metrics import PickerMetrics
 from .scoring import Decision, Limits, Replica, choose, overloaded
+
+if TYPE_CHECKING:  # precise.py needs msgpack and tokenizers, imported only when the picker follows KV events
+    from .precise import PrecisePrefix
 
 MAX_SESSIONS = 100_000
 
@@ -64,6 +68,8 @@ class PickerState:
         self._turn = itertools.count()
         self._draw = draw
         self._available = asyncio.Event()
+        self.on_replicas: list[Callable[[int], None]] = []
+        self.precise: PrecisePrefix | None = None  # the engines' own KV events (precise.py), when followed
 
     # ------------------------------------------------------------------------------------------- inputs
 
@@ -79,6 +85,8 @@ class PickerState:
             self._available.set()
         else:
             self._available.clear()
+        for listener in self.on_replicas:  # flow control's places (gate.FlowGate.resize)
+            listener(len(self.pods))
         self._export_replicas()
 
     def forget(self, endpoint: str) -> None:
@@ -134,6 +142,8 @@ class PickerState:
         replicas = self._replicas(exclude, only)
         session = headers.get(self.config.session_header.lower()) if self.config.session_header else None
         shares = self.indexes.shares(chains, [r.endpoint for r in replicas])
+        if self.precise is not None and text and request is not None:
+            shares = self.precise.shares(path, request, shares, [r.endpoint for r in replicas], adapter)
         turn, draw = next(self._turn), self._draw()
         holders = self.adapters.holders(adapter) if adapter else frozenset()
         decision = choose(self.config.policy, replicas, shares, self.limits, turn=turn, draw=draw,
@@ -172,6 +182,8 @@ class PickerState:
 
     def sent(self, pick: Pick) -> None:
         endpoint = pick.decision.endpoint
+        if self.precise is not None:
+            self.precise.sent(endpoint)
         self.inflight[endpoint] += 1
         self.chars_per_token.sent(endpoint, pick.prompt_chars)
         self.indexes.add(endpoint, pick.chains)

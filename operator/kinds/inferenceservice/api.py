@@ -191,6 +191,8 @@ class InferenceServiceStatus(StatusBase):
     autoscaling: AutoscalingStatus | None = None
     queue: ServiceQueueStatus | None = Field(None, description="Admission by Kueue (label kueue.x-k8s.io/queue-name).")
     adapters: list[AdapterStatus] | None = Field(None, description="spec.adapters, each with its state per replica.")
+    inference_pool: str | None = Field(None, description="The InferencePool (inference.networking.k8s.io/v1) this "
+                                       "service made for spec.routing.inferencePool: an HTTPRoute's backendRef.")
 
 
 class InferenceService(ApiModel):
@@ -227,6 +229,7 @@ INFERENCE_SERVICE = Kind(
         PrinterColumn("Metric", ".status.autoscaling.metricValue", "number", priority=1),
         PrinterColumn("Scaled", ".status.autoscaling.lastScaleReason", priority=1),
         PrinterColumn("OpenAI", ".status.openaiBaseUrl", priority=1),
+        PrinterColumn("Pool", ".status.inferencePool", priority=1, description="Its InferencePool (GIE)"),
         # The Ready condition's own words: why it is not (a replica's own fatal error, issue 52), or what serves.
         PrinterColumn("Message", '.status.conditions[?(@.type=="Ready")].message', priority=1),
         PrinterColumn("Admission", ".status.queue.state", priority=1, description="Kueue: Queued, Admitted, Evicting"),

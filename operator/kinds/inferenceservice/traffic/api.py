@@ -6,15 +6,24 @@ policies are the endpoint picker's own (loom.workloads.picker.config): one defin
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from loom.workloads.picker.config import (
     DEFAULT_MAX_KV_USAGE,
+    DEFAULT_MAX_QUEUE_WAIT_S,
+    DEFAULT_MAX_QUEUED,
     DEFAULT_MAX_WAITING,
+    DEFAULT_PRIORITY_HEADER,
     HeaderName,
+    MaxInflightPerReplica,
     MaxKvUsage,
+    MaxQueued,
+    MaxQueueWaitSeconds,
     MaxWaiting,
     Policy,
+    Priority,
 )
 
 from ....core.model import ApiModel
@@ -23,6 +32,39 @@ from ....core.model import ApiModel
 class SessionAffinity(ApiModel):
     header: HeaderName = Field(description="Requests carrying the same value of this header go to the replica "
                                            "the first one went to, while it can take them (e.g. x-session-id).")
+
+
+class FlowControl(ApiModel):
+    """Under saturation the picker holds requests in order of priority, tenants taking turns within a priority,
+    and sheds the lowest priority first (429 with Retry-After). A request's tenant is its API key (or the
+    tenantHeader's value); its priority is its tenant's, or lower when the request's priority header says so."""
+
+    max_inflight_per_replica: MaxInflightPerReplica = Field(
+        description="Requests in flight per ready replica before new ones wait in the picker (the engine's batch, "
+        "vllm.engine.maxNumSeqs, is a good start).")
+    max_queued: MaxQueued = Field(
+        DEFAULT_MAX_QUEUED, description="Requests waiting before the lowest priority's newest is shed with 429 "
+        "(0: shed everything beyond the in-flight limit).")
+    max_queue_wait_seconds: MaxQueueWaitSeconds = Field(
+        DEFAULT_MAX_QUEUE_WAIT_S, description="A request that waited this long is answered 429 with Retry-After.")
+    priority_header: HeaderName = Field(
+        DEFAULT_PRIORITY_HEADER, description="Header carrying a request's priority (an integer, higher first); "
+        "it can lower the request's priority below its tenant's, never raise it.")
+    default_priority: Priority = Field(0, description="Priority of a tenant not listed in tenantPriorities.")
+    tenant_header: HeaderName | None = Field(
+        None, description="Header naming the request's tenant (e.g. set by a gateway in front); unset: the API key "
+        "presented, as key-<first 12 hex digits of its SHA-256> (the id the replicas' rate limits use).")
+    tenant_priorities: dict[str, Priority] = Field(
+        default_factory=dict, max_length=1000,
+        description="Tenant -> its priority: the highest a request of that tenant gets.")
+
+
+class InferencePool(ApiModel):
+    """The Gateway API Inference Extension's InferencePool (inference.networking.k8s.io/v1) for this service."""
+
+    failure_mode: Literal["FailClose", "FailOpen"] = Field(
+        "FailClose", description="What a gateway does when the endpoint picker does not answer: FailClose refuses "
+        "the request, FailOpen sends it to a replica of its own choosing (the pool's endpointPickerRef.failureMode).")
 
 
 class Routing(ApiModel):
@@ -40,3 +82,12 @@ class Routing(ApiModel):
     max_kv_cache_usage: MaxKvUsage = Field(
         DEFAULT_MAX_KV_USAGE, description="A replica whose KV cache is this full (0-1) is overloaded and gets "
         "nothing new (unless every replica is).")
+    inference_pool: InferencePool | None = Field(
+        None, description="Also route through a Gateway API gateway: an InferencePool named after the service "
+        "(its replicas' pods and port, the endpoint picker's gRPC Service <name>-picker as endpointPickerRef) for "
+        "an HTTPRoute to point at; the picker answers the gateway over ext_proc, with the same decisions as its "
+        "own proxy. The InferencePool CRD must be installed. An InferencePool of that name not made by this "
+        "service is left as it is (condition InferencePool).")
+    flow_control: FlowControl | None = Field(
+        None, description="Queue by priority and share fairly between tenants once the replicas are saturated; "
+        "unset: every request is routed at once.")

@@ -10,10 +10,11 @@ once the picker's Deployment reports a Ready replica (read from the apply's answ
 from __future__ import annotations
 
 from ....core import client as kube
-from ....core.kit import Manifest
+from ....core.kit import Event, Manifest, condition_events
+from ....core.model import Condition, set_condition
 from ....core.pods import pods_of
 from ....settings import OperatorSettings
-from ..api import InferenceServiceSpec
+from ..api import InferenceServiceSpec, InferenceServiceStatus
 from ..feature import Feature, Observed, Plan, ServicePass
 from ..rollout import RolloutPlan
 from .activator import (
@@ -26,6 +27,10 @@ from .activator import (
     routes_to_activator,
 )
 from .picker import picker_config, picker_name, picker_policy, render_picker, service_selector
+from .pool import API_VERSION as POOL_API
+from .pool import CONDITION as POOL_CONDITION
+from .pool import KIND as POOL_KIND
+from .pool import Ownership, ownership, pool_condition, pool_name, render_inference_pool, render_picker_service
 from .proxy import OBJECTS
 
 
@@ -38,6 +43,27 @@ async def _delete_proxy(namespace: str, child: str) -> None:
     if await kube.get("apps/v1", "Deployment", namespace, child) is not None:
         for api_version, kind in OBJECTS:
             await kube.delete(api_version, kind, namespace, child)
+
+
+async def apply_pool(owner: Manifest, spec: InferenceServiceSpec, had_pool: bool) -> Ownership | None:
+    """The picker's gRPC Service and the InferencePool (spec.routing.inferencePool), the pool only where none of
+    someone else's stands; without it, those this service made before (`had_pool`: its status named one) go.
+    Returns the pool's ownership as found (None: the service asks for no pool)."""
+    namespace, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+    wanted = spec.routing.inference_pool if spec.routing is not None and picker_policy(spec) is not None else None
+    if wanted is None:
+        if had_pool:
+            existing = await kube.get(POOL_API, POOL_KIND, namespace, pool_name(name))
+            if ownership(existing, owner) == "ours":
+                assert existing is not None
+                await kube.delete(POOL_API, POOL_KIND, namespace, pool_name(name), uid=existing["metadata"]["uid"])
+            await kube.delete("v1", "Service", namespace, picker_name(name))
+        return None
+    await kube.apply(render_picker_service(owner))
+    found = ownership(await kube.get(POOL_API, POOL_KIND, namespace, pool_name(name)), owner)
+    if found != "theirs":
+        await kube.apply(render_inference_pool(owner, wanted.failure_mode))
+    return found
 
 
 async def apply_routing(
@@ -93,3 +119,28 @@ class TrafficFeature(Feature):
         # Before the tracks: the Service selects the activator while no replica is Ready.
         if plan.applies:
             await apply_routing(p.ctx.owner, p.spec, plan.rollout, seen.stable, seen.canary, p.settings)
+            had_pool = bool((p.ctx.body.get("status") or {}).get("inferencePool"))
+            seen.inference_pool = await apply_pool(p.ctx.owner, p.spec, had_pool)
+
+    def status(
+        self, p: ServicePass, seen: Observed, plan: Plan, status: InferenceServiceStatus,
+        previous: InferenceServiceStatus | None,
+    ) -> list[Event]:
+        """status.inferencePool names the pool this service made (for an HTTPRoute's backendRef); the
+        InferencePool condition says whether it stands or whose one is in the way."""
+        routing = p.spec.routing
+        if routing is None or routing.inference_pool is None or picker_policy(p.spec) is None:
+            status.conditions = [c for c in status.conditions if c.type != POOL_CONDITION]
+            return []
+        state = seen.inference_pool
+        if state is None:  # not applied this pass (e.g. nothing resolved yet): keep what was said
+            status.inference_pool = previous.inference_pool if previous is not None else None
+            return []
+        name = pool_name(p.ctx.name)
+        status.inference_pool = None if state == "theirs" else name
+        ok, reason, message = pool_condition(name, state)
+        before = [c for c in (previous.conditions if previous is not None else []) if c.type == POOL_CONDITION]
+        status.conditions = set_condition(status.conditions, Condition(
+            type=POOL_CONDITION, status="True" if ok else "False", reason=reason, message=message,
+            observed_generation=p.ctx.generation))
+        return condition_events(before, [c for c in status.conditions if c.type == POOL_CONDITION], {"NotOwned"})

@@ -15,12 +15,16 @@ server selector: not counted as a replica, not autoscaled, not in a canary's sha
 
 from __future__ import annotations
 
-from loom.workloads.picker.config import ENV_VAR, PickerConfig, Policy
+from loom.workloads.picker.config import ENV_VAR, FlowControlConfig, PickerConfig, Policy
 
 from ....core.kit import Manifest, match_labels
 from ..api import InferenceServiceSpec
 from ..render import DRAIN_SECONDS, REQUEST_GRACE_SECONDS, SERVER_PORT, TRACK_LABEL, server_selector
 from .proxy import ADMIN_PORT, proxy_name, render_proxy
+
+# Where the picker answers a gateway's Envoy over gRPC (ext_proc and health): GIE's reference picker's port, which
+# gateways' examples assume. The Service <name>-picker (pool.py) exposes it.
+EXT_PROC_PORT = 9002
 
 COMPONENT = "picker"
 
@@ -63,6 +67,11 @@ def picker_config(owner: Manifest, spec: InferenceServiceSpec, policy: Policy) -
         adapter_slots=(spec.vllm.max_loaded_adapters if spec.vllm else None) or 1,
         **({"max_waiting_requests": routing.max_waiting_requests, "max_kv_cache_usage": routing.max_kv_cache_usage}
            if routing else {}),
+        # Only when set: a config rendered without it stays byte for byte the same (no picker rollout at upgrade).
+        **({"flow_control": FlowControlConfig.model_validate(routing.flow_control.model_dump())}
+           if routing and routing.flow_control else {}),
+        # A gateway's Envoy asks it over ext_proc (pool.py renders the InferencePool and the Service to this port).
+        ext_proc_port=EXT_PROC_PORT if routing and routing.inference_pool else None,
     )
 
 
@@ -82,4 +91,6 @@ def render_picker(owner: Manifest, image: str, config: PickerConfig) -> list[Man
         # replica being removed does.
         request_seconds=REQUEST_GRACE_SECONDS,
         drain_seconds=DRAIN_SECONDS,
+        extra_ports=[{"name": "grpc", "containerPort": config.ext_proc_port, "protocol": "TCP"}]
+        if config.ext_proc_port else [],
     )

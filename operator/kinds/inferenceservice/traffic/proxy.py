@@ -63,11 +63,13 @@ def render_proxy(
     resources: Manifest,
     request_seconds: int,
     drain_seconds: int = 0,
+    extra_ports: list[Manifest] | None = None,
 ) -> list[Manifest]:
     """ServiceAccount, Role, RoleBinding and Deployment of the service's `component` proxy, in the order to apply
     them. `rules`: what it may do besides watching pods (every proxy finds the replicas by their pods' labels).
     `request_seconds`: the longest a request it holds or relays takes to finish once it is told to stop;
-    `drain_seconds`: a preStop sleep (0: none) while the Service's endpoint change reaches every proxy in front."""
+    `drain_seconds`: a preStop sleep (0: none) while the Service's endpoint change reaches every proxy in front;
+    `extra_ports`: container ports beside http and admin (the picker's gRPC)."""
     child = proxy_name(owner["metadata"]["name"], component)
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": child_metadata(owner, child, component)}
     role = {
@@ -93,6 +95,7 @@ def render_proxy(
         "ports": [
             {"name": "http", "containerPort": config.port, "protocol": "TCP"},
             {"name": "admin", "containerPort": config.admin_port, "protocol": "TCP"},
+            *(extra_ports or []),
         ],
         "readinessProbe": {**probe, "failureThreshold": 2},
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
