@@ -83,6 +83,16 @@ def test_the_token_budget_refuses_a_spent_key_until_the_window_slides() -> None:
     assert budget.check("a", 60.0) is None
 
 
+def test_the_token_budget_keeps_its_sum_as_charges_slide_out() -> None:
+    budget = TokenBudget(61, window_s=60)
+    for second in range(120):  # one token a second for two minutes: the first minute's charges slide out
+        budget.charge("a", 1, float(second))
+    assert budget.check("a", 119.5) is None  # the 60 charges of (59.5, 119.5]
+    budget.charge("a", 1, 119.5)
+    assert budget.check("a", 119.5) == pytest.approx(0.5)  # 61: under again when the charge of 60 s slides out
+    assert budget.check("a", 120.0) is None
+
+
 def test_metrics_keep_the_engines_vllm_families_only() -> None:
     text = "\n".join([
         "# HELP python_gc_objects_collected_total x", "# TYPE python_gc_objects_collected_total counter",

@@ -20,19 +20,22 @@ class TokenBudget:
         self.limit = tokens_per_minute
         self.window_s = window_s
         self._spent: dict[str, deque[tuple[float, int]]] = {}
+        # Each key's sum over its window, kept as charges come and go: a busy key's check stays O(1), not a sum
+        # over every request of its last minute.
+        self._totals: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def _used(self, key: str, now: float) -> deque[tuple[float, int]]:
         entries = self._spent.setdefault(key, deque())
         while entries and entries[0][0] <= now - self.window_s:
-            entries.popleft()
+            self._totals[key] -= entries.popleft()[1]
         return entries
 
     def check(self, key: str, now: float) -> float | None:
         """None when ``key`` may start a request now, else the seconds until it may."""
         with self._lock:
             entries = self._used(key, now)
-            used = sum(tokens for _, tokens in entries)
+            used = self._totals.get(key, 0)
             if used < self.limit:
                 return None
             # Wait until enough of the oldest charges slide out of the window to go under the limit.
@@ -47,3 +50,4 @@ class TokenBudget:
             return
         with self._lock:
             self._used(key, now).append((now, tokens))
+            self._totals[key] = self._totals.get(key, 0) + tokens
