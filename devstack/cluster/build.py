@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from loom.devstack.cluster import gie, keda, kueue
+from loom.devstack.cluster import gie, keda, kueue, lws
 from loom.devstack.cluster.paths import GO_MODULES_DIR, cache_root
 
 KUBERNETES_VERSION = "v1.37.2"
@@ -115,6 +115,11 @@ MODULES: tuple[GoModule, ...] = (
     ),
     # Kueue's controller manager (kueue.py): quotas, fair sharing and preemption for queued TrainingJobs.
     GoModule("kueue", ("kueue",), (f"-X sigs.k8s.io/kueue/pkg/version.GitVersion={kueue.KUEUE_VERSION}",)),
+    # LeaderWorkerSet's controller manager (lws.py): multi-pod InferenceService replicas. Its main package is
+    # sigs.k8s.io/lws/cmd, so go names the binary "cmd".
+    GoModule(
+        "lws", ("lws",), (f"-X sigs.k8s.io/lws/pkg/version.GitVersion={lws.LWS_VERSION}",), renames=(("cmd", "lws"),)
+    ),
 )
 
 
@@ -257,6 +262,7 @@ def build(progress: Progress = print) -> Path:
         keda.fetch(progress)  # not a binary: KEDA's CRDs, cached next to the binaries
         gie.fetch(progress)  # likewise GIE's InferencePool CRD
         kueue.fetch_chart(progress)  # likewise Kueue's chart (its CRDs and webhook configurations)
+        lws.fetch_chart(progress)  # and LeaderWorkerSet's
         bin_dir = stack_bin_dir() if is_built() else _link_bin_dir(stack_bin_dir(), MODULES)
         progress(f"stack binaries ready in {bin_dir} ({time.monotonic() - started:.1f}s)")
         return bin_dir

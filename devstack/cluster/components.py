@@ -46,6 +46,9 @@ class Ports:
     # Kueue's webhook server and health probes (likewise 0 in an older stack.json).
     kueue_webhook: int = 0
     kueue_health: int = 0
+    # LeaderWorkerSet's webhook server and health probes (lws.py; likewise 0 in an older stack.json).
+    lws_webhook: int = 0
+    lws_health: int = 0
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -62,7 +65,7 @@ class Component:
 # The API server's `cluster` traffic (webhooks via Services, kubelets) goes through the egress proxy (egress.py).
 EGRESS_SOCKET = STACK_DIR / "egress.sock"
 EGRESS_CONFIG = STACK_DIR / "egress-selector.yaml"
-# Services served by a host process of the stack rather than a pod (Kueue's webhooks, kueue.py), for the egress proxy.
+# Services served by a host process of the stack rather than a pod (Kueue's and LWS's webhooks), for the egress proxy.
 HOST_SERVICES = STACK_DIR / "host-services.json"
 
 
@@ -326,3 +329,10 @@ def kueue(bin_dir: Path, kubeconfig: Path, config_file: Path) -> Component:
     """Kueue's controller manager (go/kueue) on the host, as admin; its configuration and objects: kueue.py."""
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     return Component("kueue", [str(bin_dir / "kueue"), f"--config={config_file}", "--zap-log-level=info"], env)
+
+
+def lws(bin_dir: Path, kubeconfig: Path, config_file: Path) -> Component:
+    """LeaderWorkerSet's controller manager (go/lws) on the host, as admin; its configuration and objects: lws.py."""
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    argv = [str(bin_dir / "lws"), f"--config={config_file}", "--zap-devel=false", "--zap-log-level=info"]
+    return Component("lws", argv, env)

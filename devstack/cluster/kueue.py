@@ -24,8 +24,6 @@ How it runs here, and why:
 
 from __future__ import annotations
 
-import base64
-import json
 import shutil
 import subprocess
 import tempfile
@@ -36,8 +34,9 @@ from typing import Any
 import yaml
 
 from loom.devstack.cluster.gomod import module_dir
-from loom.devstack.cluster.handle import Cluster, wait_until
+from loom.devstack.cluster.handle import Cluster
 from loom.devstack.cluster.paths import STACK_DIR, cache_root
+from loom.devstack.cluster.webhook_certs import sync_from_secret
 
 KUEUE_MODULE = "sigs.k8s.io/kueue"
 KUEUE_VERSION = "v0.17.0"
@@ -176,21 +175,4 @@ def write_config(webhook_port: int, health_port: int) -> None:
 
 def sync_certificates(cluster: Cluster, timeout_s: float = 90) -> None:
     """What a Secret volume would do: put the Secret's keys, once Kueue's rotator wrote them, in the cert dir."""
-
-    def written() -> dict[str, str] | None:
-        result = cluster.kubectl("get", "secret", "-n", NAMESPACE, CERT_SECRET, "-o", "json", check=False)
-        if result.returncode != 0:
-            return None
-        data: dict[str, str] = json.loads(result.stdout).get("data") or {}
-        return data if {"tls.crt", "tls.key", "ca.crt"} <= set(data) else None
-
-    data = wait_until(written, timeout_s, "Kueue's certificate in its Secret", interval=0.5)
-    CERT_DIR.mkdir(parents=True, exist_ok=True)
-    for key in ("ca.crt", "tls.key", "tls.crt"):  # tls.crt last: its presence is what the rotator waits for
-        target = CERT_DIR / key
-        content = base64.b64decode(data[key])
-        if not target.exists() or target.read_bytes() != content:
-            staging = target.with_suffix(".tmp")
-            staging.write_bytes(content)
-            staging.chmod(0o600)
-            staging.rename(target)
+    sync_from_secret(cluster, NAMESPACE, CERT_SECRET, CERT_DIR, timeout_s)

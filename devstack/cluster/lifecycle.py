@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import yaml
 
-from loom.devstack.cluster import gie, keda, kueue, kwok_crds, procs
+from loom.devstack.cluster import gie, keda, kueue, kwok_crds, lws, procs
 from loom.devstack.cluster.build import build, build_node, is_built, node_bin_dir, node_is_built, stack_bin_dir
 from loom.devstack.cluster.components import (
     EGRESS_CONFIG,
@@ -41,6 +41,7 @@ from loom.devstack.cluster.components import (
     registry_config,
 )
 from loom.devstack.cluster.components import kueue as kueue_component
+from loom.devstack.cluster.components import lws as lws_component
 from loom.devstack.cluster.handle import Cluster, StackError
 from loom.devstack.cluster.nodes import NodeShape, ensure_nodes, wait_nodes_ready
 from loom.devstack.cluster.paths import (
@@ -62,7 +63,7 @@ from loom.devstack.cluster.realnode import node as realnode
 Progress = Callable[[str], None]
 COMPONENT_ORDER = (
     "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "egress-proxy", "node-agent",
-    "registry", "kueue",
+    "registry", "kueue", "lws",
 )
 START_TIMEOUT = 90.0
 
@@ -347,6 +348,7 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
         keda.install_crds(cluster, progress)  # engine keda's ScaledObjects are checked against KEDA's own schema
         gie.install_crds(cluster, progress)  # a routed vllm service's InferencePool, against GIE's own schema
         _start_kueue(cluster, ports, progress)
+        _start_lws(cluster, ports, progress)
         if agent is not None and procs.running(agent.name) is None:
             progress(f"WARNING: the node agent exited; see {procs.log_path(agent.name)}")
     # What examples/ reference (S3, MLflow, the credentials Secret) as pods on the node agent; for a person's
@@ -361,7 +363,7 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
 def _start_kueue(cluster: Cluster, ports: Ports, progress: Progress) -> None:
     """Kueue's objects, then its process, then its certificate where its webhook server reads it (kueue.py)."""
     cluster_ip = kueue.install(cluster, progress)
-    HOST_SERVICES.write_text(json.dumps(kueue.host_services(cluster_ip, ports.kueue_webhook), indent=2))
+    _add_host_services(kueue.host_services(cluster_ip, ports.kueue_webhook))
     kueue.write_config(ports.kueue_webhook, ports.kueue_health)
     component = kueue_component(cluster.bin_dir, KUBECONFIG, kueue.CONFIG_FILE)
     _ensure_running(component, progress)
@@ -372,6 +374,33 @@ def _start_kueue(cluster: Cluster, ports: Ports, progress: Progress) -> None:
 
 def _kueue_ready(ports: Ports) -> bool:
     return httpx.get(f"http://127.0.0.1:{ports.kueue_health}/readyz", timeout=5).status_code == 200
+
+
+def _start_lws(cluster: Cluster, ports: Ports, progress: Progress) -> None:
+    """LeaderWorkerSet's objects, its process, its certificate where its webhook server reads it (lws.py)."""
+    cluster_ip = lws.install(cluster, progress)
+    _add_host_services(lws.host_services(cluster_ip, ports.lws_webhook))
+    lws.write_config(ports.lws_webhook, ports.lws_health)
+    component = lws_component(cluster.bin_dir, KUBECONFIG, lws.CONFIG_FILE)
+    _ensure_running(component, progress)
+    lws.sync_certificates(cluster)
+    _wait("LWS (certificates, webhooks)", component.name, lambda: _lws_ready(ports), timeout=START_TIMEOUT)
+    progress("lws: ready")
+
+
+def _lws_ready(ports: Ports) -> bool:
+    return httpx.get(f"http://127.0.0.1:{ports.lws_health}/readyz", timeout=5).status_code == 200
+
+
+def _add_host_services(entries: dict[str, Any]) -> None:
+    """Merge a host process's Service entries into host-services.json (the egress proxy rereads it per CONNECT)."""
+    try:
+        current = dict(json.loads(HOST_SERVICES.read_text()))
+    except (OSError, ValueError):
+        current = {}
+    staging = HOST_SERVICES.with_suffix(".tmp")
+    staging.write_text(json.dumps({**current, **entries}, indent=2))
+    staging.rename(HOST_SERVICES)
 
 
 def join_session() -> None:
@@ -412,7 +441,10 @@ def _strays() -> list[int]:
         if (
             argv
             and Path(argv[0].decode(errors="replace")).name
-            in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "registry", "kueue")
+            in (
+                "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "registry", "kueue",
+                "lws",
+            )
             and any(marker in a.decode(errors="replace") for a in argv)
         ):
             found.append(int(entry.name))

@@ -87,6 +87,8 @@ RESOURCES: dict[tuple[str, str], Resource] = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): Resource("rbac.authorization.k8s.io/v1", "rolebindings"),
     ("apps/v1", "Deployment"): Resource("apps/v1", "deployments"),
     ("apps/v1", "ReplicaSet"): Resource("apps/v1", "replicasets"),
+    # LeaderWorkerSet: an InferenceService replica larger than one pod (inferenceservice/llm/multinode.py).
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): Resource("leaderworkerset.x-k8s.io/v1", "leaderworkersets"),
     ("batch/v1", "Job"): Resource("batch/v1", "jobs"),
     ("autoscaling/v2", "HorizontalPodAutoscaler"): Resource("autoscaling/v2", "horizontalpodautoscalers"),
     ("keda.sh/v1alpha1", "ScaledObject"): Resource("keda.sh/v1alpha1", "scaledobjects"),

@@ -53,13 +53,27 @@ def resolve_model_folder(config: LlmServerConfig) -> LlmServerConfig:
     return config.model_copy(update={"model_dir": str(Path(config.model_dir) / marker.folder)})
 
 
+def with_engine_args(config: LlmServerConfig, extra: list[str]) -> LlmServerConfig:
+    """The config with more engine flags after its own (checked as extraArgs are: no flag the front sets)."""
+    if not extra:
+        return config
+    engine = type(config.engine).model_validate(
+        {**config.engine.model_dump(), "extra_args": [*config.engine.extra_args, *extra]}
+    )
+    return config.model_copy(update={"engine": engine})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Loom's OpenAI-compatible front over the vLLM engine.")
     parser.add_argument("--config", required=True, help="LlmServerConfig JSON (the rendered ConfigMap)")
+    # What differs per pod and so cannot be in the shared config: a multi-pod replica's leader address (the kubelet
+    # expands $(LWS_LEADER_ADDRESS) in the command line; operator/kinds/inferenceservice/llm/multinode.py).
+    parser.add_argument("--engine-arg", action="append", default=[], metavar="--FLAG[=VALUE]",
+                        help="one more vllm flag for the engine (repeatable)")
     add_drain_arguments(parser)
     args = parser.parse_args(argv)
     check_drain_arguments(parser, args)
-    config = resolve_model_folder(LlmServerConfig.from_file(args.config))
+    config = with_engine_args(resolve_model_folder(LlmServerConfig.from_file(args.config)), args.engine_arg)
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     drain = Drain(args.drain_seconds)
     failed: list[str] = []

@@ -33,9 +33,12 @@ from .autoscaling.replicas import recommend_replicas
 from .canary.io import CanaryFeature
 from .enrichment.io import EnrichmentFeature
 from .feature import Draft, Feature, Observed, Plan, ServiceCtx, ServicePass
+from .llm import multinode
 from .llm.io import LlmFeature
+from .llm.vllm import LLM_CONFIG_FILE
 from .queue.io import QueueFeature
 from .render import (
+    CONFIG_DIR,
     CONFIG_HASH_ANNOTATION,
     KIND_LABEL,
     InvalidSpec,
@@ -124,9 +127,10 @@ class ServiceReconciler(StatusAfterApply):
 
     async def observe(self, ctx: ServiceCtx) -> Observed:
         namespace, name = ctx.namespace, ctx.name
+        grouped = ctx.spec is not None and multinode.grouped(ctx.spec.spec)
         seen = Observed(
-            stable=await kube.get("apps/v1", "Deployment", namespace, deployment_name(name, "stable")),
-            canary=await kube.get("apps/v1", "Deployment", namespace, deployment_name(name, "canary")),
+            stable=await _read_track(namespace, deployment_name(name, "stable"), grouped),
+            canary=await _read_track(namespace, deployment_name(name, "canary"), grouped),
         )
         # The serving pods from the pod index (Kopf's watch cache; populated before any pass runs), a LIST only
         # when a pass runs without it.
@@ -216,6 +220,17 @@ async def reconcile(
     await run(ServiceReconciler(settings, pods, later), namespace, name)
 
 
+async def _read_track(namespace: str, name: str, grouped: bool) -> Manifest | None:
+    """A track's workload: its Deployment, or with multi-pod replicas its LeaderWorkerSet in a Deployment's words
+    (llm/multinode.py); the other kind when the spec's is absent (the track runs as before until it is replaced)."""
+    lws = (multinode.LWS_API_VERSION, multinode.LWS_KIND)
+    for api_version, kind in (lws, ("apps/v1", "Deployment")) if grouped else (("apps/v1", "Deployment"), lws):
+        found = await kube.get(api_version, kind, namespace, name)
+        if found is not None:
+            return multinode.deployment_view(found) if kind == multinode.LWS_KIND else found
+    return None
+
+
 async def _apply_track(
     p: ServicePass, seen: Observed, plan: Plan, features: Sequence[Feature], track: Track, replicas: int
 ) -> Manifest:
@@ -229,13 +244,29 @@ async def _apply_track(
     for feature in features:
         feature.render(p, seen, plan, track, deployment)
     await kube.apply(config_map)  # before the Deployment: new pods must find their config
-    return await kube.apply(deployment)
+    previous = seen.stable if track == "stable" else seen.canary
+    if multinode.grouped(p.spec):
+        applied = multinode.deployment_view(
+            await kube.apply(multinode.leader_worker_set(deployment, p.spec, f"{CONFIG_DIR}/{LLM_CONFIG_FILE}"))
+        )
+        if previous is not None and previous.get("kind") == "Deployment":  # the replicas were single pods before
+            await kube.delete("apps/v1", "Deployment", p.ctx.namespace, deployment["metadata"]["name"])
+        assert applied is not None
+        return applied
+    applied = await kube.apply(deployment)
+    if previous is not None and previous.get("kind") == multinode.LWS_KIND:  # the replicas were groups before
+        name = deployment["metadata"]["name"]
+        await kube.delete(multinode.LWS_API_VERSION, multinode.LWS_KIND, p.ctx.namespace, name)
+    return applied
 
 
-async def _retire_canary(namespace: str, name: str) -> None:
+async def _retire_canary(namespace: str, name: str, canary: Manifest | None) -> None:
     # ConfigMap first: if the operator dies in between, the Deployment is still there to retire next pass.
     await kube.delete("v1", "ConfigMap", namespace, config_map_name(name, "canary"))
-    await kube.delete("apps/v1", "Deployment", namespace, deployment_name(name, "canary"))
+    if canary is not None and canary.get("kind") == multinode.LWS_KIND:
+        await kube.delete(multinode.LWS_API_VERSION, multinode.LWS_KIND, namespace, deployment_name(name, "canary"))
+    else:
+        await kube.delete("apps/v1", "Deployment", namespace, deployment_name(name, "canary"))
 
 
 async def _apply(
@@ -252,7 +283,7 @@ async def _apply(
         if settled.canary_action == "retire":
             rollout = settled
     if rollout.canary_action == "retire":
-        await _retire_canary(p.ctx.namespace, p.ctx.name)
+        await _retire_canary(p.ctx.namespace, p.ctx.name, canary)
         canary = None
         rollout = RolloutPlan(stable_ref=rollout.stable_ref, stable_replicas=rollout.stable_replicas)  # steady now
     return stable, canary, rollout
@@ -275,7 +306,10 @@ def register(settings: OperatorSettings) -> None:
     indexes.register()
 
     # Rollouts progress with the Deployments' status: react to it instead of polling.
-    child_handlers(runner, KIND_LABEL, ("apps", "v1", "deployments"))
+    # Multi-pod replicas: their LeaderWorkerSets' (llm/multinode.py; no events where LWS is not installed).
+    child_handlers(
+        runner, KIND_LABEL, ("apps", "v1", "deployments"), ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")
+    )
 
     # What re-runs a service besides its own objects: the objects it follows, its Kueue Workloads.
     for feature in FEATURES:

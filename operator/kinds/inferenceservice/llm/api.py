@@ -33,6 +33,38 @@ from ....core.model import ApiModel, DnsName, cel, validations
 
 # Hyphens need no escape outside a character class (and CEL strings refuse "\\-").
 _RESERVED_RE = "^(" + "|".join(RESERVED_FLAGS) + ")(=.*)?$"
+# The flags spec.vllm.parallelism sets: with it, extraArgs may not set them too.
+PARALLELISM_FLAGS = (
+    "--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size", "--nnodes", "--node-rank",
+    "--master-addr", "--master-port", "--headless", "--distributed-executor-backend", "--data-parallel-backend",
+)  # fmt: skip
+_PARALLELISM_RE = "^(" + "|".join(PARALLELISM_FLAGS) + ")(=.*)?$"
+
+
+class Parallelism(ApiModel):
+    """How one replica's engine is spread: over tensor x pipeline x data parallel ranks, on podsPerReplica pods.
+    With more than one pod, a replica is a LeaderWorkerSet group (the leader runs the OpenAI front and vLLM's rank 0;
+    each worker runs vLLM headless with its share of the ranks), started, restarted on any member's loss and rolled
+    out as one; replicas, readiness, autoscaling and Kueue's admission count groups."""
+
+    model_config = validations(
+        cel("(self.tensor * self.pipeline * self.data) % self.podsPerReplica == 0",
+            "tensor x pipeline x data (the engine's ranks) must be divisible by podsPerReplica: each pod runs the "
+            "same number of ranks"),
+        cel("self.podsPerReplica <= self.tensor * self.pipeline * self.data",
+            "podsPerReplica may not exceed tensor x pipeline x data: a pod would run no rank"),
+    )  # fmt: skip
+
+    tensor: Annotated[int, Field(ge=1, le=64)] = Field(1, description="vllm --tensor-parallel-size.")
+    pipeline: Annotated[int, Field(ge=1, le=64)] = Field(1, description="vllm --pipeline-parallel-size.")
+    data: Annotated[int, Field(ge=1, le=64)] = Field(1, description="vllm --data-parallel-size.")
+    pods_per_replica: Annotated[int, Field(ge=1, le=64)] = Field(
+        1, description="Pods one replica runs on (vllm --nnodes). Each pod asks for spec.gpus and spec.resources, "
+                       "so with GPUs, spec.gpus x podsPerReplica must equal tensor x pipeline x data.")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor * self.pipeline * self.data
 
 
 class VllmSpec(ApiModel):
@@ -44,6 +76,12 @@ class VllmSpec(ApiModel):
             "each extraArgs entry must be '--flag' or '--flag=value'", field_path=".extraArgs"),
         cel(f"!has(self.extraArgs) || !self.extraArgs.exists(a, a.matches('{_RESERVED_RE}'))",
             "extraArgs may not set " + ", ".join(RESERVED_FLAGS) + ": Loom sets them", field_path=".extraArgs"),
+        cel("!has(self.parallelism) || !has(self.tensorParallelSize)",
+            "set tensorParallelSize or parallelism.tensor, not both", field_path=".parallelism"),
+        cel("!has(self.parallelism) || !has(self.extraArgs) || "
+            f"!self.extraArgs.exists(a, a.matches('{_PARALLELISM_RE}'))",
+            "with parallelism, extraArgs may not set " + ", ".join(PARALLELISM_FLAGS) + ": Loom sets them",
+            field_path=".extraArgs"),
     )
 
     max_model_len: MaxModelLen | None = Field(
@@ -59,6 +97,9 @@ class VllmSpec(ApiModel):
     # At most the GPUs a pod may ask for (spec.gpus), below the runtime's own bound.
     tensor_parallel_size: Annotated[int, Field(ge=1, le=16)] | None = Field(
         None, description="vllm --tensor-parallel-size (default: spec.gpus when GPUs are asked, else 1).")
+    parallelism: Parallelism | None = Field(
+        None, description="The engine spread over tensor, pipeline and data parallel ranks, and over several pods "
+                          "per replica (a LeaderWorkerSet group; needs LeaderWorkerSet installed in the cluster).")
     enable_prefix_caching: bool | None = Field(None, description="vllm --[no-]enable-prefix-caching (vLLM: on).")
     max_num_seqs: MaxNumSeqs | None = Field(
         None, description="vllm --max-num-seqs: most sequences decoded together.")
@@ -89,7 +130,9 @@ class VllmSpec(ApiModel):
         return EngineOptions(
             max_model_len=self.max_model_len, gpu_memory_utilization=self.gpu_memory_utilization,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes, dtype=self.dtype,
-            tensor_parallel_size=self.tensor_parallel_size or max(1, gpus),
+            tensor_parallel_size=(
+                self.parallelism.tensor if self.parallelism else self.tensor_parallel_size or max(1, gpus)
+            ),
             enable_prefix_caching=self.enable_prefix_caching, max_num_seqs=self.max_num_seqs,
             chat_template=self.chat_template, enforce_eager=self.enforce_eager, extra_args=list(self.extra_args),
             enable_lora=lora or None, max_loras=self.max_loaded_adapters if lora else None,

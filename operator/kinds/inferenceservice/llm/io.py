@@ -19,6 +19,7 @@ from ....defaults import EndpointDefaults, training_job_manifest
 from ..api import InferenceServiceSpec, InferenceServiceStatus
 from ..feature import Feature, Observed, Plan, ServicePass
 from ..render import SERVER_PORT
+from . import multinode
 from .adapters import ResolvedAdapters, adapter_status, name_problem, resolve_adapters, settled
 
 log = logging.getLogger("loom.operator.inferenceservice.adapters")
@@ -79,7 +80,7 @@ class LlmFeature(Feature):
     from each ready replica's front). spec.vllm is the runtime's render (vllm.py), called by the core's."""
 
     def check(self, body: Manifest, spec: InferenceServiceSpec) -> str | None:
-        return name_problem(body, spec)
+        return name_problem(body, spec) or multinode.check(spec)
 
     async def observe(self, p: ServicePass, seen: Observed) -> None:
         if not p.ctx.valid:

@@ -21,6 +21,7 @@ from loom.workloads.server.config import AuthConfig, ServerConfig
 from ....core.kit import Manifest, memory_bytes
 from ..api import InferenceServiceSpec
 from .api import VllmSpec
+from .multinode import parallel_flags
 
 LLM_CONFIG_FILE = "llm.json"
 ENGINE_PORT = 8081
@@ -64,9 +65,12 @@ def cpu_kv_cache_bytes(spec: InferenceServiceSpec) -> int | None:
 
 
 def engine_options(spec: InferenceServiceSpec) -> EngineOptions:
-    """spec.vllm as the runtime's engine options, with the KV-cache size of a CPU replica (cpu_kv_cache_bytes)."""
+    """spec.vllm as the runtime's engine options, with the KV-cache size of a CPU replica (cpu_kv_cache_bytes) and
+    the flags of spec.vllm.parallelism."""
     vllm = spec.vllm or VllmSpec()
     options = vllm.engine_options(spec.gpus, lora=spec.adapters is not None)
+    if parallel := parallel_flags(spec):  # pipeline/data parallel and several pods per replica (multinode.py)
+        options = options.model_copy(update={"extra_args": [*options.extra_args, *parallel]})
     kv_cache = cpu_kv_cache_bytes(spec)
     return options if kv_cache is None else options.model_copy(update={"kv_cache_memory_bytes": kv_cache})
 

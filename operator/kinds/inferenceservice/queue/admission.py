@@ -21,6 +21,9 @@ A service labelled `kueue.x-k8s.io/queue-name` is a Kueue external framework lik
   service (its steps are deleted: they were pinned to that admission's flavor) until it is readmitted.
 - The minimum changed (minReplicas, or replicas when not autoscaled): Kueue does not resize an admitted Workload,
   so the service stops and its Workload is replaced and queued again.
+- A replica larger than one pod (spec.vllm.parallelism.podsPerReplica, a LeaderWorkerSet group: llm/multinode.py)
+  counts its pods: the minimum's pod set is minimum x podsPerReplica pods and a step's podsPerReplica, so a group is
+  admitted whole (a gang) or not at all; replicas are still counted in groups.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from ....core.queue import workload as kueue
 from ....core.queue.job import Gate, QueueObservation, admission
 from ....core.queue.workload import Eviction
 from ..api import InferenceServiceSpec, InferenceServiceStatus
+from ..llm.multinode import pods_per_replica
 from .api import ServiceQueueStatus
 
 POD_SET = "replicas"
@@ -46,6 +50,11 @@ def minimum(spec: InferenceServiceSpec) -> int:
     if spec.autoscaling is not None:
         return max(1, spec.autoscaling.min_replicas)
     return max(1, 1 if spec.replicas is None else spec.replicas)
+
+
+def minimum_pods(spec: InferenceServiceSpec) -> int:
+    """The minimum's pod set count: its replicas times the pods of one replica (a group is admitted whole)."""
+    return minimum(spec) * pods_per_replica(spec)
 
 
 def step_part(step: int) -> str:
@@ -66,10 +75,10 @@ def workloads(
     out: list[Manifest] = []
     for step in create:
         if step == 0:
-            pod_set = kueue.PodSet(POD_SET, minimum(spec), kueue.pod_template(pod))
+            pod_set = kueue.PodSet(POD_SET, minimum_pods(spec), kueue.pod_template(pod))
             out.append(kueue.workload(owner, queue, [pod_set], priority))
         else:
-            pinned = kueue.PodSet(POD_SET, 1, kueue.pod_template(kueue.place(pod, flavors)))
+            pinned = kueue.PodSet(POD_SET, pods_per_replica(spec), kueue.pod_template(kueue.place(pod, flavors)))
             labels = {STEP_LABEL: str(step)}
             out.append(kueue.workload(owner, queue, [pinned], priority, part=step_part(step), extra_labels=labels))
     return out
@@ -121,7 +130,7 @@ class Minimum:
     pod_set: str = POD_SET
 
     def requested(self) -> int:
-        return minimum(self.spec)
+        return minimum_pods(self.spec)
 
     def active(self) -> int:
         return self.running
@@ -158,8 +167,8 @@ def admit(obs: ServiceQueue, spec: InferenceServiceSpec, requested: int, running
     base, base_n = obs.base, minimum(spec)
     all_steps = tuple(s.name for _, s in sorted(obs.steps.items(), reverse=True))
     where = f"LocalQueue {obs.name}"
-    if base is not None and obs.base_count is not None and obs.base_count != base_n:
-        message = f"minimum replicas changed from {obs.base_count} to {base_n}: its Workload is replaced"
+    if base is not None and obs.base_count is not None and obs.base_count != minimum_pods(spec):
+        message = f"minimum changed from {obs.base_count} to {minimum_pods(spec)} pod(s): its Workload is replaced"
         gone = (base.name, *all_steps) if running == 0 else all_steps
         return Admission("Queued", 0, requested, delete=gone, message=message)
     gate: Gate = admission(obs.minimum, Minimum(spec, running))
