@@ -151,3 +151,7 @@ def test_grpc_health_answers_liveness_and_readiness(stack: tuple[Replicas, Picke
             assert answer.status == health_pb2.HealthCheckResponse.SERVING, service
         unknown = health.Check(health_pb2.HealthCheckRequest(service="something-else"), timeout=10)
         assert unknown.status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+        listed = health.List(health_pb2.HealthListRequest(), timeout=10).statuses
+        assert {name: s.status for name, s in listed.items()} == {
+            name: health_pb2.HealthCheckResponse.SERVING
+            for name in ("liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")}

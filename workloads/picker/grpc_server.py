@@ -25,17 +25,17 @@ log = logging.getLogger("loom.workloads.picker")
 EXT_PROC_SERVICE = pb.SERVICE
 LIVENESS = "liveness"
 READINESS = "readiness"
-Status = health_pb2.HealthCheckResponse.ServingStatus
+# grpc.health.v1.HealthCheckResponse.ServingStatus
+SERVING, NOT_SERVING, SERVICE_UNKNOWN = 1, 2, 3
 
 
-def health_status(service: str, synced: bool, active: bool) -> Status:
-    """Pure: the answer to a health check of `service`."""
+def health_status(service: str, synced: bool, active: bool) -> int:
+    """Pure: the answer to a health check of `service` (a ServingStatus value)."""
     if service == LIVENESS:
-        return health_pb2.HealthCheckResponse.SERVING
+        return SERVING
     if service in (READINESS, "", EXT_PROC_SERVICE):
-        return health_pb2.HealthCheckResponse.SERVING if synced and active else (
-            health_pb2.HealthCheckResponse.NOT_SERVING)
-    return health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+        return SERVING if synced and active else NOT_SERVING
+    return SERVICE_UNKNOWN
 
 
 class ExternalProcessor:
@@ -55,7 +55,9 @@ class ExternalProcessor:
             stream.close()  # the HTTP request ended (answered, reset or abandoned): free its place
 
 
-class Health(health_pb2_grpc.HealthServicer):
+class Health:
+    """grpc.health.v1.Health: Check, List, Watch (add_HealthServicer_to_server registers each)."""
+
     def __init__(self, synced: Callable[[], bool], active: Callable[[], bool]) -> None:
         self.synced, self.active = synced, active
 
@@ -63,6 +65,14 @@ class Health(health_pb2_grpc.HealthServicer):
         self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> health_pb2.HealthCheckResponse:
         return health_pb2.HealthCheckResponse(status=health_status(request.service, self.synced(), self.active()))
+
+    async def List(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
+        synced, active = self.synced(), self.active()
+        return health_pb2.HealthListResponse(statuses={
+            service: health_pb2.HealthCheckResponse(status=health_status(service, synced, active))
+            for service in (LIVENESS, READINESS, EXT_PROC_SERVICE)})
 
     async def Watch(
         self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext[Any, Any]
