@@ -14,7 +14,10 @@ target, the targets alternating round by round so a shared machine's changing lo
 Printed per target: output tokens/s, TTFT and ITL (median, p99; medians over rounds), the ratio to the engine
 alone (the median of per-round ratios: the load changes less within a round than across rounds), and CPU-seconds
 per 1,000 output tokens of the front, of the engine (its process tree), of the hop (router or picker) and of the
-client, from /proc/<pid>/stat before and after each round; the load average with each round.
+client, from /proc/<pid>/stat before and after each round; the load average with each round. vLLM's client times
+each event as it parses it: events that arrive in one read (a busy client, a socket that filled) count an ITL of
+about 0 each, so on a loaded machine the ITL median says more about scheduling than about the hop; TPOT (a
+request's time after its first token over its tokens) is printed beside it.
 
 ``--profile`` records the front with py-spy (in .venv-vllm: ``uv pip install py-spy``) during one extra front
 round, writes its stacks (py-spy's raw, collapsed format: flamegraph tools read it) and prints the functions with
@@ -46,6 +49,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "llama"
 KEY = "bench-front-key"
+# The router and the picker run from the server image, Loom's own environment (the router needs cel, which the
+# vLLM environment lacks).
+SERVER_PYTHON = REPO / ".venv" / "bin" / "python"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -161,6 +167,7 @@ def run_round(target: Target, pids: Pids, tokenizer: Path, args: argparse.Namesp
     target.rounds.append(result)
     print(f"  {target.name:7s} {result['output_throughput']:7.1f} tok/s  TTFT {result['median_ttft_ms']:6.1f} / "
           f"{result['p99_ttft_ms']:6.1f} ms  ITL {result['median_itl_ms']:5.2f} / {result['p99_itl_ms']:6.2f} ms  "
+          f"TPOT {result['median_tpot_ms']:5.2f} ms  "
           f"CPU-s/1k tok front {result['front_cpu']:.2f} engine {result['engine_cpu']:.2f} hop {result['hop_cpu']:.2f}"
           f" client {result['client_cpu']:.2f}  load {result['load']:.1f}", flush=True)
     return result
@@ -179,7 +186,8 @@ def paired(target: Target, base: Target, key: str, ratio: bool) -> float:
 
 ROWS = [("output tokens/s", "output_throughput", "{:.1f}"), ("TTFT median (ms)", "median_ttft_ms", "{:.1f}"),
         ("TTFT p99 (ms)", "p99_ttft_ms", "{:.1f}"), ("ITL median (ms)", "median_itl_ms", "{:.2f}"),
-        ("ITL p99 (ms)", "p99_itl_ms", "{:.2f}"), ("front CPU-s / 1k tokens", "front_cpu", "{:.3f}"),
+        ("ITL p99 (ms)", "p99_itl_ms", "{:.2f}"), ("TPOT median (ms)", "median_tpot_ms", "{:.2f}"),
+        ("front CPU-s / 1k tokens", "front_cpu", "{:.3f}"),
         ("engine CPU-s / 1k tokens", "engine_cpu", "{:.2f}"), ("hop CPU-s / 1k tokens", "hop_cpu", "{:.3f}"),
         ("client CPU-s / 1k tokens", "client_cpu", "{:.3f}"), ("load average (1 min)", "load", "{:.1f}")]
 UNPAIRED = ("front_cpu", "hop_cpu", "client_cpu", "load")
@@ -199,8 +207,9 @@ def report(targets: list[Target]) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {fmt.format(med(base, key))} |")
     for t in others:
         lines.append(f"\n{t.name}: added median TTFT {paired(t, base, 'median_ttft_ms', ratio=False):+.2f} ms, added "
-                     f"median ITL {paired(t, base, 'median_itl_ms', ratio=False):+.2f} ms (medians of per-round "
-                     f"differences); {len(t.rounds)} rounds")
+                     f"median ITL {paired(t, base, 'median_itl_ms', ratio=False):+.2f} ms, added median TPOT "
+                     f"{paired(t, base, 'median_tpot_ms', ratio=False):+.2f} ms (medians of per-round differences); "
+                     f"{len(t.rounds)} rounds")
     return "\n".join(lines)
 
 
@@ -262,19 +271,24 @@ def router(front_url: str, workdir: Path) -> Iterator[str]:
     })
     path = workdir / "router.json"
     path.write_text(config.to_json())
-    argv = [sys.executable, "-m", "loom.workloads.router", "--config", str(path), "--drain-seconds=0"]
+    argv = [str(SERVER_PYTHON), "-m", "loom.workloads.router", "--config", str(path), "--drain-seconds=0"]
     with running(argv, f"http://127.0.0.1:{config.port}", workdir / "router.log") as url:
         yield url
 
 
 @contextlib.contextmanager
 def picker(front_url: str, workdir: Path) -> Iterator[str]:
+    """``python -m loom.workloads.picker`` (its pod's command) over the front as its one fixed replica."""
     from loom.workloads.picker.config import PickerConfig
-    from loom.workloads.picker.testing import picker_process
+    from loom.workloads.server.testing import running
 
     config = PickerConfig(namespace="bench", service=MODEL, pod_selector={"app": MODEL}, host="127.0.0.1",
                           port=free_port(), admin_port=free_port(), log_level="warning")
-    with picker_process(config, [front_url.removeprefix("http://")], workdir) as url:
+    path = workdir / "picker.json"
+    path.write_text(config.to_json())
+    argv = [str(SERVER_PYTHON), "-m", "loom.workloads.picker", "--config", str(path),
+            "--endpoints", front_url.removeprefix("http://")]
+    with running(argv, f"http://127.0.0.1:{config.port}", workdir / "picker.log") as url:
         yield url
 
 
@@ -311,7 +325,7 @@ def main() -> None:
             targets["router"] = Target("router", url, KEY, find_process("loom.workloads.router", str(workdir)))
         if "picker" in names:
             url = stack.enter_context(picker(front_url, workdir))
-            targets["picker"] = Target("picker", url, KEY, find_process("loom.workloads.picker", url.rsplit(":", 1)[1]))
+            targets["picker"] = Target("picker", url, KEY, find_process("loom.workloads.picker", str(workdir)))
         order = [targets[name] for name in names]
         load = os.getloadavg()
         print(f"== front vs engine: {args.prompts} prompts, concurrency {args.concurrency}, {args.input_len} in / "
