@@ -92,6 +92,8 @@ RESOURCES: dict[tuple[str, str], Resource] = {
     ("batch/v1", "Job"): Resource("batch/v1", "jobs"),
     ("autoscaling/v2", "HorizontalPodAutoscaler"): Resource("autoscaling/v2", "horizontalpodautoscalers"),
     ("keda.sh/v1alpha1", "ScaledObject"): Resource("keda.sh/v1alpha1", "scaledobjects"),
+    # GIE's InferencePool (inferenceservice/traffic/pool.py): a routed vllm service's, read before it is applied.
+    ("inference.networking.k8s.io/v1", "InferencePool"): Resource("inference.networking.k8s.io/v1", "inferencepools"),
     ("batch/v1", "CronJob"): Resource("batch/v1", "cronjobs"),
     ("discovery.k8s.io/v1", "EndpointSlice"): Resource("discovery.k8s.io/v1", "endpointslices"),
     ("scheduling.volcano.sh/v1beta1", "PodGroup"): Resource("scheduling.volcano.sh/v1beta1", "podgroups"),
