@@ -23,6 +23,7 @@ from loom.e2e.pytest_operator import OperatorProcess
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.timeout(420)]
 
 NAME = "big"
+GROUP_SET = "big-group"  # the LeaderWorkerSet (llm/multinode.py: not the Service's name)
 LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
 WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 GROUP_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
@@ -50,7 +51,7 @@ def get(cluster: Cluster, namespace: str, kind: str, name: str) -> dict[str, Any
 
 
 def group_pods(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
-    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", f"{LWS_NAME_LABEL}={NAME}", "-o", "json")
+    out = cluster.kubectl("get", "pods", "-n", namespace, "-l", f"{LWS_NAME_LABEL}={GROUP_SET}", "-o", "json")
     return [p for p in json.loads(out.stdout)["items"] if not p["metadata"].get("deletionTimestamp")]
 
 
@@ -93,7 +94,7 @@ def test_a_two_pod_replica_is_a_group_that_lws_restarts_whole(
     assert obj["status"]["replicas"] == 1  # groups, not pods
 
     # The operator's LeaderWorkerSet, no Deployment; LWS's webhook numbered the pods and gave them the group's env.
-    lws = get(cluster, ns, "leaderworkerset", NAME)
+    lws = get(cluster, ns, "leaderworkerset", GROUP_SET)
     assert lws["spec"]["leaderWorkerTemplate"]["size"] == 2
     assert lws["spec"]["leaderWorkerTemplate"]["restartPolicy"] == "RecreateGroupOnPodRestart"
     assert get(cluster, ns, "deployment", NAME) == {}
@@ -103,7 +104,9 @@ def test_a_two_pod_replica_is_a_group_that_lws_restarts_whole(
     assert leader["metadata"]["labels"]["app.kubernetes.io/component"] == "server"
     assert worker["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
     worker_env = {e["name"]: e.get("value") for c in worker["spec"]["containers"] for e in c.get("env") or []}
-    assert worker_env["LWS_LEADER_ADDRESS"].startswith(f"{NAME}-0.{NAME}.{ns}")
+    assert worker_env["LWS_LEADER_ADDRESS"].startswith(f"{GROUP_SET}-0.{GROUP_SET}.{ns}")
+    # LWS's headless Service for the group's DNS names, beside the InferenceService's own.
+    assert get(cluster, ns, "service", GROUP_SET)["spec"]["clusterIP"] == "None"
     # Only the leader is behind the Service.
     by_service = f"kubernetes.io/service-name={NAME}"
     listed = cluster.kubectl("get", "endpointslices", "-n", ns, "-l", by_service, "-o", "json")
@@ -135,6 +138,6 @@ def test_a_two_pod_replica_is_a_group_that_lws_restarts_whole(
                     json.dumps({"spec": {"vllm": {"parallelism": None}}}))  # fmt: skip
 
     def single_pods() -> bool:
-        return get(cluster, ns, "leaderworkerset", NAME) == {} and bool(get(cluster, ns, "deployment", NAME))
+        return get(cluster, ns, "leaderworkerset", GROUP_SET) == {} and bool(get(cluster, ns, "deployment", NAME))
 
     wait_until(single_pods, timeout=120, what="a Deployment instead of the LeaderWorkerSet", interval=1)

@@ -64,7 +64,8 @@ def test_only_a_vllm_replica_of_several_pods_is_a_group() -> None:
 def test_a_two_pod_replica_is_a_leader_worker_set_group_restarted_and_rolled_out_as_one() -> None:
     lws = lws_of(TWO_PODS, replicas=3)
     assert (lws["apiVersion"], lws["kind"]) == ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
-    assert lws["metadata"]["name"] == "big" and lws["metadata"]["ownerReferences"][0]["uid"] == "u"
+    # Not the Service's name: LWS's headless Service of the LeaderWorkerSet's name gives the leader its DNS name.
+    assert lws["metadata"]["name"] == "big-group" and lws["metadata"]["ownerReferences"][0]["uid"] == "u"
     assert lws["metadata"]["annotations"]["loom.dev/model"]  # the track's model, read back by the next pass
     spec = lws["spec"]
     assert spec["replicas"] == 3  # groups

@@ -225,7 +225,9 @@ async def _read_track(namespace: str, name: str, grouped: bool) -> Manifest | No
     (llm/multinode.py); the other kind when the spec's is absent (the track runs as before until it is replaced)."""
     lws = (multinode.LWS_API_VERSION, multinode.LWS_KIND)
     for api_version, kind in (lws, ("apps/v1", "Deployment")) if grouped else (("apps/v1", "Deployment"), lws):
-        found = await kube.get(api_version, kind, namespace, name)
+        found = await kube.get(
+            api_version, kind, namespace, multinode.group_set_name(name) if kind == multinode.LWS_KIND else name
+        )
         if found is not None:
             return multinode.deployment_view(found) if kind == multinode.LWS_KIND else found
     return None
@@ -255,7 +257,7 @@ async def _apply_track(
         return applied
     applied = await kube.apply(deployment)
     if previous is not None and previous.get("kind") == multinode.LWS_KIND:  # the replicas were groups before
-        name = deployment["metadata"]["name"]
+        name = multinode.group_set_name(deployment["metadata"]["name"])
         await kube.delete(multinode.LWS_API_VERSION, multinode.LWS_KIND, p.ctx.namespace, name)
     return applied
 
@@ -264,7 +266,8 @@ async def _retire_canary(namespace: str, name: str, canary: Manifest | None) -> 
     # ConfigMap first: if the operator dies in between, the Deployment is still there to retire next pass.
     await kube.delete("v1", "ConfigMap", namespace, config_map_name(name, "canary"))
     if canary is not None and canary.get("kind") == multinode.LWS_KIND:
-        await kube.delete(multinode.LWS_API_VERSION, multinode.LWS_KIND, namespace, deployment_name(name, "canary"))
+        group_set = multinode.group_set_name(deployment_name(name, "canary"))
+        await kube.delete(multinode.LWS_API_VERSION, multinode.LWS_KIND, namespace, group_set)
     else:
         await kube.delete("apps/v1", "Deployment", namespace, deployment_name(name, "canary"))
 

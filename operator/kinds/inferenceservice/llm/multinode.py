@@ -1,8 +1,11 @@
 """A vllm replica larger than one pod: a LeaderWorkerSet group instead of a Deployment pod (pure: no I/O).
 
 spec.vllm.parallelism.podsPerReplica > 1 turns the track's rendered Deployment (every feature's render hook
-applied) into a LeaderWorkerSet (leaderworkerset.x-k8s.io/v1) of the same name, labels and replicas, where a
-replica is a group of podsPerReplica pods:
+applied) into a LeaderWorkerSet (leaderworkerset.x-k8s.io/v1) named `<deployment>-group`, with its labels and
+replicas, where a replica is a group of podsPerReplica pods. Not the Deployment's own name: LWS gives each group a
+headless Service of the LeaderWorkerSet's name (the workers reach their leader as <lws>-<group>.<lws>.<namespace>)
+and keeps a Service it finds of that name, which for the stable track would be the InferenceService's own ClusterIP
+Service: no DNS name for the leader, and the workers could never join.
 - the leader is the Deployment's pod as rendered: the fetch step, then Loom's OpenAI front over vLLM's rank-0
   process (the front starts vLLM with `--nnodes`, `--node-rank=0` and `--master-addr` = the group's leader address,
   which LWS's pod webhook puts in the pod's environment and the kubelet expands in the command line); it alone
@@ -43,6 +46,11 @@ WORKER_INDEX = "$(LWS_WORKER_INDEX)"
 WORKER_MODULE = "loom.workloads.llm.worker"
 # The flag of the front that appends engine flags rendered per pod (the leader address differs per group).
 FRONT_ENGINE_ARG = "--engine-arg"
+
+
+def group_set_name(track_name: str) -> str:
+    """The LeaderWorkerSet of a track (its Deployment's name, deployment_name), and so its pods' subdomain."""
+    return f"{track_name}-group"
 
 
 def pods_per_replica(spec: InferenceServiceSpec) -> int:
@@ -134,10 +142,12 @@ def leader_worker_set(deployment: Manifest, spec: InferenceServiceSpec, config_f
     dep_spec = deployment["spec"]
     template = dep_spec["template"]
     rolling = dep_spec.get("strategy", {}).get("rollingUpdate") or {"maxSurge": 0, "maxUnavailable": 1}
+    metadata = copy.deepcopy(deployment["metadata"])
+    metadata["name"] = group_set_name(metadata["name"])
     return {
         "apiVersion": LWS_API_VERSION,
         "kind": LWS_KIND,
-        "metadata": copy.deepcopy(deployment["metadata"]),
+        "metadata": metadata,
         "spec": {
             "replicas": dep_spec["replicas"],
             "startupPolicy": "LeaderCreated",
