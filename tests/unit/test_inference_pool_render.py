@@ -9,8 +9,10 @@ import pytest
 from pydantic import ValidationError
 
 from loom.devstack.images import IMAGE_SETTINGS
+from loom.operator.core.client import NotFound
 from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
 from loom.operator.kinds.inferenceservice.render import SERVER_PORT, server_selector
+from loom.operator.kinds.inferenceservice.traffic import io
 from loom.operator.kinds.inferenceservice.traffic.picker import (
     EXT_PROC_PORT,
     picker_config,
@@ -82,3 +84,62 @@ def test_a_pool_is_ours_only_by_our_controller_reference() -> None:
     ok, reason, message = pool_condition("chat", "theirs")
     assert (ok, reason) == (False, "NotOwned") and "not made by this InferenceService" in message
     assert pool_condition("chat", "absent")[:2] == (True, "Applied")
+
+
+class FakeKube:
+    """The operator client's calls apply_pool makes; `pool`: the InferencePool under the name; `crd`: served."""
+
+    NotFound = NotFound
+
+    def __init__(self, pool: dict[str, Any] | None = None, crd: bool = True) -> None:
+        self.pool, self.crd = pool, crd
+        self.applied: list[str] = []
+        self.deleted: list[tuple[str, str, str | None]] = []
+
+    async def apply(self, manifest: dict[str, Any], **_: Any) -> dict[str, Any]:
+        if manifest["kind"] == "InferencePool" and not self.crd:
+            raise NotFound("/apis/inference.networking.k8s.io/v1/namespaces/ml/inferencepools/chat")
+        self.applied.append(manifest["kind"])
+        return manifest
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.pool if kind == "InferencePool" else None
+
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str, *, uid: str | None = None,
+                     **_: Any) -> bool:
+        self.deleted.append((kind, name, uid))
+        return True
+
+
+async def test_apply_pool_writes_ours_never_theirs_and_says_when_the_kind_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    wanted = spec(inferencePool={})
+    for pool, crd, found, applied in [
+        (None, True, "absent", ["Service", "InferencePool"]),
+        (render_inference_pool(OWNER, "FailClose"), True, "ours", ["Service", "InferencePool"]),
+        ({"metadata": {"name": "chat", "uid": "theirs"}}, True, "theirs", ["Service"]),
+        (None, False, "no_crd", ["Service"]),
+    ]:
+        fake = FakeKube(pool, crd)
+        monkeypatch.setattr(io, "kube", fake)
+        assert await io.apply_pool(OWNER, wanted, had_pool=False) == found
+        assert fake.applied == applied and not fake.deleted
+    assert pool_condition("chat", "no_crd")[:2] == (False, "CRDNotInstalled")
+
+
+async def test_a_pool_no_longer_asked_for_goes_only_if_ours(monkeypatch: pytest.MonkeyPatch) -> None:
+    ours = {**render_inference_pool(OWNER, "FailClose")}
+    ours["metadata"] = {**ours["metadata"], "uid": "pool-uid"}
+    fake = FakeKube(ours)
+    monkeypatch.setattr(io, "kube", fake)
+    assert await io.apply_pool(OWNER, spec(), had_pool=True) is None
+    assert fake.deleted == [("InferencePool", "chat", "pool-uid"), ("Service", "chat-picker", None)]
+    fake = FakeKube({"metadata": {"name": "chat", "uid": "theirs"}})
+    monkeypatch.setattr(io, "kube", fake)
+    await io.apply_pool(OWNER, spec(), had_pool=True)
+    assert fake.deleted == [("Service", "chat-picker", None)]  # the user's pool stays
+    fake = FakeKube(ours)
+    monkeypatch.setattr(io, "kube", fake)
+    await io.apply_pool(OWNER, spec(), had_pool=False)
+    assert fake.deleted == []  # it never named one in status: nothing to clean up

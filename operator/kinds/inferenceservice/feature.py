@@ -54,7 +54,7 @@ class Observed:
     queue: ServiceQueue | None = None  # queue/: labelled kueue.x-k8s.io/queue-name: its Workloads
     activator_pods: list[Manifest] = field(default_factory=list)  # traffic/: the scale-to-zero activator's
     # traffic/: the InferencePool found under the service's name this pass (None: none asked, or not applied)
-    inference_pool: Literal["absent", "ours", "theirs"] | None = None
+    inference_pool: Literal["absent", "ours", "theirs", "no_crd"] | None = None
     plan: RolloutPlan = field(default_factory=lambda: RolloutPlan(stable_ref=None, stable_replicas=0, mode="waiting"))
 
 

@@ -60,9 +60,12 @@ async def apply_pool(owner: Manifest, spec: InferenceServiceSpec, had_pool: bool
             await kube.delete("v1", "Service", namespace, picker_name(name))
         return None
     await kube.apply(render_picker_service(owner))
-    found = ownership(await kube.get(POOL_API, POOL_KIND, namespace, pool_name(name)), owner)
-    if found != "theirs":
-        await kube.apply(render_inference_pool(owner, wanted.failure_mode))
+    try:
+        found = ownership(await kube.get(POOL_API, POOL_KIND, namespace, pool_name(name)), owner)
+        if found != "theirs":
+            await kube.apply(render_inference_pool(owner, wanted.failure_mode))
+    except kube.NotFound:  # a GET finds no object as None: NotFound is the kind itself missing (no CRD)
+        return "no_crd"
     return found
 
 
@@ -137,10 +140,11 @@ class TrafficFeature(Feature):
             status.inference_pool = previous.inference_pool if previous is not None else None
             return []
         name = pool_name(p.ctx.name)
-        status.inference_pool = None if state == "theirs" else name
+        status.inference_pool = name if state in ("absent", "ours") else None
         ok, reason, message = pool_condition(name, state)
         before = [c for c in (previous.conditions if previous is not None else []) if c.type == POOL_CONDITION]
         status.conditions = set_condition(status.conditions, Condition(
             type=POOL_CONDITION, status="True" if ok else "False", reason=reason, message=message,
             observed_generation=p.ctx.generation))
-        return condition_events(before, [c for c in status.conditions if c.type == POOL_CONDITION], {"NotOwned"})
+        return condition_events(before, [c for c in status.conditions if c.type == POOL_CONDITION],
+                                {"NotOwned", "CRDNotInstalled"})

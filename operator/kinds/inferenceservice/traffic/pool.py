@@ -26,7 +26,8 @@ API_VERSION = f"{GROUP}/v1"
 KIND = "InferencePool"
 CONDITION = "InferencePool"
 
-Ownership = Literal["absent", "ours", "theirs"]
+# "absent", "ours", "theirs": whose pool stands under the name; "no_crd": the cluster serves no InferencePool kind.
+Ownership = Literal["absent", "ours", "theirs", "no_crd"]
 
 
 def pool_name(name: str) -> str:
@@ -82,6 +83,9 @@ def ownership(existing: Manifest | None, owner: Manifest) -> Ownership:
 
 def pool_condition(name: str, state: Ownership) -> tuple[bool, str, str]:
     """(ok, reason, message) of the InferencePool condition after this pass's apply (or refusal to)."""
+    if state == "no_crd":
+        return (False, "CRDNotInstalled", f"no InferencePool {name}: the cluster does not serve "
+                f"{API_VERSION} InferencePool (install the Gateway API Inference Extension's CRDs)")
     if state == "theirs":
         return (False, "NotOwned", f"InferencePool {name} exists and was not made by this InferenceService: left as "
                 "it is (delete it, or name the service differently, for Loom to manage one)")
