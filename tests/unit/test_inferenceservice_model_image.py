@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from loom.operator.api.cel import admitted
 from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
 from loom.operator.kinds.inferenceservice.llm.vllm import LLM_CONFIG_FILE
 from loom.operator.kinds.inferenceservice.render import MODEL_IMAGE_DIR, render_deployment
@@ -118,3 +119,23 @@ def test_an_s3_model_still_has_its_fetch_step_and_no_image_volume() -> None:
     pod = deployment["spec"]["template"]["spec"]
     assert [c["name"] for c in pod["initContainers"]] == ["fetch-model"]
     assert not any("image" in v for v in pod["volumes"])
+
+
+def test_a_private_registrys_secret_goes_to_the_pods_and_needs_a_digest() -> None:
+    uri = f"oci://{REGISTRY}/ml/chargpt@{DIGEST}"
+    private = spec(uri, model={"uri": uri, "pullSecretName": "registry-creds"})
+    _, pod = pod_of(private)
+    assert pod["imagePullSecrets"] == [{"name": "registry-creds"}]
+    assert "imagePullSecrets" not in pod_of(spec(uri))[1]
+    # Another Secret is another ref: the pods are rolled to it.
+    assert resolve_model(private.model, "chargpt", image=resolved(uri)) != resolve_model(
+        spec(uri).model, "chargpt", image=resolved(uri)
+    )
+
+
+@pytest.mark.parametrize("uri", [f"oci://{REGISTRY}/ml/chargpt:v3", "s3://models/chargpt/v1"])
+def test_a_pull_secret_without_a_pinned_image_is_refused_at_admission(uri: str) -> None:
+    # The CRD's CEL rules, evaluated as the API server does at admission (loom.operator.api.cel).
+    with pytest.raises(ValidationError, match="pullSecretName is for an oci:// uri pinned by digest"):
+        admitted(ModelSource, {"uri": uri, "pullSecretName": "registry-creds"})
+    admitted(ModelSource, {"uri": f"oci://{REGISTRY}/ml/chargpt@{DIGEST}", "pullSecretName": "registry-creds"})

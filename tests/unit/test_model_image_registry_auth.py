@@ -103,3 +103,21 @@ async def test_a_tags_digest_is_kept_while_the_registry_is_unreachable_not_when_
     monkeypatch.setattr(source_io, "_look_up", failing("NotFound"))
     image, error = await source_io.resolve_image(uri)
     assert image is None and error is not None and error.reason == "ImageNotFound"
+
+
+async def test_an_image_behind_a_pull_secret_is_not_looked_up_by_the_operator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator never reads the Secret: it takes the digest the uri pins, and the kubelet's pull is the check."""
+    from loom.operator.defaults import EndpointDefaults
+    from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
+
+    def must_not_ask(image: object) -> None:
+        raise AssertionError("the registry was asked")
+
+    monkeypatch.setattr(source_io, "_look_up", must_not_ask)
+    uri = "oci://registry.example.com/ml/private@sha256:" + "b" * 64
+    spec = InferenceServiceSpec.model_validate(
+        {"model": {"uri": uri, "pullSecretName": "registry-creds"}, "handler": "chargpt"}
+    )
+    ref, error = await source_io.resolve(spec, "ml", EndpointDefaults())
+    assert error is None and ref is not None
+    assert (ref.storage_uri, ref.pull_secret_name) == (uri, "registry-creds")

@@ -348,6 +348,8 @@ def pod_template(
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
     }
+    if ref.pull_secret_name:
+        pod_spec["imagePullSecrets"] = [{"name": ref.pull_secret_name}]  # the model image's registry credentials
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     tolerations = _tolerations(spec)

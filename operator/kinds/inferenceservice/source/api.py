@@ -32,6 +32,13 @@ class ModelSource(ApiModel):
             "[has(self.uri), has(self.mlflow), has(self.fromTrainingJob)].filter(x, x).size() == 1",
             "set exactly one of uri, mlflow or fromTrainingJob",
         ),
+        cel(
+            "!has(self.pullSecretName) || "
+            "(has(self.uri) && self.uri.startsWith('oci://') && self.uri.contains('@sha256:'))",
+            "pullSecretName is for an oci:// uri pinned by digest (@sha256:...): the operator cannot look a tag up in "
+            "a registry that asks for credentials",
+            field_path=".pullSecretName",
+        ),
     )
 
     name: DnsName | None = Field(None, description="Model name in the inference protocol (default: object name).")
@@ -50,6 +57,13 @@ class ModelSource(ApiModel):
         max_length=512,
     )
     from_training_job: FromTrainingJob | None = None
+    pull_secret_name: DnsName | None = Field(
+        None,
+        description="For an oci:// uri in a registry that asks for credentials: a kubernetes.io/dockerconfigjson "
+        "Secret in this namespace, given to the pods as imagePullSecrets (the kubelet pulls with it; a refusal is the "
+        "new pod's ErrImagePull in ModelLoaded while the serving replicas stay). The operator never reads it, so it "
+        "does not look such an image up: the uri must name its digest.",
+    )
     version: str | None = Field(
         None,
         description="Version label the server reports and status shows (default: the MLflow version, the "

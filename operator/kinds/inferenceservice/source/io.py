@@ -79,9 +79,14 @@ async def resolve(
 ) -> tuple[ModelRef | None, ResolveError | None]:
     image = None
     if spec.model.uri is not None and spec.model.uri.startswith(SCHEME):
-        image, error = await resolve_image(spec.model.uri)
-        if error is not None:
-            return None, error
+        if spec.model.pull_secret_name is not None:
+            # A registry that asks for credentials: only the kubelet holds them (the pods' imagePullSecrets), so
+            # the image is taken as the uri pins it (admission requires the digest); the pull is the check.
+            image = parse_reference(spec.model.uri)
+        else:
+            image, error = await resolve_image(spec.model.uri)
+            if error is not None:
+                return None, error
     job = None
     if spec.model.from_training_job is not None:
         job = await kube.get(API_VERSION, "TrainingJob", namespace, spec.model.from_training_job.name)

@@ -38,6 +38,7 @@ class ModelRef(ApiModel):
     endpoint: str | None = None
     tracking_uri: str | None = None
     secret_ref: S3Credentials | None = None
+    pull_secret_name: str | None = None  # oci: the pods' imagePullSecrets
 
     def to_annotation(self) -> str:
         return json.dumps(self.to_wire(), sort_keys=True, separators=(",", ":"))
@@ -151,6 +152,7 @@ def _from_image(source: ModelSource, handler: str, image: ImageReference | None)
         storage_kind="oci",
         handler=resolve_handler(handler, "oci"),  # runtime vllm loads no handler: the caller passes noop
         version=source.version or asked.tag or image.digest.removeprefix("sha256:")[:12],
+        pull_secret_name=source.pull_secret_name,
     )
 
 
