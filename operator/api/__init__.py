@@ -48,7 +48,9 @@ from ..kinds.inferencegraph.api import (
     InferenceGraph,
     InferenceGraphSpec,
     InferenceGraphStatus,
+    MetadataFilter,
     NodeStatus,
+    Retrieve,
     StepStatus,
 )
 from ..kinds.inferenceservice.api import (
@@ -159,6 +161,7 @@ __all__ = [
     "Kind",
     "LastMaterialization",
     "Materialization",
+    "MetadataFilter",
     "MlflowRun",
     "MlflowTracking",
     "ModelSource",
@@ -175,6 +178,7 @@ __all__ = [
     "Registry",
     "RejectedVersion",
     "ResourceRequirements",
+    "Retrieve",
     "Rollout",
     "RolloutStatus",
     "Routing",
