@@ -153,7 +153,7 @@ async def test_the_served_header_a_gateway_adds_is_read_too() -> None:
 def test_health_by_service_name_and_a_standby_is_not_serving() -> None:
     serving, not_serving, unknown = 1, 2, 3
     assert health_status("liveness", synced=False, active=False) == serving
-    for service in ("readiness", "", "envoy.service.ext_proc.v3.ExternalProcessor"):
+    for service in ("readiness", "", "envoy.service.ext_proc.v3.ExternalProcessor", "inference-extension"):
         assert health_status(service, synced=True, active=True) == serving
         assert health_status(service, synced=True, active=False) == not_serving  # a standby replica
         assert health_status(service, synced=False, active=True) == not_serving  # pods not listed yet

@@ -2,9 +2,10 @@
 request, extproc.py) and the standard grpc.health.v1 service, on `ext_proc_port`.
 
 Health, by service name, as GIE's reference picker answers it (gateways and kubelet probes ask these):
-`liveness`: SERVING while the process answers; `readiness`, the empty name (a load balancer's overall check) and
-`envoy.service.ext_proc.v3.ExternalProcessor`: SERVING once the replicas are listed and this picker is the active
-one, NOT_SERVING on a standby (`active` false) or before its first pod list; any other name: SERVICE_UNKNOWN.
+`liveness`: SERVING while the process answers; `readiness`, the empty name (a load balancer's overall check),
+`inference-extension` (GIE's chart's probe) and `envoy.service.ext_proc.v3.ExternalProcessor`: SERVING once the
+replicas are listed and this picker is the active one, NOT_SERVING on a standby (`active` false) or before its first
+pod list; any other name: SERVICE_UNKNOWN.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ log = logging.getLogger("loom.workloads.picker")
 EXT_PROC_SERVICE = pb.SERVICE
 LIVENESS = "liveness"
 READINESS = "readiness"
+# The name GIE's own chart probes an endpoint picker with when it runs without leader election.
+INFERENCE_EXTENSION = "inference-extension"
 # grpc.health.v1.HealthCheckResponse.ServingStatus
 SERVING, NOT_SERVING, SERVICE_UNKNOWN = 1, 2, 3
 
@@ -33,7 +36,7 @@ def health_status(service: str, synced: bool, active: bool) -> int:
     """Pure: the answer to a health check of `service` (a ServingStatus value)."""
     if service == LIVENESS:
         return SERVING
-    if service in (READINESS, "", EXT_PROC_SERVICE):
+    if service in (READINESS, "", EXT_PROC_SERVICE, INFERENCE_EXTENSION):
         return SERVING if synced and active else NOT_SERVING
     return SERVICE_UNKNOWN
 
