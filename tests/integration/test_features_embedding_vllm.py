@@ -61,7 +61,8 @@ def write_documents(path: Path, texts: dict[str, str]) -> None:
     }).to_parquet(path, index=False)
 
 
-def config(root: Path, url: str, model: str = "tiny-embed", reembed: int = 0, dimension: int = 128) -> FeaturesConfig:
+def config(root: Path, url: str, model: str = "tiny-embed", reembed: int = 0, dimension: int = 128,
+           source: str | None = None) -> FeaturesConfig:
     return FeaturesConfig.model_validate({
         "project": "rag",
         "registry": {"path": str(root / "registry.db")},
@@ -79,7 +80,7 @@ def config(root: Path, url: str, model: str = "tiny-embed", reembed: int = 0, di
             "ttlSeconds": 0,
             "vector": {
                 "field": "embedding", "dimension": dimension, "textField": "text",
-                "embedding": {"url": url, "model": model, "reembed": reembed, "batchSize": 4,
+                "embedding": {"url": url, "model": model, "reembed": reembed, "batchSize": 4, "modelSource": source,
                               "chunking": {"size": 120, "overlap": 20},
                               "outputPath": str(root / "embedded" / "docs.parquet")},
             },
@@ -136,6 +137,17 @@ def test_another_model_needs_an_explicit_reembedding(service: str, tmp_path: Pat
     assert rebuilt["decision"] == "rebuild" and rebuilt["embedded"] == built["chunks"]
     assert rebuilt["model"].startswith("tiny-embed-v2@") and rebuilt["reembed"] == 1
     assert rebuilt["documents"] == built["documents"]  # replaced, never added beside the old vectors
+
+
+def test_a_new_model_source_under_the_same_name_is_another_model(service: str, tmp_path: Path) -> None:
+    """Through Loom's front the served name is all /v1/models says; the operator passes the InferenceService's
+    spec.model (modelSource), and the identity records it."""
+    write_documents(tmp_path / "documents.parquet", DOCUMENTS)
+    built = materialize(config(tmp_path, service, source='{"uri":"s3://models/a"}'))
+    assert built["model"] == 'tiny-embed@{"uri":"s3://models/a"}'
+    assert materialize(config(tmp_path, service, source='{"uri":"s3://models/a"}'))["decision"] == "keep"
+    with pytest.raises(ReembedNeeded, match=r"s3://models/a.*s3://models/b"):
+        materialize(config(tmp_path, service, source='{"uri":"s3://models/b"}'))
 
 
 def test_a_wrong_dimension_and_an_unreachable_service_name_their_cause(service: str, tmp_path: Path) -> None:

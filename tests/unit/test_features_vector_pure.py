@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from loom.workloads.features.chunking import chunk_documents, chunk_text
 from loom.workloads.features.config import FeatureViewConfig
-from loom.workloads.features.embedding import ReembedNeeded, reembed_decision
+from loom.workloads.features.embedding import ReembedNeeded, reembed_decision, same_model
 from loom.workloads.features.vector_index import IndexMeta
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 6
@@ -68,6 +68,16 @@ def test_reembed_decision() -> None:
     assert reembed_decision(meta("m1", reembed=1), "m2", 2) == "rebuild"
     with pytest.raises(ReembedNeeded, match=r"'m1'.*'m2'.*reembed to 2"):
         reembed_decision(meta("m1", reembed=1), "m2", 1)
+
+
+def test_a_model_known_without_its_source_is_the_same_model_by_name() -> None:
+    assert same_model("m@s3://a", "m@s3://a")
+    assert not same_model("m@s3://a", "m@s3://b")  # another model under the same name
+    assert same_model("m@s3://a", "m") and same_model("m", "m@s3://a")  # the source not known this time
+    assert not same_model("m@s3://a", "n")
+    assert reembed_decision(meta("m@s3://a"), "m", 0) == "keep"
+    with pytest.raises(ReembedNeeded):
+        reembed_decision(meta("m@s3://a"), "m@s3://b", 0)
 
 
 def view(**vector: object) -> dict[str, object]:

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from loom.operator.api.cel import admitted
 from loom.operator.kinds.featureview.api import FeatureViewSpec
-from loom.operator.kinds.featureview.config import Member, plan_project, view_config
+from loom.operator.kinds.featureview.config import Member, model_source, plan_project, view_config
 from loom.operator.kinds.featureview.render import render_deployment
 from loom.operator.kinds.featureview.status import JobResult, Observed, compute_status
 from loom.operator.kinds.featureview.vector.api import VectorSearch, VectorSearchStatus
@@ -83,6 +83,22 @@ def test_the_workload_config_names_the_embedding_service_its_key_and_where_chunk
     env = render_deployment("team", plan, "img", None)["spec"]["template"]["spec"]["containers"][0]["env"]
     key = next(e for e in env if e["name"] == "LOOM_EMBEDDING_KEY_MY_DOCS")
     assert key["valueFrom"]["secretKeyRef"] == {"name": "keys", "key": "embedder"}  # never the key itself
+
+
+def test_the_embedding_services_model_source_reaches_the_config() -> None:
+    body = spec({"embedding": EMBEDDING})
+    member = Member("docs", "u1", "t", FeatureViewSpec.model_validate(body), "team")
+    service = {"spec": {"model": {"uri": "s3://models/embed", "secretRef": {"name": "s3"}}}}
+    source = model_source(service)
+    assert source == '{"secretRef":{"name":"s3"},"uri":"s3://models/embed"}'
+    plan = plan_project("rag", [member], {"embedder": source})
+    view = plan.config.view("docs")
+    assert view.vector is not None and view.vector.embedding is not None
+    assert view.vector.embedding.model_source == source
+    unknown = plan_project("rag", [member]).config.view("docs")
+    assert unknown.vector is not None and unknown.vector.embedding is not None
+    assert unknown.vector.embedding.model_source is None
+    assert model_source(None) is None and model_source({"spec": {}}) is None
 
 
 def test_a_project_without_vectors_keeps_feasts_own_sqlite_store() -> None:

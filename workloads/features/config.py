@@ -193,6 +193,10 @@ class EmbeddingConfig(CamelModel):
         "exceeds the generation that built it."
     )
     output_path: str = Field(description="Where the embedded chunks are written (parquet): the view's Feast source.")
+    model_source: str | None = Field(
+        None, description="Where the service's model comes from (its InferenceService's spec.model): recorded with "
+        "the model name as the index's model identity, so a new model under the same name is another model."
+    )
 
     @field_validator("document_column", "text_column")
     @classmethod

@@ -56,6 +56,17 @@ class ReembedNeeded(WorkloadError):
 Decision = Literal["fresh", "keep", "rebuild"]
 
 
+def same_model(recorded: str, current: str) -> bool:
+    """Whether two model identities (``name`` or ``name@source``) are one model. When either lacks its source (the
+    service's InferenceService could not be read that moment) only the names are compared: a passing gap in what
+    is known is no reason to stop materialization."""
+    if recorded == current:
+        return True
+    if "@" in recorded and "@" in current:
+        return False
+    return recorded.split("@", 1)[0] == current.split("@", 1)[0]
+
+
 def reembed_decision(meta: IndexMeta | None, model: str, reembed: int) -> Decision:
     """What to do with the index before embedding with ``model``: an index never holds two models' vectors.
 
@@ -63,7 +74,7 @@ def reembed_decision(meta: IndexMeta | None, model: str, reembed: int) -> Decisi
     and the user raised ``reembed`` above the generation that built them. Otherwise :class:`ReembedNeeded`."""
     if meta is None or meta.model is None or meta.documents == 0:
         return "fresh"
-    if meta.model == model:
+    if same_model(meta.model, model):
         return "keep"
     if reembed > meta.reembed:
         return "rebuild"
@@ -81,13 +92,14 @@ class EmbeddingClient:
     model: str
     api_key: str | None = None
     timeout: float = TIMEOUT_SECONDS
+    source: str | None = None  # where the model comes from, when the operator knows (EmbeddingConfig.modelSource)
 
     @classmethod
     def of(cls, config: EmbeddingConfig) -> EmbeddingClient:
         # The Secret may be an InferenceService's key list (one key per line): its first key is the view's.
         text = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
         key = next((line.strip() for line in text.splitlines() if line.strip()), None)
-        return cls(config.url.rstrip("/"), config.model, key)
+        return cls(config.url.rstrip("/"), config.model, key, source=config.model_source)
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         headers = {"Content-Type": "application/json"}
@@ -109,13 +121,14 @@ class EmbeddingClient:
             ) from error
 
     def identity(self) -> str:
-        """The served model as the index records it: its name, and the weights it was loaded from when the server
-        says (vLLM's ``root``), so a new model under the same name still counts as another model."""
+        """The served model as the index records it: its name, and where the model comes from (the operator's
+        ``source``, else the weights the server says it loaded: vLLM's ``root``), so a new model under the same name
+        still counts as another model."""
         listing = self._call("GET", "/v1/models")
         for entry in listing.get("data") or []:
             if entry.get("id") == self.model:
-                root = entry.get("root")
-                return f"{self.model}@{root}" if root and root != self.model else self.model
+                origin = self.source or entry.get("root")
+                return f"{self.model}@{origin}" if origin and origin != self.model else self.model
         served = ", ".join(str(e.get("id")) for e in listing.get("data") or [])
         raise WorkloadError(f"embedding service {self.url} does not serve model {self.model!r} (it serves: {served})")
 

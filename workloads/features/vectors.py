@@ -71,6 +71,8 @@ def prepare(config: FeaturesConfig, view: FeatureViewConfig, end: datetime, read
     current = {key_of(str(chunk)) for chunk in frame[view.entities[0].join_key]}
     index.delete(index.keys() - current)
     previous = meta.reembed if meta is not None else 0
+    if decision == "keep" and meta is not None and meta.model is not None and "@" not in model:
+        model = meta.model  # the same model, known less precisely this run: keep the fuller identity
     return Prepared(view.name, model, max(previous, embedding.reembed), decision, result.embedded, result.reused,
                     len(frame))
 

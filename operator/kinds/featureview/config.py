@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -101,6 +102,13 @@ def server_url(namespace: str, project: str) -> str:
     return f"http://{project_object_name(project)}.{namespace}.svc"
 
 
+def model_source(service: Mapping[str, object] | None) -> str | None:
+    """An InferenceService's spec.model as one line (no credentials there: a secretRef names a Secret), or None."""
+    spec = (service or {}).get("spec")
+    model = spec.get("model") if isinstance(spec, dict) else None
+    return json.dumps(model, sort_keys=True, separators=(",", ":")) if model else None
+
+
 def embedding_url(namespace: str, service: str) -> str:
     """The embedding InferenceService's base URL (its Service; POST <url>/v1/embeddings)."""
     return service_url({"metadata": {"name": service, "namespace": namespace}})
@@ -152,7 +160,7 @@ class ProjectPlan:
     rejected: dict[str, Rejection] = field(default_factory=dict)
 
 
-def vector_config(name: str, namespace: str, vector: VectorSearch) -> VectorConfig:
+def vector_config(name: str, namespace: str, vector: VectorSearch, model_source: str | None = None) -> VectorConfig:
     embedding = vector.embedding
     return VectorConfig(
         field=vector.field,
@@ -171,11 +179,14 @@ def vector_config(name: str, namespace: str, vector: VectorSearch) -> VectorConf
             api_key_env=embedding_key_env(name) if embedding.api_key_secret_ref is not None else None,
             reembed=embedding.reembed,
             output_path=embedded_path(name),
+            model_source=model_source,
         ),
     )
 
 
-def view_config(name: str, spec: FeatureViewSpec, namespace: str = "") -> FeatureViewConfig:
+def view_config(
+    name: str, spec: FeatureViewSpec, namespace: str = "", model_sources: Mapping[str, str] | None = None
+) -> FeatureViewConfig:
     """The workload's view of one FeatureView, by keyword (raises ValidationError/ValueError on what the pods
     would refuse)."""
     return FeatureViewConfig(
@@ -205,7 +216,14 @@ def view_config(name: str, spec: FeatureViewSpec, namespace: str = "") -> Featur
         description=spec.description,
         owner=spec.owner,
         tags=dict(spec.tags),
-        vector=vector_config(name, namespace, spec.vector) if spec.vector is not None else None,
+        vector=None
+        if spec.vector is None
+        else vector_config(
+            name,
+            namespace,
+            spec.vector,
+            (model_sources or {}).get(spec.vector.embedding.service) if spec.vector.embedding is not None else None,
+        ),
     )
 
 
@@ -241,11 +259,12 @@ def _error_text(exc: Exception) -> str:
     return str(exc)
 
 
-def plan_project(project: str, members: list[Member]) -> ProjectPlan:
+def plan_project(project: str, members: list[Member], model_sources: Mapping[str, str] | None = None) -> ProjectPlan:
     """Every view of `project` that can join the config, oldest first; the others with the reason they can't.
 
     Views are added one at a time, so one bad view (an entity redeclared with another key type) is refused alone
-    and never takes the project's other views down with it."""
+    and never takes the project's other views down with it. `model_sources`: an embedding InferenceService's name
+    -> its spec.model (model_source), what the index records with the model's name."""
     if not members:
         raise ValueError(f"project {project!r} has no views")
     ordered = sorted(members, key=lambda m: (m.created, m.name))
@@ -276,7 +295,7 @@ def plan_project(project: str, members: list[Member]) -> ProjectPlan:
         try:
             candidate = FeaturesConfig(
                 project=config.project,
-                feature_views=[*views, view_config(member.name, member.spec, member.namespace)],
+                feature_views=[*views, view_config(member.name, member.spec, member.namespace, model_sources)],
                 registry=registry,
                 online_store=online,
                 offline_store=offline,

@@ -70,6 +70,7 @@ from .render import (
 )
 from .status import JobResult, compute_status, job_result, newest
 from .status import Observed as StatusObserved
+from .vector.io import model_sources, register_embedder_trigger
 
 log = logging.getLogger("loom.operator.featureview")
 
@@ -181,6 +182,7 @@ class Observed:
     config_map: Manifest | None = None
     live: Manifest | None = None  # the project's server Deployment
     apply_result: JobResult | None = None
+    model_sources: dict[str, str] = field(default_factory=dict)  # embedding service -> its spec.model
 
 
 class ViewReconciler(StatusAfterApply):
@@ -213,10 +215,13 @@ class ViewReconciler(StatusAfterApply):
         observed.config_map = await kube.get("v1", "ConfigMap", ctx.namespace, object_name)
         # The live replicas: the autoscaler's to keep while the project's server is autoscaled.
         observed.live = await kube.get("apps/v1", "Deployment", ctx.namespace, object_name)
+        observed.model_sources = await model_sources(ctx.namespace, observed.members)
         return observed
 
     def decide(self, ctx: Pass[Defaulted[FeatureViewSpec]], observed: Observed) -> ProjectPlan | None:
-        return plan_project(ctx.spec.spec.project, observed.members) if ctx.spec is not None and ctx.valid else None
+        if ctx.spec is None or not ctx.valid:
+            return None
+        return plan_project(ctx.spec.spec.project, observed.members, observed.model_sources)
 
     async def apply(
         self, ctx: Pass[Defaulted[FeatureViewSpec]], observed: Observed, plan: ProjectPlan | None
@@ -364,6 +369,8 @@ def register(settings: OperatorSettings) -> None:
     own_kind_handlers(
         runner, PLURAL, INDEX_ID, also_on=[("metadata", "annotations", MATERIALIZE_NOW)], deleted=project_of_deleted
     )
+
+    register_embedder_trigger(runner)
 
     # Jobs finishing and the server becoming ready move status: react instead of polling.
     @kopf.on.event("batch", "v1", "jobs", labels={"app.kubernetes.io/name": KIND_LABEL})
