@@ -95,6 +95,14 @@ class OperatorSettings(BaseModel):
     default_s3_endpoint: str | None = Field(None, pattern=r"^https?://", max_length=1024)
     default_s3_secret_name: str | None = Field(None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
     default_mlflow_tracking_uri: str | None = Field(None, pattern=r"^https?://", max_length=1024)
+    # The node cache of S3 and MLflow models (loom.workloads.server.node_cache): a folder on every node, mounted
+    # (hostPath) into each InferenceService pod's fetch step, so that a second replica on a node that already holds
+    # the same content links it from there instead of downloading it. It must exist, writable by the pods' user
+    # (uid 1000); a fetch step that cannot write it downloads as without it. Least recently used entries are removed
+    # past the limit. Unset: every pod downloads its own copy (and no pod mounts a hostPath, which Pod Security's
+    # "restricted" level forbids).
+    model_node_cache_dir: str | None = Field(None, pattern=r"^/[^,]*$", max_length=1024)
+    model_node_cache_limit_bytes: int = Field(50 * 2**30, gt=0)
     # High availability (Kopf peering). With a name, replicas sharing it elect one active replica through the
     # cluster-scoped ClusterKopfPeering of that name (the chart creates it); the others stand by, paused. Unset:
     # standalone (one replica, no peering object needed). The priority decides who is active: unset, the oldest

@@ -14,7 +14,9 @@ Layout of the cache volume::
     <modelDir>/.loom-model.json  which slug is current, its source URI and version (written last)
 
 A replica that finds the same URI and version already recorded skips the download; replicas that
-share the volume take a file lock, so only one of them downloads.
+share the volume take a file lock, so only one of them downloads. With the node cache (LOOM_MODEL_NODE_CACHE, a
+hostPath folder the operator mounts when its settings name one) an S3 or MLflow model is downloaded once per node
+and content (node_cache.py): a second replica on the node links it from there.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from ..trainer.checkpoint.manifest import (
     complete_steps,
 )
 from .config import ServerConfig, parse_mlflow_uri
+from .node_cache import CachedFile, NotContentAddressable, content_key, s3_files
+from .node_cache_io import NodeCache
 
 log = logging.getLogger("loom.workloads.server.fetch")
 
@@ -236,6 +240,51 @@ def _download_version(config: ServerConfig, version: str, details: dict[str, Any
     _download_listing(client, location, objects, dest)
 
 
+def _mlflow_files(name: str, version: str) -> list[CachedFile]:
+    """The model version's artifacts (path, size), walked folder by folder."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    repo = get_artifact_repository(f"models:/{name}/{version}")
+    files: list[CachedFile] = []
+    pending: list[str | None] = [None]
+    while pending:
+        for info in repo.list_artifacts(pending.pop()):
+            if info.is_dir:
+                pending.append(info.path)
+            else:
+                files.append(CachedFile(info.path, int(info.file_size or 0)))
+    return sorted(files, key=lambda f: f.path)
+
+
+def _content(config: ServerConfig, version: str, details: dict[str, Any]) -> tuple[str, list[CachedFile]]:
+    """The node cache's key of what `_download_version` would download, and its files."""
+    if config.resolved_storage_kind == "mlflow":
+        files = _mlflow_files(str(details["name"]), version)
+        # An MLflow version's run and source never change; the listing guards against a reused registry.
+        return content_key("mlflow", files, {"runId": str(details["runId"]), "source": str(details["source"])}), files
+    location, objects = _s3_listing(make_client(), config.storage_uri or "")
+    files = s3_files(location.key, objects)
+    return content_key("s3", files), files
+
+
+def _fill(config: ServerConfig, version: str, details: dict[str, Any], staged: Path) -> dict[str, Any]:
+    """Download the version into `staged`, through the node cache where there is one; the details to record."""
+    cache = NodeCache.from_env(os.environ)
+    if cache is None or config.resolved_storage_kind not in ("s3", "mlflow") or not cache.usable():
+        _download_version(config, version, details, staged)
+        return details
+    try:
+        key, files = _content(config, version, details)
+    except NotContentAddressable as reason:
+        log.info("node cache not used for %s: %s", config.storage_uri, reason)
+        _download_version(config, version, details, staged)
+        return details
+    outcome = cache.provide(
+        key, files, config.storage_uri or "", lambda dest: _download_version(config, version, details, dest), staged
+    )
+    return {**details, "nodeCache": {"outcome": outcome, "key": key}}
+
+
 def fetch(config: ServerConfig) -> FetchedModel | None:
     """Make the cache volume hold the model the config names; a no-op when it already does."""
     kind = config.resolved_storage_kind
@@ -257,7 +306,7 @@ def fetch(config: ServerConfig) -> FetchedModel | None:
         started = time.monotonic()
         staged = Path(tempfile.mkdtemp(prefix=".incoming-", dir=model_dir))
         try:
-            _download_version(config, version, details, staged)
+            details = _fill(config, version, details, staged)
             record = FetchedModel(
                 uri=config.storage_uri, kind=kind, version=version, folder=_slug(version),
                 fetched_at=time.time(), details=details,

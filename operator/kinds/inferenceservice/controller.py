@@ -42,6 +42,7 @@ from .render import (
     CONFIG_HASH_ANNOTATION,
     KIND_LABEL,
     InvalidSpec,
+    ModelNodeCache,
     Track,
     config_map_name,
     deployment_name,
@@ -233,6 +234,12 @@ async def _read_track(namespace: str, name: str, grouped: bool) -> Manifest | No
     return None
 
 
+def model_node_cache(settings: OperatorSettings) -> ModelNodeCache | None:
+    if settings.model_node_cache_dir is None:
+        return None
+    return ModelNodeCache(settings.model_node_cache_dir, settings.model_node_cache_limit_bytes)
+
+
 async def _apply_track(
     p: ServicePass, seen: Observed, plan: Plan, features: Sequence[Feature], track: Track, replicas: int
 ) -> Manifest:
@@ -241,7 +248,7 @@ async def _apply_track(
     adapters = seen.adapters.to_list() if seen.adapters is not None else None
     config_map, deployment = render_deployment(
         p.ctx.owner, p.spec, track, ref, replicas, p.settings.server_image, seen.features, p.settings.vllm_image,
-        adapters,
+        adapters, model_node_cache(p.settings),
     )  # fmt: skip
     for feature in features:
         feature.render(p, seen, plan, track, deployment)

@@ -18,6 +18,7 @@ is loaded, so the Service never sends a request to a replica that cannot answer 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from loom.workloads.llm.adapters import AdapterList
@@ -259,6 +260,30 @@ def _probe(path: str, period: int, failures: int, timeout: int = 2) -> Manifest:
 
 
 MODEL_IMAGE_VOLUME = "model-image"
+NODE_CACHE_VOLUME = "model-node-cache"
+# Where the fetch step sees the node's model cache (loom.workloads.server.node_cache_io reads these variables).
+NODE_CACHE_DIR = "/var/cache/loom/models"
+NODE_CACHE_KINDS = ("s3", "mlflow")
+
+
+@dataclass(frozen=True)
+class ModelNodeCache:
+    """The operator's node cache settings: the node's folder and the bytes it may hold."""
+
+    host_path: str
+    limit_bytes: int
+
+
+def node_cache_parts(cache: ModelNodeCache) -> tuple[Manifest, Manifest, list[Manifest]]:
+    """The hostPath volume, the fetch step's mount and its variables. Only the fetch step mounts it: the server
+    loads the hard links the fetch step made in the pod's own model folder."""
+    volume = {"name": NODE_CACHE_VOLUME, "hostPath": {"path": cache.host_path, "type": "DirectoryOrCreate"}}
+    mount = {"name": NODE_CACHE_VOLUME, "mountPath": NODE_CACHE_DIR}
+    env = [
+        {"name": "LOOM_MODEL_NODE_CACHE", "value": NODE_CACHE_DIR},
+        {"name": "LOOM_MODEL_NODE_CACHE_LIMIT_BYTES", "value": str(cache.limit_bytes)},
+    ]
+    return volume, mount, env
 
 
 def model_image_volume(ref: ModelRef) -> Manifest:
@@ -269,7 +294,13 @@ def model_image_volume(ref: ModelRef) -> Manifest:
 
 
 def pod_template(
-    owner: Manifest, spec: InferenceServiceSpec, track: Track, ref: ModelRef, config_json: str, image: str
+    owner: Manifest,
+    spec: InferenceServiceSpec,
+    track: Track,
+    ref: ModelRef,
+    config_json: str,
+    image: str,
+    node_cache: ModelNodeCache | None = None,
 ) -> Manifest:
     name = owner["metadata"]["name"]
     config_path = f"{CONFIG_DIR}/{CONFIG_FILE}"
@@ -308,6 +339,11 @@ def pod_template(
         "volumeMounts": mounts,
         "securityContext": restricted_security_context(),
     }
+    if node_cache is not None and ref.storage_kind in NODE_CACHE_KINDS:
+        cache_volume, cache_mount, cache_env = node_cache_parts(node_cache)
+        volumes.append(cache_volume)
+        fetch["volumeMounts"] = [*mounts, cache_mount]
+        fetch["env"] = [*env, *cache_env]
     fetch_resources = container_resources(spec, with_gpus=False)
     if fetch_resources:
         fetch["resources"] = fetch_resources
@@ -375,9 +411,11 @@ def render_deployment(
     features: EnrichmentConfig | None = None,
     vllm_image: str | None = None,
     adapters: AdapterList | None = None,
+    node_cache: ModelNodeCache | None = None,
 ) -> tuple[Manifest, Manifest]:
     """The track's (ConfigMap, Deployment); the Deployment records its model ref for later reconciles. `image` is the
-    server image, `vllm_image` the image of runtime vllm (the operator's settings give both)."""
+    server image, `vllm_image` the image of runtime vllm (the operator's settings give both), `node_cache` the
+    node cache an S3 or MLflow model is fetched through (settings model_node_cache_dir)."""
     name = owner["metadata"]["name"]
     config = server_config(owner, spec, ref, features)
     config_map = render_config_map(owner, track, config)
@@ -400,7 +438,7 @@ def render_deployment(
             "minReadySeconds": spec.rollout.min_ready_seconds,
             "revisionHistoryLimit": 3,
             "progressDeadlineSeconds": 600,
-            "template": pod_template(owner, spec, track, ref, config_json, image),
+            "template": pod_template(owner, spec, track, ref, config_json, image, node_cache),
         },
     }
     # runtime vllm: the same Deployment with the OpenAI front over vLLM in the server container
