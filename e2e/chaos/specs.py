@@ -230,6 +230,16 @@ def _repair_inferencegraph(spec: dict[str, Any], rnd: random.Random) -> None:
             if ("serviceName" in step) == ("nodeName" in step) or (target is not None and target not in nodes):
                 step.pop("nodeName", None)
                 step["serviceName"] = step.get("serviceName") or "svc"
+            retrieve = step.get("retrieve")
+            if retrieve is not None and "nodeName" in step:
+                step.pop("retrieve")
+            elif retrieve is not None:  # a chat prompt: an openai-chat step, a template with both placeholders
+                step["protocol"] = "openai-chat"
+                template = str(retrieve.get("promptTemplate", ""))[:8100]
+                for placeholder in ("{context}", "{question}"):
+                    if placeholder not in template:
+                        template += placeholder
+                retrieve["promptTemplate"] = template
         if node["routerType"] == "Splitter":
             weights = [100 // len(node["steps"])] * len(node["steps"])
             weights[0] += 100 - sum(weights)
