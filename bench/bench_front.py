@@ -14,10 +14,10 @@ target, the targets alternating round by round so a shared machine's changing lo
 Printed per target: output tokens/s, TTFT and ITL (median, p99; medians over rounds), the ratio to the engine
 alone (the median of per-round ratios: the load changes less within a round than across rounds), and CPU-seconds
 per 1,000 output tokens of the front, of the engine (its process tree), of the hop (router or picker) and of the
-client, from /proc/<pid>/stat before and after each round; the load average with each round. And, for the same
-requests, the front's TTFT histogram (loom_llm_*) against the engine's own (vllm:time_to_first_token_seconds,
-passed through the front's /metrics): vLLM starts its clock when a request reaches its engine core, after its API
-server rendered the chat template and tokenised, so the difference is the front, the hop and that API server work.
+client, from /proc/<pid>/stat before and after each round; the load average with each round. And the TTFT a hop
+adds outside the engine core, which the engine's own load moves little: per round, the client's mean TTFT less the
+engine's own for the same requests (vllm:time_to_first_token_seconds, from the engine's arrival at its core, read
+through the front's /metrics), against the same difference for the engine alone in the same round.
 vLLM's client times each event as it parses it: events that arrive in one read (a busy client, a socket that
 filled) count an ITL of about 0 each, so on a loaded machine the ITL median says more about scheduling than about
 the hop; TPOT (a request's time after its first token over its tokens) is printed beside it.
@@ -180,7 +180,7 @@ def ttft_sums(front_url: str) -> dict[str, tuple[float, float]]:
 def run_round(target: Target, pids: Pids, tokenizer: Path, args: argparse.Namespace, log: Path,
               front_url: str) -> dict[str, float]:
     hop_pid = target.hop
-    histograms = ttft_sums(front_url) if target.name == "front" else None
+    histograms = ttft_sums(front_url)
     before = (cpu_seconds(pids.front), tree_cpu(pids.engine), cpu_seconds(hop_pid) if hop_pid else 0.0,
               time.process_time())
     result = vllm_bench(target.url, target.key, tokenizer, args, log)
@@ -190,23 +190,22 @@ def run_round(target: Target, pids: Pids, tokenizer: Path, args: argparse.Namesp
     result.update(front_cpu=(after[0] - before[0]) * per_k, engine_cpu=(after[1] - before[1]) * per_k,
                   hop_cpu=(after[2] - before[2]) * per_k, client_cpu=(after[3] - before[3]) * per_k,
                   load=os.getloadavg()[0])
-    if histograms is not None:
-        # The same requests seen by both: the front's TTFT (its arrival to the first text it read) less the engine's
-        # own (arrival at its engine core to its first token): the front, the hop and the engine's API server work.
-        after_histograms = ttft_sums(front_url)
-        means = {name: (after_histograms[name][0] - histograms[name][0]) /
-                 max(1.0, after_histograms[name][1] - histograms[name][1]) for name in HISTOGRAMS}
-        result.update(front_ttft_ms=means["front"] * 1e3, engine_ttft_ms=means["engine"] * 1e3)
-        added = result["front_ttft_ms"] - result["engine_ttft_ms"]
-        print(f"    TTFT mean by the front's own histogram {result['front_ttft_ms']:.2f} ms, by the engine's "
-              f"{result['engine_ttft_ms']:.2f} ms: the front, the hop and the engine's API server add {added:+.2f} ms",
-              flush=True)
+    # The engine's own TTFT (vllm:time_to_first_token_seconds: arrival at its engine core to its first token) for
+    # this round's requests; the client's mean TTFT less it is what lies outside the engine core: the client, the
+    # engine's API server (chat template, tokenising), and the hops (front, router, picker) when there are some.
+    after_histograms = ttft_sums(front_url)
+    means = {name: (after_histograms[name][0] - histograms[name][0]) /
+             max(1.0, after_histograms[name][1] - histograms[name][1]) for name in HISTOGRAMS}
+    result.update(engine_ttft_ms=means["engine"] * 1e3, outside_ttft_ms=result["mean_ttft_ms"] - means["engine"] * 1e3)
+    if target.name == "front":
+        result["front_ttft_ms"] = means["front"] * 1e3
     target.rounds.append(result)
     print(f"  {target.name:7s} {result['output_throughput']:7.1f} tok/s  TTFT {result['median_ttft_ms']:6.1f} / "
           f"{result['p99_ttft_ms']:6.1f} ms  ITL {result['median_itl_ms']:5.2f} / {result['p99_itl_ms']:6.2f} ms  "
           f"TPOT {result['median_tpot_ms']:5.2f} ms  "
           f"CPU-s/1k tok front {result['front_cpu']:.2f} engine {result['engine_cpu']:.2f} hop {result['hop_cpu']:.2f}"
-          f" client {result['client_cpu']:.2f}  load {result['load']:.1f}", flush=True)
+          f" client {result['client_cpu']:.2f}  TTFT outside the engine core {result['outside_ttft_ms']:.1f} ms  "
+          f"load {result['load']:.1f}", flush=True)
     return result
 
 
@@ -375,11 +374,12 @@ def main() -> None:
             for target in order if number % 2 == 0 else order[::-1]:
                 run_round(target, pids, model, args, log, front_url)
         print(report([targets[name] for name in names]))
-        front_rounds = targets["front"].rounds if "front" in names else []
-        if front_rounds:
-            added = statistics.median(r["front_ttft_ms"] - r["engine_ttft_ms"] for r in front_rounds)
-            print(f"front: TTFT of the front's histogram over the engine's own for the same requests (the front, the "
-                  f"hop, the engine's API server; median over rounds of the mean difference): {added:+.2f} ms")
+        base = targets["engine"]
+        for target in order:
+            if target is not base:
+                added = paired(target, base, "outside_ttft_ms", ratio=False)
+                print(f"{target.name}: TTFT added outside the engine core (client TTFT less vLLM's own, against the "
+                      f"same for the engine alone; median of per-round differences): {added:+.2f} ms")
         if args.profile:
             raw = out / "front-profile.txt"
             recorder = profile_front(front_pid, 600, raw)
