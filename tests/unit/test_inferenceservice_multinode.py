@@ -169,6 +169,13 @@ def test_a_group_s_gpus_must_match_its_ranks() -> None:
     assert multinode.check(spec_of(TWO_PODS)) is None  # CPU: no GPU to count
 
 
+def test_a_name_too_long_for_lws_s_statefulsets_is_refused() -> None:
+    assert multinode.check(spec_of({**TWO_PODS, "replicas": 10}), "a" * 37) is None  # <37>-canary-group-9: 52
+    problem = multinode.check(spec_of({**TWO_PODS, "replicas": 10}), "a" * 38)
+    assert problem is not None and "StatefulSet" in problem
+    assert multinode.check(spec_of({**BASE, "replicas": 10}), "a" * 53) is None  # one pod per replica: no LWS
+
+
 def test_kueue_admits_a_group_whole() -> None:
     spec = spec_of({**TWO_PODS, "replicas": 3})
     assert minimum_pods(spec) == 6 and Minimum(spec, running=0).requested() == 6

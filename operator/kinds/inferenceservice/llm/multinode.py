@@ -85,14 +85,27 @@ def parallel_flags(spec: InferenceServiceSpec) -> list[str]:
     return flags
 
 
-def check(spec: InferenceServiceSpec) -> str | None:
-    """What the CRD's rules cannot see (they see spec.vllm alone): the GPUs a group holds against its ranks."""
+# LWS runs a group's workers as a StatefulSet <lws>-<group index>; a StatefulSet's name is at most 52 characters
+# (its pods' controller-revision-hash label, <name>-<10-character hash>, is a 63-character label value).
+STATEFULSET_NAME_MAX = 52
+
+
+def check(spec: InferenceServiceSpec, name: str = "") -> str | None:
+    """What the CRD's rules cannot see (they see spec.vllm alone): the GPUs a group holds against its ranks, and
+    names LWS derives from the service's that would be too long (the canary's workers', at the most groups)."""
     vllm = spec.vllm
     if vllm is None or vllm.parallelism is None:
         return None
     par = vllm.parallelism
     if spec.runtime != "vllm":
         return "spec.vllm.parallelism needs runtime: vllm"
+    most_groups = spec.autoscaling.max_replicas if spec.autoscaling is not None else spec.replicas or 1
+    workers = f"{group_set_name(name + '-canary')}-{max(0, most_groups - 1)}"
+    if par.pods_per_replica > 1 and len(workers) > STATEFULSET_NAME_MAX:
+        return (
+            f"the name {name!r} is too long for groups of pods: LWS would name a canary's workers {workers!r}, over "
+            f"the {STATEFULSET_NAME_MAX} characters a StatefulSet's name may have"
+        )
     if spec.gpus > 0 and spec.gpus * par.pods_per_replica != par.world_size:
         return (
             f"spec.gpus ({spec.gpus}) x parallelism.podsPerReplica ({par.pods_per_replica}) must equal tensor x "
