@@ -195,6 +195,9 @@ def _repair_inferenceservice(spec: dict[str, Any], rnd: random.Random) -> None:
         if key != keep:
             del model[key]
     model.setdefault(keep, "s3://models/fuzz")
+    uri = str(model.get("uri", ""))
+    if not (uri.startswith("oci://") and "@sha256:" in uri):  # credentials only for an image pinned by digest
+        model.pop("pullSecretName", None)
     if spec.get("runtime") != "vllm":  # adapters and routing are the vllm runtime's
         spec.pop("adapters", None)
         spec.pop("routing", None)

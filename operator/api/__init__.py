@@ -78,11 +78,12 @@ from ..kinds.inferenceservice.llm.api import (
     AdapterFromTrainingJob,
     AdapterReplicaStatus,
     AdapterStatus,
+    Parallelism,
     VllmSpec,
 )
 from ..kinds.inferenceservice.queue.api import ServiceQueueStatus
 from ..kinds.inferenceservice.source.api import AliasStatus, FromTrainingJob, ModelSource
-from ..kinds.inferenceservice.traffic.api import Routing, SessionAffinity
+from ..kinds.inferenceservice.traffic.api import FlowControl, InferencePool, Routing, SessionAffinity
 from ..kinds.trainingjob.api import (
     CheckpointSpec,
     CheckpointStatus,
@@ -147,6 +148,7 @@ __all__ = [
     "FeatureViewStatus",
     "Finetune",
     "FinetuneBaseModel",
+    "FlowControl",
     "FromTrainingJob",
     "FsdpOptions",
     "GraphNode",
@@ -155,6 +157,7 @@ __all__ = [
     "InferenceGraph",
     "InferenceGraphSpec",
     "InferenceGraphStatus",
+    "InferencePool",
     "InferenceService",
     "InferenceServiceSpec",
     "InferenceServiceStatus",
@@ -169,6 +172,7 @@ __all__ = [
     "NodeStatus",
     "OfflineStore",
     "OnlineStore",
+    "Parallelism",
     "Progress",
     "QueueEviction",
     "QueueStatus",
