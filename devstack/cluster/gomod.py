@@ -48,3 +48,17 @@ def copy_out(source: Path, names: tuple[str, ...], final: Path) -> Path:
     shutil.rmtree(final, ignore_errors=True)
     staging.rename(final)
     return final
+
+
+def copy_tree_out(source: Path, final: Path) -> Path:
+    """Copy a module's folder `source` (a Helm chart) to `final`, replaced whole and never left half-written (staged
+    beside it, then renamed), with the write bits the read-only module cache does not give."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.parent.name}-", dir=final.parent))
+    shutil.copytree(source, staging / "tree")
+    for path in [staging, *staging.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    shutil.rmtree(final, ignore_errors=True)
+    (staging / "tree").rename(final)
+    shutil.rmtree(staging, ignore_errors=True)
+    return final

@@ -24,16 +24,14 @@ How it runs here, and why:
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from loom.devstack.cluster.gomod import module_dir
+from loom.devstack.cluster.gomod import copy_tree_out, module_dir
 from loom.devstack.cluster.handle import Cluster
 from loom.devstack.cluster.paths import STACK_DIR, cache_root
 from loom.devstack.cluster.webhook_certs import sync_from_secret
@@ -67,16 +65,7 @@ def fetch_chart(progress: Progress = print) -> Path:
     """Copy Kueue's Helm chart out of its Go module (the module build.py compiles; in Go's module cache) once."""
     if (chart_dir() / "Chart.yaml").is_file():
         return chart_dir()
-    source = module_dir(KUEUE_MODULE, KUEUE_VERSION)
-    final = chart_dir()
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".kueue-chart-", dir=final.parent))
-    shutil.copytree(source / "charts" / "kueue", staging / "chart")
-    for path in [staging, *staging.rglob("*")]:  # the module cache is read-only; the copies need not be
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    shutil.rmtree(final, ignore_errors=True)
-    (staging / "chart").rename(final)
-    shutil.rmtree(staging, ignore_errors=True)
+    final = copy_tree_out(module_dir(KUEUE_MODULE, KUEUE_VERSION) / "charts" / "kueue", chart_dir())
     progress(f"kueue: chart of {KUEUE_MODULE} {KUEUE_VERSION} -> {final}")
     return final
 

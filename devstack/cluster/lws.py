@@ -21,16 +21,14 @@ How it runs here, and why (as Kueue does, kueue.py):
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from loom.devstack.cluster.gomod import module_dir
+from loom.devstack.cluster.gomod import copy_tree_out, module_dir
 from loom.devstack.cluster.handle import Cluster
 from loom.devstack.cluster.paths import STACK_DIR, cache_root
 from loom.devstack.cluster.webhook_certs import sync_from_secret
@@ -57,16 +55,7 @@ def fetch_chart(progress: Progress = print) -> Path:
     """Copy LWS's Helm chart out of its Go module (the module build.py compiles; in Go's module cache) once."""
     if (chart_dir() / "Chart.yaml").is_file():
         return chart_dir()
-    source = module_dir(LWS_MODULE, LWS_VERSION)
-    final = chart_dir()
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".lws-chart-", dir=final.parent))
-    shutil.copytree(source / "charts" / "lws", staging / "chart")
-    for path in [staging, *staging.rglob("*")]:  # the module cache is read-only; the copies need not be
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    shutil.rmtree(final, ignore_errors=True)
-    (staging / "chart").rename(final)
-    shutil.rmtree(staging, ignore_errors=True)
+    final = copy_tree_out(module_dir(LWS_MODULE, LWS_VERSION) / "charts" / "lws", chart_dir())
     progress(f"lws: chart of {LWS_MODULE} {LWS_VERSION} -> {final}")
     return final
 
