@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import httpx
@@ -361,35 +362,33 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
 
 
 def _start_kueue(cluster: Cluster, ports: Ports, progress: Progress) -> None:
-    """Kueue's objects, then its process, then its certificate where its webhook server reads it (kueue.py)."""
-    cluster_ip = kueue.install(cluster, progress)
-    _add_host_services(kueue.host_services(cluster_ip, ports.kueue_webhook))
-    kueue.write_config(ports.kueue_webhook, ports.kueue_health)
-    component = kueue_component(cluster.bin_dir, KUBECONFIG, kueue.CONFIG_FILE)
-    _ensure_running(component, progress)
-    kueue.sync_certificates(cluster)
-    _wait("Kueue (certificates, webhooks)", component.name, lambda: _kueue_ready(ports), timeout=START_TIMEOUT)
-    progress("kueue: ready")
-
-
-def _kueue_ready(ports: Ports) -> bool:
-    return httpx.get(f"http://127.0.0.1:{ports.kueue_health}/readyz", timeout=5).status_code == 200
+    _start_webhook_controller(
+        "Kueue", kueue, kueue_component, ports.kueue_webhook, ports.kueue_health, cluster, progress
+    )
 
 
 def _start_lws(cluster: Cluster, ports: Ports, progress: Progress) -> None:
-    """LeaderWorkerSet's objects, its process, its certificate where its webhook server reads it (lws.py)."""
-    cluster_ip = lws.install(cluster, progress)
-    _add_host_services(lws.host_services(cluster_ip, ports.lws_webhook))
-    lws.write_config(ports.lws_webhook, ports.lws_health)
-    component = lws_component(cluster.bin_dir, KUBECONFIG, lws.CONFIG_FILE)
+    _start_webhook_controller("LWS", lws, lws_component, ports.lws_webhook, ports.lws_health, cluster, progress)
+
+
+def _start_webhook_controller(
+    label: str, module: ModuleType, component_for: Callable[..., Any], webhook_port: int, health_port: int,
+    cluster: Cluster, progress: Progress,
+) -> None:
+    """A controller run as a host process with a webhook server (Kueue: kueue.py, LeaderWorkerSet: lws.py): its
+    objects, its process, then its certificate where its webhook server reads it; ready when its /readyz says so."""
+    cluster_ip = module.install(cluster, progress)
+    _add_host_services(module.host_services(cluster_ip, webhook_port))
+    module.write_config(webhook_port, health_port)
+    component = component_for(cluster.bin_dir, KUBECONFIG, module.CONFIG_FILE)
     _ensure_running(component, progress)
-    lws.sync_certificates(cluster)
-    _wait("LWS (certificates, webhooks)", component.name, lambda: _lws_ready(ports), timeout=START_TIMEOUT)
-    progress("lws: ready")
+    module.sync_certificates(cluster)
 
+    def ready() -> bool:
+        return httpx.get(f"http://127.0.0.1:{health_port}/readyz", timeout=5).status_code == 200
 
-def _lws_ready(ports: Ports) -> bool:
-    return httpx.get(f"http://127.0.0.1:{ports.lws_health}/readyz", timeout=5).status_code == 200
+    _wait(f"{label} (certificates, webhooks)", component.name, ready, timeout=START_TIMEOUT)
+    progress(f"{label.lower()}: ready")
 
 
 def _add_host_services(entries: dict[str, Any]) -> None:
