@@ -18,17 +18,15 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 from loom.devstack.servers import free_port
+from loom.workloads.server.testing import running
 
 DESTINATION = "x-gateway-destination-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"
@@ -124,27 +122,9 @@ def running_envoy(config: dict[str, Any], folder: Path, timeout_s: float = 60.0)
     # LOOM_ENVOY_LOG_LEVEL=debug shows each ext_proc message and the original-destination choice.
     level = os.environ.get("LOOM_ENVOY_LOG_LEVEL", "warning")
     argv = [envoy_binary(), "-c", str(path), "--log-level", level, "--base-id", str(listener), "--disable-hot-restart"]
-    with open(log, "wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"envoy exited with {process.returncode}:\n{log.read_text()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{admin}/ready", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"envoy not live within {timeout_s}s:\n{log.read_text()}")
-            time.sleep(0.1)
-        yield f"http://127.0.0.1:{listener}"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    url = f"http://127.0.0.1:{listener}"
+    with running(argv, url, log, timeout_s=timeout_s, ready_url=f"http://127.0.0.1:{admin}/ready"):
+        yield url
 
 
 @contextlib.contextmanager

@@ -4,14 +4,12 @@ vLLM embedding engine."""
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from loom.workloads.features.config import FeaturesConfig
+from loom.workloads.server.testing import running
 
 
 def driver_view(source: str, ttl_seconds: int = 7200, **overrides: Any) -> dict[str, Any]:
@@ -58,32 +56,11 @@ def embedding_engine(
     """vLLM's OpenAI server serving the model in ``model_dir`` as an embedding model (the pooling runner, a causal
     LM converted with ``--convert embed``: last-token pooling, normalized) under each of ``names``; yields its URL
     once ``/health`` answers, and stops it afterwards."""
-    import httpx
-
     argv = [
         python, "-m", "vllm.entrypoints.openai.api_server", f"--model={model_dir}",
         "--served-model-name", *names, "--runner=pooling", "--convert=embed", "--dtype=float32", "--enforce-eager",
         "--max-model-len=256", "--host=127.0.0.1", f"--port={port}", "--distributed-executor-backend=uni",
     ]
     url = f"http://127.0.0.1:{port}"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **_ENGINE_ENV})
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"the embedding engine exited with {process.returncode}:\n{log.read_text()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the embedding engine is not ready after {timeout_s:.0f}s:\n{log.read_text()}")
-            time.sleep(0.5)
+    with running(argv, url, log, env=_ENGINE_ENV, timeout_s=timeout_s, ready_url=f"{url}/health"):
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()

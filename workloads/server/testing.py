@@ -28,8 +28,11 @@ def running(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     timeout_s: float = 180.0,
+    ready_url: str | None = None,
 ) -> Iterator[str]:
-    """Start ``argv``, yield ``url`` once its /v2/health/ready answers 200, stop it afterwards."""
+    """Start ``argv``, yield ``url`` once ``ready_url`` (default: its /v2/health/ready) answers 200, stop it
+    afterwards."""
+    ready_url = ready_url or f"{url}/v2/health/ready"
     with open(log, "wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=child_env(env), cwd=cwd)
     try:
@@ -38,7 +41,7 @@ def running(
             if process.poll() is not None:
                 raise RuntimeError(f"server exited with {process.returncode}:\n{log.read_text()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
+                if httpx.get(ready_url, timeout=2).status_code == 200:
                     break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"server not ready after {timeout_s:.0f}s:\n{log.read_text()}")
