@@ -39,10 +39,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _upstream(gate: asyncio.Event) -> Starlette:
-    """A model answering infer once `gate` is set."""
+def _upstream(arrived: asyncio.Event, gate: asyncio.Event) -> Starlette:
+    """A model that sets `arrived` when an infer reaches it and answers once `gate` is set."""
 
     async def infer(request: Request) -> Response:
+        arrived.set()
         await gate.wait()
         return JSONResponse({"model_name": "m", "outputs": [{"name": "y", "shape": [1], "datatype": "FP32",
                                                              "data": [2.0]}]})  # fmt: skip
@@ -60,9 +61,11 @@ async def _until_ready(client: httpx.AsyncClient, path: str) -> None:
 
 
 async def test_sigterm_drains_then_finishes_the_request_in_flight() -> None:
-    gate = asyncio.Event()
+    arrived, gate = asyncio.Event(), asyncio.Event()
     up_port, port = _free_port(), _free_port()
-    upstream = uvicorn.Server(uvicorn.Config(_upstream(gate), host="127.0.0.1", port=up_port, log_level="warning"))
+    upstream = uvicorn.Server(
+        uvicorn.Config(_upstream(arrived, gate), host="127.0.0.1", port=up_port, log_level="warning")
+    )
     upstream_task = asyncio.create_task(upstream.serve())
     config = RouterConfig.model_validate({
         "graphName": "g", "host": "127.0.0.1", "port": port,
@@ -84,7 +87,9 @@ async def test_sigterm_drains_then_finishes_the_request_in_flight() -> None:
             await _until_ready(client, f"http://127.0.0.1:{up_port}/v2/models/m/infer")
             assert (await client.get("/v2/health/ready")).status_code == 200
             in_flight = asyncio.create_task(other.post("/v2/models/g/infer", json=INFER))
-            await asyncio.sleep(0.2)  # the request reaches the gated upstream (a wrong guess only weakens the test)
+            # Wait until the request is really in flight (through the router, at the upstream): a fixed sleep lost
+            # the race under load, and the request then met the closing listener (httpx.ReadError).
+            await asyncio.wait_for(arrived.wait(), 30)
 
             server.handle_exit(signal.SIGTERM, None)
             ready = await client.get("/v2/health/ready")
