@@ -68,6 +68,22 @@ class KvEventsConfig(CamelModel):
                                    "is used this long while its set is rebuilt.")
 
 
+LabelName = Annotated[str, Field(pattern=r"^([a-z0-9.-]+/)?[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$", max_length=316)]
+PREFILL_ROLE = "prefill"
+DECODE_ROLE = "decode"
+
+
+class DisaggregationConfig(CamelModel):
+    """Prefill/decode disaggregation (disaggregation.py): each generation request is prefilled on a `prefill` pod
+    (its engine stores the prompt's KV through the KV connector), then served by a `decode` pod of the same KV
+    version (its engine loads that KV instead of computing it). Pods are told apart by two labels the operator sets."""
+
+    role_label: LabelName = Field("loom.dev/role", description=f"Pod label: {PREFILL_ROLE!r} or {DECODE_ROLE!r}.")
+    version_label: LabelName = Field("loom.dev/kv-version", description="Pod label equal on a prefill and a decode "
+                                     "pod whose KV caches are interchangeable (same model, same engine config): "
+                                     "never paired across values, so a rollout never mixes versions.")
+
+
 class PickerConfig(WorkloadConfig):
     """Everything the picker needs to route one InferenceService's requests over its replicas."""
 
@@ -104,6 +120,8 @@ class PickerConfig(WorkloadConfig):
     retry_after_seconds: int = Field(1, ge=1, le=3600)
     flow_control: FlowControlConfig | None = Field(None, description="None: every request is routed at once.")
     kv_events: KvEventsConfig | None = Field(None, description="None: prefixes are estimated from what was sent.")
+    disaggregation: DisaggregationConfig | None = Field(None, description="None: every replica serves whole "
+                                                        "requests.")
     log_level: str = "info"
 
     def selector_string(self) -> str:
