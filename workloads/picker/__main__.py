@@ -32,8 +32,18 @@ def load_config(path: str | None) -> PickerConfig:
     return PickerConfig.from_file_or_env(path, ENV_VAR)
 
 
+def fixed_pods(endpoints: list[str], roles: list[str] | None) -> dict[str, Pod]:
+    """The fixed replicas' pods; `roles`: each one's `role[:kv-version]` (disaggregation), in the same order and
+    as many (main checks)."""
+    pods = {}
+    for i, endpoint in enumerate(endpoints):
+        role, _, version = roles[i].partition(":") if roles else ("", "", "")
+        pods[endpoint] = Pod(f"replica-{i}", "stable", role or None, version or None)
+    return pods
+
+
 async def serve(config: PickerConfig, endpoints: list[str] | None = None,
-                kv_addresses: list[str] | None = None) -> None:
+                kv_addresses: list[str] | None = None, roles: list[str] | None = None) -> None:
     loop = asyncio.get_running_loop()
     state = PickerState(config, PickerMetrics(f"{config.namespace}/{config.service}"))
     watch: ReplicaWatch | None = None
@@ -41,9 +51,10 @@ async def serve(config: PickerConfig, endpoints: list[str] | None = None,
         watch = ReplicaWatch(config, api_client(),
                              lambda pods: loop.call_soon_threadsafe(state.set_replicas, pods))
         watch.track_label = config.track_label
+        watch.disaggregation = config.disaggregation
         ready = watch.synced.is_set
     else:
-        state.set_replicas({e: Pod(f"replica-{i}", "stable") for i, e in enumerate(endpoints)})
+        state.set_replicas(fixed_pods(endpoints, roles))
 
         def ready() -> bool:
             return True
@@ -90,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--endpoints", help="ip:port,... of fixed replicas instead of watching pods")
     parser.add_argument("--kv-events", help="tcp://ip:port,... each fixed replica's KV-event publisher, in the "
                         "order of --endpoints (default: the replica's address and kvEvents.port)")
+    parser.add_argument("--roles", help="role[:kv-version],... each fixed replica's prefill or decode role and "
+                        "kv-version (disaggregation), in the order of --endpoints")
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
@@ -100,7 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger().setLevel(config.log_level.upper())
     endpoints = [e for e in args.endpoints.split(",") if e] if args.endpoints else None
     kv_addresses = [a for a in args.kv_events.split(",") if a] if args.kv_events else None
-    asyncio.run(serve(config, endpoints, kv_addresses))
+    roles = args.roles.split(",") if args.roles else None
+    if endpoints is not None and roles is not None and len(roles) != len(endpoints):
+        log.error("--roles names %d replicas, --endpoints %d", len(roles), len(endpoints))
+        return 2
+    asyncio.run(serve(config, endpoints, kv_addresses, roles))
     return 0
 
 

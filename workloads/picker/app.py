@@ -7,7 +7,8 @@ API keys, request and token budgets as it does without a picker. Answers of its 
 503 + Retry-After `{"code": "picker_no_replica"}` when no replica can take the request within the wait bound,
 413 for a body over the cap, 502 when the replica broke off before answering. A replica that refuses the
 connection (going away) got nothing: the request goes to another one. The admin app (its own port) serves
-/healthz and /metrics.
+/healthz and /metrics. A disaggregated service's generation request is first prefilled on a prefill replica of the
+decode replica's kv-version (prefill_hop.py), then forwarded to the decode replica.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from loom.workloads.activator.proxy import Unreachable, Upstream, raw_response_h
 
 from .config import PickerConfig
 from .decide import Decider, PickRequest, Refused
+from .prefill_hop import PrefillHop
 from .state import PickerState
 
 log = logging.getLogger("loom.workloads.picker")
@@ -42,6 +44,8 @@ def build_app(config: PickerConfig, state: PickerState, upstream: Upstream,
     replica)."""
     decider = decider or Decider(state, wait_s=no_replica_wait_s)
     metrics = state.metrics
+    disaggregation = config.disaggregation
+    prefill = PrefillHop(state, upstream, disaggregation.prefill_timeout_seconds) if disaggregation else None
 
     async def forward(request: Request) -> Response:
         body = await read_body(request, config.max_body_bytes, metrics.outcome, "picker_too_large")
@@ -50,12 +54,20 @@ def build_app(config: PickerConfig, state: PickerState, upstream: Upstream,
         headers = request_headers(request.headers.items(), request.client.host if request.client else None)
         path = _path(request)
         tried: frozenset[str] = frozenset()
+        prefilled = prefill is None
         while True:
             outcome = await decider.decide(PickRequest(request.url.path, body, request.headers, exclude=tried))
             if isinstance(outcome, Refused):
                 retry = {"Retry-After": str(outcome.retry_after_s)} if outcome.retry_after_s is not None else {}
                 return _error(outcome.status, outcome.message, outcome.code, retry)
             endpoint = outcome.endpoint
+            if prefill is not None and not prefilled:  # once: a retry's decode replica loads it or prefills
+                prefilled = True
+                try:
+                    await prefill.before_decode(request.url.path, path, body, headers, request.headers, endpoint)
+                except BaseException:
+                    decider.finished(outcome)  # the client left during the prefill hop
+                    raise
             try:
                 response = await upstream.send(endpoint, request.method, path, headers, body)
             except Unreachable as exc:

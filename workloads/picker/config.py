@@ -83,6 +83,8 @@ class DisaggregationConfig(CamelModel):
                                      "pod whose KV caches are interchangeable (same model, same engine config): "
                                      "never paired across values, so a rollout never mixes versions.")
 
+    prefill_timeout_seconds: float = Field(120.0, gt=0, le=3600, description="A prefill hop not answered by then "
+                                           "is given up: the decode replica prefills by itself.")
 
 class PickerConfig(WorkloadConfig):
     """Everything the picker needs to route one InferenceService's requests over its replicas."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .disaggregation import serving_endpoints
 from .flow import Ticket
 from .gate import FlowGate, Shed
 from .state import Pick, PickerState
@@ -105,7 +106,7 @@ class Decider:
         waited = False
         while True:
             pick = state.pick(request.path, request.body, request.headers, exclude=request.exclude,
-                              only=request.subset, fallbacks=self.fallbacks)
+                              only=self._candidates(request.subset), fallbacks=self.fallbacks)
             if pick is not None:
                 state.sent(pick)
                 return Routed(pick, ticket)
@@ -115,6 +116,14 @@ class Decider:
                     continue
             state.metrics.outcome("no_replica")
             return Refused(503, NO_REPLICA, "no replica can take the request", state.config.retry_after_seconds)
+
+    def _candidates(self, subset: frozenset[str] | None) -> frozenset[str] | None:
+        """With disaggregation, a client's request goes to a decode replica (the prefill hop is the HTTP edge's:
+        prefill_hop.py); a prefill replica never takes one whole."""
+        if self.state.config.disaggregation is None:
+            return subset
+        serving = serving_endpoints(self.state.pods)
+        return serving if subset is None else subset & serving
 
     def served(self, routed: Routed, endpoint: str) -> None:
         """The gateway reports the replica that served the request (one of `routed.endpoints`)."""

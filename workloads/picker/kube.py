@@ -15,21 +15,28 @@ from typing import Any
 from loom.workloads.activator.kube import PodWatch
 from loom.workloads.activator.targets import ready_endpoints
 
+from .config import DisaggregationConfig
 from .state import Pod
 
 
-def ready_replicas(pods: Iterable[Mapping[str, Any]], port: int, track_label: str) -> dict[str, Pod]:
-    """endpoint -> Pod for every Ready pod with an IP that is not terminating (pure)."""
+def ready_replicas(pods: Iterable[Mapping[str, Any]], port: int, track_label: str,
+                   disaggregation: DisaggregationConfig | None = None) -> dict[str, Pod]:
+    """endpoint -> Pod for every Ready pod with an IP that is not terminating (pure); with `disaggregation`, each
+    with its role and kv-version labels."""
     out: dict[str, Pod] = {}
     for pod in pods:
         for endpoint in ready_endpoints([pod], port):
             meta = pod.get("metadata") or {}
-            out[endpoint] = Pod(meta.get("name", endpoint), (meta.get("labels") or {}).get(track_label, "stable"))
+            labels = meta.get("labels") or {}
+            role = labels.get(disaggregation.role_label) if disaggregation else None
+            version = labels.get(disaggregation.version_label) if disaggregation else None
+            out[endpoint] = Pod(meta.get("name", endpoint), labels.get(track_label, "stable"), role, version)
     return out
 
 
 class ReplicaWatch(PodWatch):
     track_label = "loom.dev/track"
+    disaggregation: DisaggregationConfig | None = None
 
     def _push(self, pods: dict[str, Any]) -> None:
-        self._publish(ready_replicas(pods.values(), self.config.target_port, self.track_label))
+        self._publish(ready_replicas(pods.values(), self.config.target_port, self.track_label, self.disaggregation))

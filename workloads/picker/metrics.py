@@ -41,6 +41,11 @@ class PickerMetrics:
         self.chars_per_token = Gauge("loom_picker_chars_per_token", "Characters of prompt text per model token that "
                                      "cut prompts into the engine's blocks (learned from vllm:prompt_tokens_total "
                                      "unless fixed).", ["service"], registry=self.registry)
+        self.disaggregation = Counter("loom_picker_disaggregation", "Generation requests of a disaggregated "
+                                      "service by path: prefill+decode (prefilled on a prefill replica, then "
+                                      "decoded), decode-only (the decode replica prefilled by itself), and why "
+                                      "(prefilled, no_prefill_replica, prefill_failed).",
+                                      ["service", "path", "reason"], registry=self.registry)
         for reason in REASONS:  # label sets exist from the start, so a dashboard sees 0 rather than nothing
             self.decisions.labels(service, reason)
 

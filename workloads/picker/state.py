@@ -36,6 +36,8 @@ MAX_SESSIONS = 100_000
 class Pod:
     name: str
     track: str
+    role: str | None = None  # prefill or decode, with disaggregation (disaggregation.py); None: whole requests
+    kv_version: str | None = None  # a prefill and a decode pod pair only on equal values
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ class PickerState:
         metrics.chars_per_token.labels(metrics.service).set(self.chars_per_token.value)
         self.indexes = BlockIndexes(DEFAULT_CAPACITY_BLOCKS, self._block_chars())
         self.sessions: OrderedDict[str, str] = OrderedDict()
-        self._turn = itertools.count()
+        self._turns: dict[str, itertools.count[int]] = {}  # per pool: prefill picks do not skew decode turns
         self._draw = draw
         self._available = asyncio.Event()
         self.on_replicas: list[Callable[[int], None]] = []
@@ -109,8 +111,12 @@ class PickerState:
                 load.prefix_hits / load.prefix_queries)
         self._export_replicas()
 
+    def overloaded(self) -> frozenset[str]:
+        """The replicas whose last reading (or the requests in flight) says overloaded."""
+        return frozenset(r.endpoint for r in self._replicas() if overloaded(r, self.limits))
+
     def _export_replicas(self) -> None:
-        busy = {r.endpoint for r in self._replicas() if overloaded(r, self.limits)}
+        busy = self.overloaded()
         self.metrics.replicas.labels(self.metrics.service, "ready").set(len(self.pods))
         self.metrics.replicas.labels(self.metrics.service, "overloaded").set(len(busy))
         for endpoint, pod in self.pods.items():
@@ -130,10 +136,11 @@ class PickerState:
 
     def pick(self, path: str, body: bytes, headers: Mapping[str, str],
              exclude: frozenset[str] = frozenset(), only: frozenset[str] | None = None,
-             fallbacks: int = 0) -> Pick | None:
+             fallbacks: int = 0, pool: str = "serve") -> Pick | None:
         """The replica for a request, among the ready ones not in `exclude` and (unless None) in `only`, and up to
         `fallbacks` more in the order the policy would take them were the first ones gone. `headers`: names in
-        lower case (or a case-insensitive mapping)."""
+        lower case (or a case-insensitive mapping). `pool`: whose turns a round robin takes (disaggregation's
+        prefill picks have their own)."""
         started = time.perf_counter()
         request = _json_object(body)
         text = self._prompt(path, request) if self.config.policy == "prefix-cache" else None
@@ -144,7 +151,7 @@ class PickerState:
         shares = self.indexes.shares(chains, [r.endpoint for r in replicas])
         if self.precise is not None and text and request is not None:
             shares = self.precise.shares(path, request, shares, [r.endpoint for r in replicas], adapter)
-        turn, draw = next(self._turn), self._draw()
+        turn, draw = next(self._turns.setdefault(pool, itertools.count())), self._draw()
         holders = self.adapters.holders(adapter) if adapter else frozenset()
         decision = choose(self.config.policy, replicas, shares, self.limits, turn=turn, draw=draw,
                           session=self.sessions.get(session) if session else None, holders=holders)

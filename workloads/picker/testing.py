@@ -19,15 +19,18 @@ from .state import PickerState
 
 @contextlib.contextmanager
 def picker_process(config: PickerConfig, endpoints: Sequence[str], folder: Path,
-                   kv_events: Sequence[str] = ()) -> Iterator[str]:
+                   kv_events: Sequence[str] = (), roles: Sequence[str] = ()) -> Iterator[str]:
     """``python -m loom.workloads.picker --endpoints ...`` on ``config`` (its log: ``folder/picker-<port>.log``);
     yields its URL once a replica answers its readiness through it. `kv_events`: each replica's KV-event
-    publisher (tcp://host:port), in the order of `endpoints`."""
+    publisher (tcp://host:port), in the order of `endpoints`; `roles`: each replica's `role[:kv-version]`
+    (disaggregation), in the same order."""
     path = folder / f"picker-{config.port}.json"
     path.write_text(config.to_json())
     argv = [sys.executable, "-m", "loom.workloads.picker", "--config", str(path), "--endpoints", ",".join(endpoints)]
     if kv_events:
         argv += ["--kv-events", ",".join(kv_events)]
+    if roles:
+        argv += ["--roles", ",".join(roles)]
     with running(argv, f"http://{config.host}:{config.port}", folder / f"picker-{config.port}.log") as url:
         yield url
 
