@@ -123,6 +123,10 @@ RESOURCES: dict[tuple[str, str], Resource] = {
 # is skipped. Other kinds always go to the API server.
 CACHED_CHILDREN: tuple[tuple[str, str], ...] = (
     ("apps/v1", "Deployment"), ("v1", "Service"), ("v1", "ConfigMap"), ("batch/v1", "Job"),
+    # A multi-pod replica's group (inferenceservice/llm/multinode.py). Where LeaderWorkerSet is not installed, Kopf
+    # watches nothing for it and a GET's 404 is kept like any other absence (a one-pod service's canary track asks
+    # for its `<track>-group` on every pass).
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"),
 )
 CACHED_OBJECTS: tuple[tuple[str, str], ...] = tuple(
     (api_version, kind) for api_version, kind in RESOURCES if api_version == "loom.dev/v1alpha1"
@@ -131,7 +135,8 @@ CACHED_OBJECTS: tuple[tuple[str, str], ...] = tuple(
 # delivers whole (Loom's own) or whose names only Loom gives. Not Services or ConfigMaps: one of someone else's, not
 # labelled as Loom's and so never in the watch, may take the name, and passes look for exactly that.
 KNOWN_ABSENT: frozenset[tuple[str, str]] = frozenset(
-    {*CACHED_OBJECTS, ("apps/v1", "Deployment"), ("batch/v1", "Job")}
+    {*CACHED_OBJECTS, ("apps/v1", "Deployment"), ("batch/v1", "Job"),
+     ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")}
 )
 WATCHED = WatchCache()
 

@@ -297,8 +297,9 @@ def child_handlers(runner: Runner, kind_label: str, *resources: tuple[str, str, 
 
 
 def watch_objects() -> None:
-    """Keep the kube layer's watch cache current (core/watch_cache.py): Loom's own objects, and every Deployment,
-    Service, ConfigMap and Job labelled as Loom's, as the watch delivers them. Registered once, for every kind
+    """Keep the kube layer's watch cache current (core/watch_cache.py): Loom's own objects, and every child of a
+    kind in CACHED_CHILDREN (Deployment, Service, ConfigMap, Job, LeaderWorkerSet) labelled as Loom's, as the watch
+    delivers them. Registered once, for every kind
     (controllers.register); Kopf shares each resource's watch stream between its handlers."""
 
     async def seen(event: Mapping[str, Any], **_: Any) -> None:

@@ -221,27 +221,16 @@ async def reconcile(
     await run(ServiceReconciler(settings, pods, later), namespace, name)
 
 
-# Tracks known to have no LeaderWorkerSet. Only this operator makes a track's `<track>-group` (_apply_track), so once
-# a GET found none, none appears until a pass of this process applies one; without this, every pass of every
-# one-pod service asked the API server for its absent canary's group (LeaderWorkerSets are not in the watch cache:
-# e2e/tests/test_operator_steady_state.py counted 102 such GETs in a quiet minute). A new process starts empty.
-_NO_GROUP_SET: set[tuple[str, str]] = set()
-
-
 async def _read_track(namespace: str, name: str, grouped: bool) -> Manifest | None:
     """A track's workload: its Deployment, or with multi-pod replicas its LeaderWorkerSet in a Deployment's words
     (llm/multinode.py); the other kind when the spec's is absent (the track runs as before until it is replaced)."""
     lws = (multinode.LWS_API_VERSION, multinode.LWS_KIND)
     for api_version, kind in (lws, ("apps/v1", "Deployment")) if grouped else (("apps/v1", "Deployment"), lws):
-        if kind == multinode.LWS_KIND and not grouped and (namespace, name) in _NO_GROUP_SET:
-            continue
         found = await kube.get(
             api_version, kind, namespace, multinode.group_set_name(name) if kind == multinode.LWS_KIND else name
         )
         if found is not None:
             return multinode.deployment_view(found) if kind == multinode.LWS_KIND else found
-        if kind == multinode.LWS_KIND:
-            _NO_GROUP_SET.add((namespace, name))
     return None
 
 
@@ -266,7 +255,6 @@ async def _apply_track(
     await kube.apply(config_map)  # before the Deployment: new pods must find their config
     previous = seen.stable if track == "stable" else seen.canary
     if multinode.grouped(p.spec):
-        _NO_GROUP_SET.discard((p.ctx.namespace, deployment["metadata"]["name"]))
         applied = multinode.deployment_view(
             await kube.apply(multinode.leader_worker_set(deployment, p.spec, f"{CONFIG_DIR}/{LLM_CONFIG_FILE}"))
         )
