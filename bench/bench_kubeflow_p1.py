@@ -53,7 +53,7 @@ import yaml
 from kubernetes import client, watch
 
 from loom.devstack.cluster import StackConfig, current, procs, up
-from loom.devstack.cluster.build import build_bench
+from loom.devstack.cluster.build import build_bench_binary
 from loom.devstack.cluster.gomod import module_dir
 from loom.devstack.cluster.handle import Cluster
 from loom.devstack.cluster.nodes import kwok_placement
@@ -222,7 +222,7 @@ def install_kubeflow(cluster: Cluster) -> Path:
     cluster.kubectl("apply", "--server-side", "-f", str(source / "manifests/base/crds/kubeflow.org_pytorchjobs.yaml"))
     cluster.kubectl("create", "namespace", "kubeflow", check=False)
     cluster.kubectl("create", "secret", "generic", "training-operator-webhook-cert", "-n", "kubeflow", check=False)
-    return build_bench() / "training-operator.v1"
+    return build_bench_binary("training-operator.v1")
 
 
 @contextmanager

@@ -141,9 +141,14 @@ NODE_MODULES: tuple[GoModule, ...] = (
 )
 
 
-# Built only by the benchmarks that run other operators beside Loom's (bench/bench_kubeflow_p1.py): Kubeflow's
-# training-operator, at the version those figures name. Never part of `make test` or the stack's digest.
-BENCH_MODULES: tuple[GoModule, ...] = (GoModule("kubeflow", ("training-operator.v1",)),)
+# Built only by the benchmarks that run other projects' programs beside Loom's, each on demand
+# (build_bench_binary), at the versions those figures name: Kubeflow's training-operator (bench/bench_kubeflow_p1.py)
+# and GIE's reference endpoint picker. Never part of `make test` or the stack's digest.
+BENCH_MODULES: tuple[GoModule, ...] = (
+    GoModule("kubeflow", ("training-operator.v1",)),
+    # bench/bench_prefix_routing.py's gie-epp arm (devstack/gie_epp.py runs it).
+    GoModule("gie-epp", ("epp",)),
+)
 
 
 def stack_bin_dir() -> Path:
@@ -282,16 +287,12 @@ def build_node(progress: Progress = print) -> Path:
         return bin_dir
 
 
-def build_bench(progress: Progress = print) -> Path:
-    """Build the benchmarks' other operators not cached yet; return the directory holding them."""
+def build_bench_binary(binary: str, progress: Progress = print) -> Path:
+    """One benchmark's binary (its module built if not cached yet, the other bench modules left alone)."""
+    module = next((m for m in BENCH_MODULES if binary in m.binaries), None)
+    if module is None:
+        raise ValueError(f"no bench module builds {binary!r}: {[m.binaries for m in BENCH_MODULES]}")
     with _build_lock():
-        for module in BENCH_MODULES:
-            if module.is_built():
-                progress(f"{module.name}: cached at {module.bin_dir()}")
-            else:
-                _build_module(module, progress)
-        combined = hashlib.sha256("".join(m.digest() for m in BENCH_MODULES).encode()).hexdigest()[:16]
-        target = cache_root() / f"bench-bin-{combined}"
-        if not all((target / name).exists() for m in BENCH_MODULES for name in m.binaries):
-            _link_bin_dir(target, BENCH_MODULES)
-        return target
+        if not module.is_built():
+            _build_module(module, progress)
+    return module.bin_dir() / binary

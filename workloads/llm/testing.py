@@ -29,11 +29,13 @@ def vllm_python(repo: Path) -> str:
 @contextlib.contextmanager
 def llm_server(config: LlmServerConfig, folder: Path, env: Mapping[str, str] | None = None) -> Iterator[str]:
     """Write ``config`` under ``folder``, start ``python -m loom.workloads.llm`` on it, yield its URL once the
-    engine is ready; stop it (and so the engine) afterwards. The front's log is ``folder/llm.log``."""
+    engine is ready; stop it (and so the engine) afterwards. The front's log is ``folder/llm.log``. The URL's host
+    is ``config.host`` when that is one address (127.0.0.11, say), the loopback for a wildcard."""
     path = folder / "llm.json"
     path.write_text(config.to_json())
     argv = [sys.executable, "-m", "loom.workloads.llm", "--config", str(path), "--drain-seconds=0"]
-    with running(argv, f"http://127.0.0.1:{config.port}", folder / "llm.log", env, timeout_s=START_TIMEOUT_S) as url:
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
+    with running(argv, f"http://{host}:{config.port}", folder / "llm.log", env, timeout_s=START_TIMEOUT_S) as url:
         yield url
 
 
