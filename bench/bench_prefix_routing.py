@@ -119,7 +119,7 @@ def decision_seconds(admin: str) -> tuple[float, float]:
 def check_tokens(model: Path, engine_port: int) -> None:
     """The precise picker's tokens of a chat request against the engine's own (its /tokenize)."""
     messages = [{"role": "system", "content": system_prompt(1, 40)}, {"role": "user", "content": "Question 1?"}]
-    ours = PromptTokenizer(model).tokens("/v1/chat/completions", {"messages": messages})
+    ours = PromptTokenizer.from_folder(model).tokens("/v1/chat/completions", {"messages": messages})
     theirs = httpx.post(f"http://127.0.0.1:{engine_port}/tokenize", json={"model": MODEL, "messages": messages},
                         timeout=60).json()["tokens"]
     print(f"the picker's tokens of a chat request equal the engine's: {ours == theirs} ({len(theirs)} tokens)",

@@ -201,6 +201,12 @@ def _repair_inferenceservice(spec: dict[str, Any], rnd: random.Random) -> None:
     if spec.get("runtime") != "vllm":  # adapters and routing are the vllm runtime's
         spec.pop("adapters", None)
         spec.pop("routing", None)
+    routing = spec.get("routing")
+    if routing is not None and routing.get("prefixMatch") == "events":  # the engines' events need prefix-cache
+        routing["policy"] = "prefix-cache"
+        vllm = spec.get("vllm") or {}
+        if "extraArgs" in vllm:  # and Loom passes the engine its --kv-events-config
+            vllm["extraArgs"] = [a for a in vllm["extraArgs"] if not str(a).startswith("--kv-events-config")]
     if spec.get("autoscaling") is not None:
         _repair_autoscaling(spec["autoscaling"])
 

@@ -70,7 +70,7 @@ def test_the_pickers_tokens_are_the_engines(running: tuple[str, str, int, Path])
     body = chat("what about a refund?")
     engine = httpx.post(f"http://127.0.0.1:{engine_port}/tokenize",
                         json={"model": MODEL, "messages": body["messages"]}, timeout=60).json()["tokens"]
-    assert PromptTokenizer(model).tokens("/v1/chat/completions", body) == engine
+    assert PromptTokenizer.from_folder(model).tokens("/v1/chat/completions", body) == engine
 
 
 def test_the_picker_scores_by_the_engines_events(running: tuple[str, str, int, Path]) -> None:

@@ -116,7 +116,7 @@ def test_precise_shares_from_the_real_tokenizer_with_the_estimate_elsewhere(tmp_
     as the engine's stored blocks are: the replica whose events hold the prompt's blocks scores them; the replica
     without events keeps the estimate it came with."""
     write_llama_folder(tmp_path, LlamaShape())
-    tokenizer = PromptTokenizer(tmp_path)
+    tokenizer = PromptTokenizer.from_folder(tmp_path)
     request = {"messages": [{"role": "system", "content": "You answer questions about invoices. " * 20},
                             {"role": "user", "content": "what about tax?"}]}
     tokens = tokenizer.tokens("/v1/chat/completions", request)
@@ -139,7 +139,7 @@ def test_the_chat_template_renders_as_the_engine_sees_it(tmp_path: Path) -> None
     """The folder's template (ChatML-like, from tokenizer_config.json) with the generation prompt, no special
     tokens added: the tokens decode to exactly the rendered conversation."""
     write_llama_folder(tmp_path, LlamaShape())
-    tokenizer = PromptTokenizer(tmp_path)
+    tokenizer = PromptTokenizer.from_folder(tmp_path)
     tokens = tokenizer.tokens("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi there"}]})
     from tokenizers import Tokenizer
 

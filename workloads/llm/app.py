@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -49,6 +50,8 @@ from .openai_protocol import (
     usage_tokens,
 )
 from .sse_relay import SseRelay, events
+from .tokenizer_files import PATHS as TOKENIZER_PATHS
+from .tokenizer_files import TOKENIZER_PATH, tokenizer_file
 
 log = logging.getLogger(__name__)
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -289,6 +292,14 @@ class LlmRoutes:
         text = await self.engine.metrics_text()
         return Response(self.metrics.exposition(text), media_type=CONTENT_TYPE_LATEST)
 
+    async def tokenizer(self, request: Request) -> Response:
+        """The tokenizer files as the engine uses them, for the endpoint picker (tokenizer_files.py)."""
+        data = await asyncio.to_thread(tokenizer_file, Path(self.config.model_dir), request.path_params["file"],
+                                       self.config.engine.chat_template)
+        if data is None:
+            return error_response(OpenAIError(404, f"the model has no {request.path_params['file']}", "not_found"))
+        return Response(data, media_type="application/json")
+
     def table(self) -> list[Route]:
         routes = [
             Route("/v2/health/live", self.live, methods=["GET"]),
@@ -305,6 +316,8 @@ class LlmRoutes:
             wrapped = self.measured(suffix, handler)
             routes.append(Route(f"/v2/models/{{name}}/{suffix}", wrapped, methods=["POST"]))
             routes.append(Route(f"/v2/models/{{name}}/versions/{{version}}/{suffix}", wrapped, methods=["POST"]))
+        if self.config.engine.kv_events_port is not None:  # the picker's precise prefix routing reads them
+            routes.append(Route(f"{TOKENIZER_PATH}/{{file}}", self.tokenizer, methods=["GET"]))
         return routes
 
 
@@ -364,7 +377,7 @@ def build_app(config: LlmServerConfig, engine: VllmEngine | None = None, drain: 
             await engine.stop()
 
     guard = Middleware(
-        LlmGuard, keys=ApiKeys(config.auth), exempt=(ADAPTERS_PATH,),
+        LlmGuard, keys=ApiKeys(config.auth), exempt=(ADAPTERS_PATH, *TOKENIZER_PATHS),
         requests=per_minute_limiter(limits.requests_per_minute) if limits.requests_per_minute else None,
         tokens=tokens, metrics=metrics,
     )

@@ -9,11 +9,12 @@ environment variable, as for the default runtime (loom.workloads.server.config.A
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from loom.workloads.common.body_limit import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_REQUEST_BODY_TIMEOUT_S
 from loom.workloads.common.config import CamelModel, WorkloadConfig
@@ -35,6 +36,8 @@ MaxLoras = Annotated[int, Field(ge=1, le=256)]
 RequestsPerMinute = Annotated[int, Field(ge=1, le=10_000_000)]
 TokensPerMinute = Annotated[int, Field(ge=1, le=1_000_000_000)]
 MaxTokensLimit = Annotated[int, Field(ge=1, le=1_000_000)]
+Port = Annotated[int, Field(ge=1, le=65_535)]
+KV_EVENTS_FLAG = "--kv-events-config"
 
 
 class EngineOptions(CamelModel):
@@ -64,6 +67,10 @@ class EngineOptions(CamelModel):
         None, description="--max-loras: adapters held by the engine at once (vLLM: 1); beyond it the least recently "
                           "used is unloaded and loaded again from its files when asked for.")
     max_lora_rank: LoraRank | None = Field(None, description="--max-lora-rank: the largest adapter rank (vLLM: 16).")
+    # None when off, as enable_lora: configs rendered before it existed stay byte for byte the same.
+    kv_events_port: Port | None = Field(
+        None, description="Publish the engine's KV-cache events (vllm --kv-events-config, ZMQ) on this port of "
+                          "every interface, for the endpoint picker's precise prefix routing.")
     extra_args: list[str] = Field(
         default_factory=list, max_length=64,
         description="Passthrough: further vllm flags, each '--flag' or '--flag=value' (the front's own "
@@ -78,6 +85,20 @@ class EngineOptions(CamelModel):
             if arg.split("=", 1)[0] in RESERVED_FLAGS:
                 raise ValueError(f"extraArgs may not set {arg.split('=', 1)[0]}: the front sets it")
         return value
+
+    @model_validator(mode="after")
+    def _one_events_config(self) -> EngineOptions:
+        if self.kv_events_port is not None and any(a.split("=", 1)[0] == KV_EVENTS_FLAG for a in self.extra_args):
+            raise ValueError(f"extraArgs may not set {KV_EVENTS_FLAG} when kvEventsPort is set: Loom sets it")
+        return self
+
+
+def kv_events_flag(port: int) -> str:
+    """vLLM's flag publishing KV-cache events over ZMQ on `port`. The endpoint's host is a wildcard on purpose:
+    given a host, vLLM connects its PUB socket to a collector there instead of binding, and the picker, which
+    connects to each replica, would hear nothing. The topic is empty (every subscriber's prefix matches)."""
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}", "topic": ""}
+    return f"{KV_EVENTS_FLAG}={json.dumps(config, separators=(',', ':'))}"
 
 
 def engine_flags(options: EngineOptions, chat_template_file: Path | None = None) -> list[str]:
@@ -105,6 +126,8 @@ def engine_flags(options: EngineOptions, chat_template_file: Path | None = None)
         if chat_template_file is None:
             raise ValueError("a chat template needs a file to be written to")
         flags.append(f"--chat-template={chat_template_file}")
+    if options.kv_events_port is not None:
+        flags.append(kv_events_flag(options.kv_events_port))
     return flags + list(options.extra_args)
 
 

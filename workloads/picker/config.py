@@ -61,7 +61,8 @@ class KvEventsConfig(CamelModel):
 
     port: int = Field(5557, ge=1, le=65535, description="Each replica's ZMQ publisher port.")
     topic: str = Field("", max_length=256, description="The events' topic (vLLM's kv-events-config topic).")
-    tokenizer_dir: str = Field(min_length=1, description="The model's folder: tokenizer.json, tokenizer_config.json.")
+    tokenizer_dir: str | None = Field(None, min_length=1, description="The model's folder (tokenizer.json, "
+                                      "tokenizer_config.json); None: read once from a replica's front.")
     silence_seconds: float = Field(5.0, gt=0, le=3600, description="No event this long after a request was sent to "
                                    "a replica: its events are not trusted (the estimate is used).")
     relearn_seconds: float = Field(30.0, ge=0, le=3600, description="After a gap in a replica's events, the estimate "

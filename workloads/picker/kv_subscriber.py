@@ -69,17 +69,28 @@ def address_for(port: int) -> Callable[[str], str]:
 def start_following(config: PickerConfig, state: PickerState,
                     addresses: Mapping[str, str] | None = None) -> asyncio.Task[None] | None:
     """Precise prefix routing when the config asks for it: the state scores by the engines' events, followed from
-    each replica's address (`addresses`: fixed ones by endpoint, else the pod's address and the events' port)."""
+    each replica's address (`addresses`: fixed ones by endpoint, else the pod's address and the events' port). The
+    tokenizer comes from the config's folder, else from a replica's front (tokenizer_fetch.py); until it is read,
+    state.precise stays None and every request is routed by the estimate."""
     if config.kv_events is None or config.policy != "prefix-cache":
         return None
-    from .precise import PreciseMetrics
-    from .prompt_tokens import PromptTokenizer
-
     events = config.kv_events
-    state.precise = PrecisePrefix(PromptTokenizer(events.tokenizer_dir),
-                                  PreciseMetrics(state.metrics.service, state.metrics.registry),
-                                  silence_s=events.silence_seconds, relearn_s=events.relearn_seconds)
-    by_pod = address_for(events.port)
     fixed = dict(addresses or {})
-    return asyncio.create_task(follow(state.precise, lambda: list(state.pods),
-                                      lambda e: fixed.get(e) or by_pod(e), events.topic, config.poll_interval_s))
+    by_pod = address_for(events.port)
+
+    async def run() -> None:
+        from .precise import PreciseMetrics
+        from .prompt_tokens import PromptTokenizer
+        from .tokenizer_fetch import tokenizer_from_replicas
+
+        if events.tokenizer_dir is not None:
+            tokenizer = PromptTokenizer.from_folder(events.tokenizer_dir)
+        else:
+            tokenizer = await tokenizer_from_replicas(lambda: list(state.pods), config.poll_interval_s)
+        precise = PrecisePrefix(tokenizer, PreciseMetrics(state.metrics.service, state.metrics.registry),
+                                silence_s=events.silence_seconds, relearn_s=events.relearn_seconds)
+        state.precise = precise
+        await follow(precise, lambda: list(state.pods), lambda e: fixed.get(e) or by_pod(e), events.topic,
+                     config.poll_interval_s)
+
+    return asyncio.create_task(run())

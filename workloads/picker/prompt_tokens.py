@@ -22,14 +22,14 @@ MAX_PROMPT_CHARS = 1_000_000  # longer prompts are not tokenized here (bounds th
 
 
 class PromptTokenizer:
-    def __init__(self, folder: str | Path) -> None:
+    """From the text of `tokenizer.json` and the parsed `tokenizer_config.json` (as a replica's front serves them:
+    workloads/llm/tokenizer_files.py), or from the model's folder (`from_folder`)."""
+
+    def __init__(self, tokenizer_json: str, config: Mapping[str, Any]) -> None:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
         from tokenizers import Tokenizer
 
-        folder = Path(folder)
-        self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        config_file = folder / "tokenizer_config.json"
-        config: dict[str, Any] = json.loads(config_file.read_text()) if config_file.exists() else {}
+        self._tokenizer = Tokenizer.from_str(tokenizer_json)
         self._special = {name: _token_text(config.get(name)) for name in ("bos_token", "eos_token")}
         template = config.get("chat_template")
         if isinstance(template, list):  # named templates: the default one
@@ -37,6 +37,13 @@ class PromptTokenizer:
         environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         environment.globals["raise_exception"] = _raise
         self._template = environment.from_string(template) if isinstance(template, str) else None
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> PromptTokenizer:
+        folder = Path(folder)
+        config_file = folder / "tokenizer_config.json"
+        config: dict[str, Any] = json.loads(config_file.read_text()) if config_file.exists() else {}
+        return cls((folder / "tokenizer.json").read_text(), config)
 
     def tokens(self, path: str, body: Mapping[str, Any]) -> list[int] | None:
         if path.endswith("/chat/completions"):

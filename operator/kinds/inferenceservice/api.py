@@ -101,6 +101,12 @@ class InferenceServiceSpec(ApiModel):
             "llm-* autoscaling metrics need runtime: vllm", field_path=".autoscaling.metric"),
         cel("self.runtime == 'vllm' || !has(self.routing)", "routing needs runtime: vllm", field_path=".routing"),
         cel("self.runtime == 'vllm' || !has(self.adapters)", "adapters need runtime: vllm", field_path=".adapters"),
+        # Loom renders the engine's KV-events flag for the picker (llm/vllm.py): a second one would replace it.
+        cel("!has(self.routing) || !has(self.routing.prefixMatch) || self.routing.prefixMatch != 'events' || "
+            "!has(self.vllm) || !has(self.vllm.extraArgs) || "
+            "!self.vllm.extraArgs.exists(a, a.startsWith('--kv-events-config'))",
+            "routing.prefixMatch events sets --kv-events-config itself: remove it from vllm.extraArgs",
+            field_path=".vllm.extraArgs"),
         # The message names a duplicate. It is built inside map(), from the list's own items: the API server's cost
         # estimate loses the names' maxLength on what filter() returns, and a string added to one is over budget.
         cel("!has(self.adapters) || self.adapters.all(a, self.adapters.exists_one(b, b.name == a.name))",

@@ -25,6 +25,10 @@ from .multinode import parallel_flags
 
 LLM_CONFIG_FILE = "llm.json"
 ENGINE_PORT = 8081
+# Where each replica's engine publishes its KV-cache events with spec.routing.prefixMatch events (the picker's
+# KvEventsConfig default, as vLLM's examples use it).
+KV_EVENTS_PORT = 5557
+KV_EVENTS_PORT_NAME = "kv-events"
 # vLLM loads and (on GPU) compiles before it answers: minutes for a large model. The startup probe allows 20.
 STARTUP_FAILURES = 600
 OPENAI_PATH = "/v1"
@@ -64,6 +68,15 @@ def cpu_kv_cache_bytes(spec: InferenceServiceSpec) -> int | None:
     return CPU_KV_CACHE_DEFAULT
 
 
+def kv_events_port(spec: InferenceServiceSpec) -> int | None:
+    """The port the engines publish KV-cache events on, when the picker routes by them (spec.routing.prefixMatch
+    events with policy prefix-cache); None: no events."""
+    routing = spec.routing
+    if spec.runtime != "vllm" or routing is None or routing.prefix_match != "events":
+        return None
+    return KV_EVENTS_PORT if routing.policy == "prefix-cache" else None
+
+
 def engine_options(spec: InferenceServiceSpec) -> EngineOptions:
     """spec.vllm as the runtime's engine options, with the KV-cache size of a CPU replica (cpu_kv_cache_bytes) and
     the flags of spec.vllm.parallelism."""
@@ -71,6 +84,8 @@ def engine_options(spec: InferenceServiceSpec) -> EngineOptions:
     options = vllm.engine_options(spec.gpus, lora=spec.adapters is not None)
     if parallel := parallel_flags(spec):  # pipeline/data parallel and several pods per replica (multinode.py)
         options = options.model_copy(update={"extra_args": [*options.extra_args, *parallel]})
+    if (events := kv_events_port(spec)) is not None:  # the picker's precise prefix routing follows them
+        options = options.model_copy(update={"kv_events_port": events})
     kv_cache = cpu_kv_cache_bytes(spec)
     return options if kv_cache is None else options.model_copy(update={"kv_cache_memory_bytes": kv_cache})
 
@@ -124,6 +139,8 @@ def apply_vllm_runtime(
         for init in template["spec"].get("initContainers", []):
             init["image"] = image
     container["startupProbe"]["failureThreshold"] = STARTUP_FAILURES
+    if (events := kv_events_port(spec)) is not None:  # the picker connects to it (a ZMQ SUB per replica)
+        container["ports"].append({"name": KV_EVENTS_PORT_NAME, "containerPort": events, "protocol": "TCP"})
     annotations = template["metadata"]["annotations"]
     both = annotations[hash_annotation] + llm_json
     annotations[hash_annotation] = hashlib.sha256(both.encode()).hexdigest()[:16]

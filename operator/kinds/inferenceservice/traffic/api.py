@@ -26,7 +26,7 @@ from loom.workloads.picker.config import (
     Priority,
 )
 
-from ....core.model import ApiModel
+from ....core.model import ApiModel, cel, validations
 
 
 class SessionAffinity(ApiModel):
@@ -71,10 +71,21 @@ class Routing(ApiModel):
     """The endpoint picker in front of the replicas (runtime vllm). Without spec.routing, a vllm service that may
     run more than one replica gets prefix-cache; one replica at most gets no picker."""
 
+    model_config = validations(
+        cel("!has(self.prefixMatch) || self.prefixMatch != 'events' || !has(self.policy) || "
+            "self.policy == 'prefix-cache'", "prefixMatch: events needs policy: prefix-cache",
+            field_path=".prefixMatch"),
+    )  # fmt: skip
+
     policy: Policy = Field(
         "prefix-cache",
         description="prefix-cache: to the replica that probably holds most of the prompt in its prefix cache, "
         "weighed against its load; least-loaded: fewest waiting requests and least KV-cache use; round-robin.")
+    prefix_match: Literal["estimate", "events"] = Field(
+        "estimate", description="How prefix-cache knows what each replica holds. estimate: from the prompts it sent "
+        "there; events: from the engines' own KV-cache events (vLLM publishes them over ZMQ on each replica's port "
+        "5557, which the picker subscribes to), over the prompts' tokens (the picker reads the model's tokenizer "
+        "once from a replica), falling back to the estimate for a replica whose events are missing or lost.")
     session_affinity: SessionAffinity | None = None
     max_waiting_requests: MaxWaiting = Field(
         DEFAULT_MAX_WAITING, description="A replica with this many requests waiting in its engine is overloaded and "

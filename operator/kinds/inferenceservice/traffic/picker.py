@@ -15,10 +15,11 @@ server selector: not counted as a replica, not autoscaled, not in a canary's sha
 
 from __future__ import annotations
 
-from loom.workloads.picker.config import ENV_VAR, FlowControlConfig, PickerConfig, Policy
+from loom.workloads.picker.config import ENV_VAR, FlowControlConfig, KvEventsConfig, PickerConfig, Policy
 
 from ....core.kit import Manifest, match_labels
 from ..api import InferenceServiceSpec
+from ..llm.vllm import kv_events_port
 from ..render import DRAIN_SECONDS, REQUEST_GRACE_SECONDS, SERVER_PORT, TRACK_LABEL, server_selector
 from .proxy import ADMIN_PORT, proxy_name, render_proxy
 
@@ -72,6 +73,9 @@ def picker_config(owner: Manifest, spec: InferenceServiceSpec, policy: Policy) -
            if routing and routing.flow_control else {}),
         # A gateway's Envoy asks it over ext_proc (pool.py renders the InferencePool and the Service to this port).
         ext_proc_port=EXT_PROC_PORT if routing and routing.inference_pool else None,
+        # Precise prefix routing: the engines publish their KV events there (llm/vllm.py renders the flag); the
+        # tokenizer is read from a replica's front (no tokenizerDir: the picker pod has no model files).
+        **({"kv_events": KvEventsConfig(port=events)} if (events := kv_events_port(spec)) is not None else {}),
     )
 
 
