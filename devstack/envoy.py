@@ -25,7 +25,6 @@ from typing import Any
 
 import yaml
 
-from loom.devstack.servers import free_port
 from loom.workloads.server.testing import running
 
 DESTINATION = "x-gateway-destination-endpoint"
@@ -110,10 +109,38 @@ def gateway_config(listen_port: int, admin_port: int, picker: tuple[str, int], *
     }
 
 
+def proxy_config(listen_port: int, admin_port: int, upstream: tuple[str, int], timeout_s: int = 300) -> dict[str, Any]:
+    """A plain HTTP/1.1 byte proxy (pure): one listener, every request to one upstream, no filter but the router (no
+    ext_proc). What a bare gateway puts in the token path; the vllm front's bench measures it as the floor of any
+    extra hop (bench/bench_front.py)."""
+    manager = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
+                 "HttpConnectionManager",
+        "stat_prefix": "proxy",
+        "route_config": {"virtual_hosts": [{"name": "upstream", "domains": ["*"], "routes": [
+            {"match": {"prefix": "/"}, "route": {"cluster": "upstream", "timeout": f"{timeout_s}s"}}]}]},
+        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}],
+    }
+    host, port = upstream
+    return {
+        "admin": {"address": _address("127.0.0.1", admin_port)},
+        "static_resources": {
+            "listeners": [{"name": "proxy", "address": _address("127.0.0.1", listen_port),
+                           "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                                           "typed_config": manager}]}]}],
+            "clusters": [{"name": "upstream", "type": "STATIC", "connect_timeout": "2s",
+                          "load_assignment": {"cluster_name": "upstream", "endpoints": [{"lb_endpoints": [
+                              {"endpoint": {"address": _address(host, port)}}]}]}}],
+        },
+    }
+
+
 @contextlib.contextmanager
-def running_envoy(config: dict[str, Any], folder: Path, timeout_s: float = 60.0) -> Iterator[str]:
+def running_envoy(config: dict[str, Any], folder: Path, timeout_s: float = 60.0,
+                  concurrency: int | None = None) -> Iterator[str]:
     """Run Envoy on `config` (its log: folder/envoy-<listener port>.log); yield the listener's URL once its admin
-    says it is live; stop it afterwards."""
+    says it is live; stop it afterwards. `concurrency`: its worker threads (Envoy's default: one per CPU)."""
     listener = config["static_resources"]["listeners"][0]["address"]["socket_address"]["port_value"]
     admin = config["admin"]["address"]["socket_address"]["port_value"]
     path = folder / f"envoy-{listener}.yaml"
@@ -122,6 +149,8 @@ def running_envoy(config: dict[str, Any], folder: Path, timeout_s: float = 60.0)
     # LOOM_ENVOY_LOG_LEVEL=debug shows each ext_proc message and the original-destination choice.
     level = os.environ.get("LOOM_ENVOY_LOG_LEVEL", "warning")
     argv = [envoy_binary(), "-c", str(path), "--log-level", level, "--base-id", str(listener), "--disable-hot-restart"]
+    if concurrency is not None:
+        argv += ["--concurrency", str(concurrency)]
     url = f"http://127.0.0.1:{listener}"
     with running(argv, url, log, timeout_s=timeout_s, ready_url=f"http://127.0.0.1:{admin}/ready"):
         yield url
@@ -130,6 +159,10 @@ def running_envoy(config: dict[str, Any], folder: Path, timeout_s: float = 60.0)
 @contextlib.contextmanager
 def gateway(picker: tuple[str, int], folder: Path, *, body_mode: BodyMode = "FULL_DUPLEX_STREAMED") -> Iterator[str]:
     """An Envoy on free ports in front of the picker at `picker` (host, gRPC port); yields its URL."""
+    # Here, not at the top: the rest of this module runs in environments without the stack's clients (the vllm
+    # front's bench starts proxy_config's Envoy from the vLLM environment, which has no kubernetes package).
+    from loom.devstack.servers import free_port
+
     config = gateway_config(free_port(), free_port(), picker, body_mode=body_mode)
     with running_envoy(config, folder) as url:
         yield url

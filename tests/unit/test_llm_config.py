@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from loom.workloads.llm.budget import TokenBudget
+from loom.workloads.llm.budget import RequestBudget, TokenBudget
 from loom.workloads.llm.config import EngineOptions, LlmServerConfig, engine_flags
 from loom.workloads.llm.engine import engine_argv, engine_environment
 from loom.workloads.llm.metrics import LlmMetrics, engine_families
@@ -91,6 +91,16 @@ def test_the_token_budget_keeps_its_sum_as_charges_slide_out() -> None:
     budget.charge("a", 1, 119.5)
     assert budget.check("a", 119.5) == pytest.approx(0.5)  # 61: under again when the charge of 60 s slides out
     assert budget.check("a", 120.0) is None
+
+
+def test_the_request_budget_counts_each_request_as_it_starts_and_not_the_refused_ones() -> None:
+    budget = RequestBudget(2, window_s=60)
+    assert budget.hit("a", 0.0) is None
+    assert budget.hit("a", 10.0) is None
+    assert budget.hit("a", 20.0) == pytest.approx(40.0)  # the third in a minute: when the first slides out
+    assert budget.hit("b", 20.0) is None  # per key
+    assert budget.hit("a", 60.0) is None  # the first slid out; the refused one never counted
+    assert budget.hit("a", 61.0) == pytest.approx(9.0)
 
 
 def test_metrics_keep_the_engines_vllm_families_only() -> None:

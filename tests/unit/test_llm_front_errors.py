@@ -16,8 +16,9 @@ from starlette.testclient import TestClient
 
 from loom.workloads.common.body_limit import plain_error_body
 from loom.workloads.llm.app import build_app
-from loom.workloads.llm.config import LlmServerConfig
+from loom.workloads.llm.config import LlmLimits, LlmServerConfig
 from loom.workloads.llm.openai_protocol import body_limit_error
+from loom.workloads.server.config import AuthConfig
 
 LIMIT = 2048
 
@@ -68,3 +69,21 @@ def test_the_error_shapes_differ_only_in_their_body() -> None:
         "error": {"message": "slow", "type": "timeout_error", "param": None, "code": "request_body_timeout"}
     }
     assert isinstance(httpx.Response(413, content=body_limit_error(413, "x")).json()["error"], dict)
+
+
+def test_past_the_request_budget_a_key_gets_429_with_when_to_retry(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOM_TEST_KEYS", "k1,k2")
+    config = LlmServerConfig(model_name="tiny", model_dir=str(tmp_path), auth=AuthConfig(api_keys_env="LOOM_TEST_KEYS"),
+                             limits=LlmLimits(requests_per_minute=2))
+    front = TestClient(build_app(config))
+    body = {"model": "tiny", "prompt": "hi"}
+    for _ in range(2):  # let through by the guard: the route answers (no engine here: still loading)
+        assert front.post("/v1/completions", json=body, headers={"authorization": "Bearer k1"}).status_code == 503
+    refused = front.post("/v1/completions", json=body, headers={"authorization": "Bearer k1"})
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert "requests per minute" in refused.json()["error"]["message"]
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert front.post("/v1/completions", json=body, headers={"authorization": "Bearer k2"}).status_code == 503
+    unknown = front.post("/v1/completions", json=body, headers={"authorization": "Bearer nope"})
+    assert unknown.status_code == 401 and unknown.headers["www-authenticate"] == "Bearer"

@@ -32,10 +32,10 @@ from loom.workloads.server.protocol import ProtocolError, decode_generate_reques
 
 from .adapter_manager import AdapterManager
 from .adapters import ADAPTERS_PATH
-from .budget import TokenBudget
+from .budget import RequestBudget, TokenBudget
 from .config import LlmServerConfig
 from .engine import EngineUnavailable, VllmEngine
-from .guard import LlmGuard, per_minute_limiter
+from .guard import LlmGuard
 from .metrics import LlmMetrics
 from .openai_protocol import (
     Kind,
@@ -301,14 +301,14 @@ class LlmRoutes:
         return Response(data, media_type="application/json")
 
     def table(self) -> list[Route]:
-        routes = [
+        routes = [  # the token path's routes first: Starlette tries each route's pattern in order
+            Route("/v1/chat/completions", self.measured("chat_completions", self.chat_completions), methods=["POST"]),
+            Route("/v1/completions", self.measured("completions", self.completions), methods=["POST"]),
             Route("/v2/health/live", self.live, methods=["GET"]),
             Route("/v2/health/ready", self.ready_probe, methods=["GET"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
             Route(ADAPTERS_PATH, self.adapter_states, methods=["GET"]),
             Route("/v1/models", self.measured("models", self.models), methods=["GET"]),
-            Route("/v1/completions", self.measured("completions", self.completions), methods=["POST"]),
-            Route("/v1/chat/completions", self.measured("chat_completions", self.chat_completions), methods=["POST"]),
             Route("/v1/embeddings", self.measured("embeddings", self.embeddings), methods=["POST"]),
             Route("/v2/models/{name}/ready", self.model_ready, methods=["GET"]),
         ]
@@ -378,7 +378,7 @@ def build_app(config: LlmServerConfig, engine: VllmEngine | None = None, drain: 
 
     guard = Middleware(
         LlmGuard, keys=ApiKeys(config.auth), exempt=(ADAPTERS_PATH, *TOKENIZER_PATHS),
-        requests=per_minute_limiter(limits.requests_per_minute) if limits.requests_per_minute else None,
+        requests=RequestBudget(limits.requests_per_minute) if limits.requests_per_minute else None,
         tokens=tokens, metrics=metrics,
     )
     app = Starlette(

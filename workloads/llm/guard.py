@@ -1,6 +1,6 @@
 """API keys and per-key limits for the OpenAI front, as ASGI middleware, reusing the model server's key and
-rate-limit code (loom.workloads.server.flow): keys as ``Authorization: Bearer`` (or ``x-api-key``), a request
-budget per minute and a token budget per minute (budget.py; charged by the routes once usage is known).
+caller code (loom.workloads.server.flow): keys as ``Authorization: Bearer`` (or ``x-api-key``), a request
+budget per minute and a token budget per minute (budget.py; tokens charged by the routes once usage is known).
 Refusals are OpenAI-shaped. Probes and /metrics are exempt, as on the model server.
 """
 
@@ -11,21 +11,15 @@ import time
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from loom.workloads.server.callers import caller_of, guarded, send_json
-from loom.workloads.server.config import RateLimitConfig
-from loom.workloads.server.flow import ApiKeys, RateLimiter, retry_after_header
+from loom.workloads.server.flow import ApiKeys, retry_after_header
 
-from .budget import TokenBudget
+from .budget import RequestBudget, TokenBudget
 from .metrics import LlmMetrics
 from .openai_protocol import OpenAIError
 
 
-def per_minute_limiter(requests_per_minute: int) -> RateLimiter:
-    """The model server's limiter over a one-minute moving window of ``requests_per_minute`` requests."""
-    return RateLimiter(RateLimitConfig(requests_per_second=requests_per_minute / 60, burst=requests_per_minute))
-
-
 class LlmGuard:
-    def __init__(self, app: ASGIApp, keys: ApiKeys, requests: RateLimiter | None, tokens: TokenBudget | None,
+    def __init__(self, app: ASGIApp, keys: ApiKeys, requests: RequestBudget | None, tokens: TokenBudget | None,
                  metrics: LlmMetrics, exempt: tuple[str, ...] = ()) -> None:
         self.app, self.keys, self.requests, self.tokens, self.metrics = app, keys, requests, tokens, metrics
         self.exempt = exempt  # paths open like the probes (the adapter states the operator reads: names, no data)
@@ -41,7 +35,7 @@ class LlmGuard:
             await self._reject(send, OpenAIError(401, message, "invalid_api_key", headers=challenge))
             return
         if self.requests is not None:
-            wait = self.requests.hit(caller)
+            wait = self.requests.hit(caller, time.monotonic())
             if wait is not None:
                 await self._reject(send, _limited("requests", wait))
                 return
