@@ -31,10 +31,13 @@ from ...core.model import (
 )
 from .canary.api import Analysis, RolloutStatus
 from .enrichment.api import FeatureEnrichment
-from .llm.api import Adapter, AdapterStatus, VllmSpec
+from .llm.api import Adapter, AdapterStatus, DisaggregationStatus, VllmSpec
 from .queue.api import ServiceQueueStatus
 from .source.api import AliasStatus, ModelSource
 from .traffic.api import Routing
+
+# A root rule's first term: the service is not disaggregated (the rest of the rule holds only when it is).
+_SPLIT = "!has(self.vllm) || !has(self.vllm.disaggregation)"
 
 ServingPhase = Literal["Pending", "Loading", "Ready", "RollingOut", "Degraded", "Failed"]
 
@@ -118,6 +121,26 @@ class InferenceServiceSpec(ApiModel):
         # `name_problem` reports that clash in status.
         cel("!has(self.adapters) || !has(self.model.name) || !self.adapters.exists(a, a.name == self.model.name)",
             "an adapter may not take the base model's name (model.name)", field_path=".adapters"),
+
+        # vllm.disaggregation (llm/disaggregation.py): each pool has its replicas; what is not built for two pools
+        # is refused here rather than half done.
+        cel(f"{_SPLIT} || !has(self.replicas)",
+            "with vllm.disaggregation, set vllm.disaggregation.prefill.replicas and decode.replicas, not replicas",
+            field_path=".replicas"),
+        cel(f"{_SPLIT} || !has(self.autoscaling)",
+            "autoscaling is not supported with vllm.disaggregation yet: set each pool's replicas",
+            field_path=".autoscaling"),
+        cel(f"{_SPLIT} || !has(self.rollout) || (!has(self.rollout.canaryPercent) && !has(self.rollout.analysis))",
+            "a canary (rollout.canaryPercent, rollout.analysis) is not supported with vllm.disaggregation yet: a new "
+            "model rolls both pools", field_path=".rollout"),
+        cel(f"{_SPLIT} || !has(self.adapters)",
+            "adapters are not supported with vllm.disaggregation: the SharedStorage connector keys a KV cache by the "
+            "prompt's tokens alone, so an adapter's would be handed to the base model's requests",
+            field_path=".adapters"),
+        cel(f"{_SPLIT} || !has(self.routing) || !has(self.routing.inferencePool)",
+            "routing.inferencePool is not supported with vllm.disaggregation: a gateway sends a request to one "
+            "endpoint, prefill and decode need two (Loom's picker makes both calls)",
+            field_path=".routing.inferencePool"),
     )
 
     model: ModelSource
@@ -199,6 +222,8 @@ class InferenceServiceStatus(StatusBase):
     adapters: list[AdapterStatus] | None = Field(None, description="spec.adapters, each with its state per replica.")
     inference_pool: str | None = Field(None, description="The InferencePool (inference.networking.k8s.io/v1) this "
                                        "service made for spec.routing.inferencePool: an HTTPRoute's backendRef.")
+    disaggregation: DisaggregationStatus | None = Field(
+        None, description="spec.vllm.disaggregation: the prefill and decode pools' replicas.")
 
 
 class InferenceService(ApiModel):

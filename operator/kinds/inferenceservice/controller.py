@@ -33,7 +33,8 @@ from .autoscaling.replicas import recommend_replicas
 from .canary.io import CanaryFeature
 from .enrichment.io import EnrichmentFeature
 from .feature import Draft, Feature, Observed, Plan, ServiceCtx, ServicePass
-from .llm import multinode
+from .llm import disaggregation, multinode
+from .llm import io as llm_io
 from .llm.io import LlmFeature
 from .llm.vllm import LLM_CONFIG_FILE
 from .queue.io import QueueFeature
@@ -129,9 +130,10 @@ class ServiceReconciler(StatusAfterApply):
     async def observe(self, ctx: ServiceCtx) -> Observed:
         namespace, name = ctx.namespace, ctx.name
         grouped = ctx.spec is not None and multinode.grouped(ctx.spec.spec)
+        split = ctx.spec is not None and disaggregation.disaggregated(ctx.spec.spec)
         seen = Observed(
-            stable=await _read_track(namespace, deployment_name(name, "stable"), grouped),
-            canary=await _read_track(namespace, deployment_name(name, "canary"), grouped),
+            stable=await _read_track(namespace, deployment_name(name, "stable"), grouped, split),
+            canary=await _read_track(namespace, deployment_name(name, "canary"), grouped, split),
         )
         # The serving pods from the pod index (Kopf's watch cache; populated before any pass runs), a LIST only
         # when a pass runs without it.
@@ -221,9 +223,12 @@ async def reconcile(
     await run(ServiceReconciler(settings, pods, later), namespace, name)
 
 
-async def _read_track(namespace: str, name: str, grouped: bool) -> Manifest | None:
+async def _read_track(namespace: str, name: str, grouped: bool, split: bool = False) -> Manifest | None:
     """A track's workload: its Deployment, or with multi-pod replicas its LeaderWorkerSet in a Deployment's words
-    (llm/multinode.py); the other kind when the spec's is absent (the track runs as before until it is replaced)."""
+    (llm/multinode.py), or disaggregated its prefill and decode pools (llm/disaggregation.py); another shape when
+    the spec's is absent (the track runs as before until it is replaced)."""
+    if split and (pools := await llm_io.read_pools(namespace, name)) is not None:
+        return pools
     lws = (multinode.LWS_API_VERSION, multinode.LWS_KIND)
     for api_version, kind in (lws, ("apps/v1", "Deployment")) if grouped else (("apps/v1", "Deployment"), lws):
         found = await kube.get(
@@ -231,7 +236,7 @@ async def _read_track(namespace: str, name: str, grouped: bool) -> Manifest | No
         )
         if found is not None:
             return multinode.deployment_view(found) if kind == multinode.LWS_KIND else found
-    return None
+    return None if split else await llm_io.read_pools(namespace, name)
 
 
 def model_node_cache(settings: OperatorSettings) -> ModelNodeCache | None:
@@ -254,6 +259,10 @@ async def _apply_track(
         feature.render(p, seen, plan, track, deployment)
     await kube.apply(config_map)  # before the Deployment: new pods must find their config
     previous = seen.stable if track == "stable" else seen.canary
+    if disaggregation.disaggregated(p.spec):
+        return await _apply_pools(p.ctx.namespace, deployment, p.spec, previous)
+    if previous is not None and previous.get("kind") == disaggregation.VIEW_KIND:  # the track ran as two pools
+        await llm_io.delete_pools(p.ctx.namespace, deployment["metadata"]["name"])
     if multinode.grouped(p.spec):
         applied = multinode.deployment_view(
             await kube.apply(multinode.leader_worker_set(deployment, p.spec, f"{CONFIG_DIR}/{LLM_CONFIG_FILE}"))
@@ -266,6 +275,19 @@ async def _apply_track(
     if previous is not None and previous.get("kind") == multinode.LWS_KIND:  # the replicas were groups before
         name = multinode.group_set_name(deployment["metadata"]["name"])
         await kube.delete(multinode.LWS_API_VERSION, multinode.LWS_KIND, p.ctx.namespace, name)
+    return applied
+
+
+async def _apply_pools(
+    namespace: str, deployment: Manifest, spec: InferenceServiceSpec, previous: Manifest | None
+) -> Manifest:
+    """The track as prefill and decode pools; the one workload it ran as before them goes once they are applied."""
+    applied = await llm_io.apply_pools(deployment, spec)
+    name = deployment["metadata"]["name"]
+    if previous is not None and previous.get("kind") == "Deployment":
+        await kube.delete("apps/v1", "Deployment", namespace, name)
+    elif previous is not None and previous.get("kind") == multinode.LWS_KIND:
+        await kube.delete(multinode.LWS_API_VERSION, multinode.LWS_KIND, namespace, multinode.group_set_name(name))
     return applied
 
 

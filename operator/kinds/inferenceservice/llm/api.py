@@ -9,7 +9,7 @@ Limits and flag rules come from the runtime's own config model (loom.workloads.l
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -39,6 +39,8 @@ PARALLELISM_FLAGS = (
     "--master-addr", "--master-port", "--headless", "--distributed-executor-backend", "--data-parallel-backend",
 )  # fmt: skip
 _PARALLELISM_RE = "^(" + "|".join(PARALLELISM_FLAGS) + ")(=.*)?$"
+# The flag spec.vllm.disaggregation sets (the KV connector of both pools): with it, extraArgs may not set it too.
+KV_TRANSFER_FLAG = "--kv-transfer-config"
 
 
 class Parallelism(ApiModel):
@@ -67,6 +69,41 @@ class Parallelism(ApiModel):
         return self.tensor * self.pipeline * self.data
 
 
+KvConnector = Literal["SharedStorage"]
+
+
+class DisaggregationPool(ApiModel):
+    """One pool of a disaggregated service: its replicas, each a pod running the same engine and front."""
+
+    replicas: Annotated[int, Field(ge=1, le=1000)] = Field(
+        1, description="Replicas of this pool (autoscaling a pool is not supported yet).")
+
+
+class KvStorage(ApiModel):
+    """Where the prefill pool leaves the KV cache it computed and the decode pool reads it."""
+
+    claim_name: str = Field(
+        description="A PersistentVolumeClaim of the service's namespace, ReadWriteMany (every pod of both pools "
+                    "mounts it). The SharedStorage connector never deletes what it wrote: size it, or empty it, "
+                    "for the prompts it will see.",
+        min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+class Disaggregation(ApiModel):
+    """Prefill/decode disaggregation: a prefill pool computes each prompt's KV cache and hands it over, through the
+    connector, to a decode pool that generates the tokens; the service's picker sends each request to a prefill
+    replica and then to a decode replica of the same kv-version (same model and engine). A decode replica given a
+    prompt whose KV cache was not handed over computes it itself, so a request is answered either way."""
+
+    connector: KvConnector = Field(
+        "SharedStorage", description="How the KV cache is handed over. SharedStorage: vLLM's ExampleConnector, "
+        "block-aligned KV files in a folder both pools mount (kvStorage); runs on CPU and GPU, made for proofs "
+        "and small loads rather than throughput.")
+    kv_storage: KvStorage = Field(description="The shared folder of the SharedStorage connector.")
+    prefill: DisaggregationPool = Field(default_factory=DisaggregationPool, description="The prefill pool.")
+    decode: DisaggregationPool = Field(default_factory=DisaggregationPool, description="The decode pool.")
+
+
 class VllmSpec(ApiModel):
     """vLLM engine options and the front's per-key LLM limits."""
 
@@ -82,6 +119,12 @@ class VllmSpec(ApiModel):
             f"!self.extraArgs.exists(a, a.matches('{_PARALLELISM_RE}'))",
             "with parallelism, extraArgs may not set " + ", ".join(PARALLELISM_FLAGS) + ": Loom sets them",
             field_path=".extraArgs"),
+        cel("!has(self.disaggregation) || !has(self.parallelism)",
+            "disaggregation with parallelism (a replica of several pods) is not supported yet",
+            field_path=".disaggregation"),
+        cel("!has(self.disaggregation) || !has(self.extraArgs) || "
+            f"!self.extraArgs.exists(a, a.matches('^{KV_TRANSFER_FLAG}(=.*)?$'))",
+            f"with disaggregation, extraArgs may not set {KV_TRANSFER_FLAG}: Loom sets it", field_path=".extraArgs"),
     )
 
     max_model_len: MaxModelLen | None = Field(
@@ -100,6 +143,9 @@ class VllmSpec(ApiModel):
     parallelism: Parallelism | None = Field(
         None, description="The engine spread over tensor, pipeline and data parallel ranks, and over several pods "
                           "per replica (a LeaderWorkerSet group; needs LeaderWorkerSet installed in the cluster).")
+    disaggregation: Disaggregation | None = Field(
+        None, description="Prefill and decode in two pools of their own replicas, the KV cache handed over between "
+                          "them (replaces spec.replicas; no autoscaling, canary, adapters or inferencePool with it).")
     enable_prefix_caching: bool | None = Field(None, description="vllm --[no-]enable-prefix-caching (vLLM: on).")
     max_num_seqs: MaxNumSeqs | None = Field(
         None, description="vllm --max-num-seqs: most sequences decoded together.")
@@ -138,6 +184,21 @@ class VllmSpec(ApiModel):
             enable_lora=lora or None, max_loras=self.max_loaded_adapters if lora else None,
             max_lora_rank=self.max_adapter_rank if lora else None,
         )
+
+
+class DisaggregationPoolStatus(ApiModel):
+    replicas: int = Field(0, description="Replicas the pool asks for.")
+    ready_replicas: int = 0
+    updated_replicas: int = Field(0, description="Replicas running the pool's current template (kv-version).")
+
+
+class DisaggregationStatus(ApiModel):
+    """The stable track's two pools; the service is Ready only while both have a ready replica."""
+
+    prefill: DisaggregationPoolStatus = Field(default_factory=DisaggregationPoolStatus)
+    decode: DisaggregationPoolStatus = Field(default_factory=DisaggregationPoolStatus)
+    kv_version: str | None = Field(None, description="The kv-version (model, engine, image) the pools roll to: "
+                                   "only a prefill and a decode replica of the same one are paired.")
 
 
 class AdapterFromTrainingJob(ApiModel):

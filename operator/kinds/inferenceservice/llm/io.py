@@ -19,7 +19,7 @@ from ....defaults import EndpointDefaults, training_job_manifest
 from ..api import InferenceServiceSpec, InferenceServiceStatus
 from ..feature import Feature, Observed, Plan, ServicePass
 from ..render import SERVER_PORT
-from . import multinode
+from . import disaggregation, multinode
 from .adapters import ResolvedAdapters, adapter_status, name_problem, resolve_adapters, settled
 
 log = logging.getLogger("loom.operator.inferenceservice.adapters")
@@ -75,12 +75,40 @@ async def read_reports(pods: list[Manifest], port: int = SERVER_PORT) -> dict[st
     return dict(zip(targets, answers, strict=True))
 
 
+async def read_pools(namespace: str, track_deployment: str) -> Manifest | None:
+    """A track run as prefill and decode pools, in a Deployment's words (disaggregation.track_view); None: neither
+    pool exists (Deployments are in the watch cache: no request for an absent one)."""
+    found = {
+        role: await kube.get("apps/v1", "Deployment", namespace, disaggregation.pool_name(track_deployment, role))
+        for role in disaggregation.ROLES
+    }
+    return disaggregation.track_view(track_deployment, found)
+
+
+async def apply_pools(deployment: Manifest, spec: InferenceServiceSpec) -> Manifest:
+    """The track's rendered Deployment applied as its two pools; the view of what was applied."""
+    applied: dict[disaggregation.Role, Manifest | None] = {}
+    for role, pool in zip(disaggregation.ROLES, disaggregation.pools(deployment, spec), strict=True):
+        applied[role] = await kube.apply(pool)
+    view = disaggregation.track_view(deployment["metadata"]["name"], applied)
+    assert view is not None
+    return view
+
+
+async def delete_pools(namespace: str, track_deployment: str) -> None:
+    for role in disaggregation.ROLES:
+        await kube.delete("apps/v1", "Deployment", namespace, disaggregation.pool_name(track_deployment, role))
+
+
 class LlmFeature(Feature):
     """spec.adapters: LoRA adapters resolved each pass and loaded by the replicas themselves (their states read
     from each ready replica's front). spec.vllm is the runtime's render (vllm.py), called by the core's."""
 
     def check(self, body: Manifest, spec: InferenceServiceSpec) -> str | None:
-        return name_problem(body, spec) or multinode.check(spec, body["metadata"]["name"])
+        return (
+            name_problem(body, spec) or multinode.check(spec, body["metadata"]["name"])
+            or disaggregation.check(spec, body["metadata"].get("labels") or {})
+        )
 
     async def observe(self, p: ServicePass, seen: Observed) -> None:
         if not p.ctx.valid:
@@ -100,4 +128,8 @@ class LlmFeature(Feature):
     ) -> list[Event]:
         if seen.adapters is not None:
             status.adapters = adapter_status(seen.adapters, seen.adapter_reports)
+        # The pools of the track that serves (a canary never runs as pools: admission refuses one).
+        status.disaggregation = disaggregation.pool_status(seen.stable)
+        if status.disaggregation is not None:
+            status.conditions = disaggregation.with_pools_in_ready(status.conditions, status.disaggregation)
         return []

@@ -16,6 +16,7 @@ from ....core.pods import pods_of
 from ....settings import OperatorSettings
 from ..api import InferenceServiceSpec, InferenceServiceStatus
 from ..feature import Feature, Observed, Plan, ServicePass
+from ..llm.disaggregation import disaggregated
 from ..rollout import RolloutPlan
 from .activator import (
     activator_config,
@@ -96,7 +97,7 @@ async def apply_routing(
     wanted = plan.stable_replicas + plan.canary_replicas
     to_activator = routes_to_activator(enabled, wanted, _ready(stable) + _ready(canary))
     service = render_routed_service(owner, to_activator)
-    selector = service_selector(owner, to_activator, picker_ready)
+    selector = service_selector(owner, to_activator, picker_ready, picker_only=disaggregated(spec))
     if selector is not None:
         service["spec"]["selector"] = selector
     await kube.apply(service)

@@ -8,17 +8,26 @@ Owned by the InferenceService `<name>` when `picker_policy` is not None (a proxy
     Deployment      <name>-picker      1 replica of `python -m loom.workloads.picker` (the server image)
 
 The Service `<name>` selects the picker's pod once it is Ready (`service_selector`), the replicas' pods before
-(so a new picker never leaves the service without endpoints), and the activator's pod at zero, as before: the
+(so a new picker never leaves the service without endpoints; a disaggregated service's only through the picker, whose
+two calls its replicas need), and the activator's pod at zero, as before: the
 activator holds and wakes, then the picker routes. The picker's pod has component `picker`, so it is in no
 server selector: not counted as a replica, not autoscaled, not in a canary's share.
 """
 
 from __future__ import annotations
 
-from loom.workloads.picker.config import ENV_VAR, FlowControlConfig, KvEventsConfig, PickerConfig, Policy
+from loom.workloads.picker.config import (
+    ENV_VAR,
+    DisaggregationConfig,
+    FlowControlConfig,
+    KvEventsConfig,
+    PickerConfig,
+    Policy,
+)
 
 from ....core.kit import Manifest, match_labels
 from ..api import InferenceServiceSpec
+from ..llm.disaggregation import KV_VERSION_LABEL, ROLE_LABEL, disaggregated
 from ..llm.vllm import kv_events_port
 from ..render import DRAIN_SECONDS, REQUEST_GRACE_SECONDS, SERVER_PORT, TRACK_LABEL, server_selector
 from .proxy import ADMIN_PORT, proxy_name, render_proxy
@@ -32,11 +41,13 @@ COMPONENT = "picker"
 
 def picker_policy(spec: InferenceServiceSpec) -> Policy | None:
     """The routing policy, or None for no picker: spec.routing's, else prefix-cache for a vllm service that may
-    run more than one replica."""
+    run more than one replica or is disaggregated (the picker sends each request to a prefill and a decode pod)."""
     if spec.runtime != "vllm":
         return None
     if spec.routing is not None:
         return spec.routing.policy
+    if disaggregated(spec):
+        return "prefix-cache"
     most = spec.autoscaling.max_replicas if spec.autoscaling is not None else (spec.replicas or 1)
     return "prefix-cache" if most > 1 else None
 
@@ -49,9 +60,12 @@ def picker_selector(owner: Manifest) -> dict[str, str]:
     return match_labels(owner, COMPONENT)
 
 
-def service_selector(owner: Manifest, to_activator: bool, picker_ready: bool) -> dict[str, str] | None:
-    """The Service's selector when the picker decides it (None: leave the activator's routing as it is)."""
-    if to_activator or not picker_ready:
+def service_selector(
+    owner: Manifest, to_activator: bool, picker_ready: bool, picker_only: bool = False
+) -> dict[str, str] | None:
+    """The Service's selector when the picker decides it (None: leave the activator's routing as it is).
+    `picker_only`: the picker even before it is ready (a disaggregated service's pods serve only through it)."""
+    if to_activator or not (picker_ready or picker_only):
         return None
     return picker_selector(owner)
 
@@ -76,6 +90,9 @@ def picker_config(owner: Manifest, spec: InferenceServiceSpec, policy: Policy) -
         # Precise prefix routing: the engines publish their KV events there (llm/vllm.py renders the flag); the
         # tokenizer is read from a replica's front (no tokenizerDir: the picker pod has no model files).
         **({"kv_events": KvEventsConfig(port=events)} if (events := kv_events_port(spec)) is not None else {}),
+        # Only when set, as flow control: each request to a prefill pod, then a decode pod of the same kv-version.
+        **({"disaggregation": DisaggregationConfig(role_label=ROLE_LABEL, version_label=KV_VERSION_LABEL)}
+           if disaggregated(spec) else {}),
     )
 
 
