@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx
@@ -44,6 +43,7 @@ from loom.devstack.cluster.components import (
 from loom.devstack.cluster.components import kueue as kueue_component
 from loom.devstack.cluster.components import lws as lws_component
 from loom.devstack.cluster.handle import Cluster, StackError
+from loom.devstack.cluster.host_webhook import HostWebhookController
 from loom.devstack.cluster.nodes import NodeShape, ensure_nodes, wait_nodes_ready
 from loom.devstack.cluster.paths import (
     AGENT_STATE_DIR,
@@ -363,26 +363,28 @@ def up(config: StackConfig | None = None, progress: Progress = print, started_by
 
 def _start_kueue(cluster: Cluster, ports: Ports, progress: Progress) -> None:
     _start_webhook_controller(
-        "Kueue", kueue, kueue_component, ports.kueue_webhook, ports.kueue_health, cluster, progress
+        "Kueue", kueue.CONTROLLER, kueue_component, ports.kueue_webhook, ports.kueue_health, cluster, progress
     )
 
 
 def _start_lws(cluster: Cluster, ports: Ports, progress: Progress) -> None:
-    _start_webhook_controller("LWS", lws, lws_component, ports.lws_webhook, ports.lws_health, cluster, progress)
+    _start_webhook_controller(
+        "LWS", lws.CONTROLLER, lws_component, ports.lws_webhook, ports.lws_health, cluster, progress
+    )
 
 
 def _start_webhook_controller(
-    label: str, module: ModuleType, component_for: Callable[..., Any], webhook_port: int, health_port: int,
-    cluster: Cluster, progress: Progress,
+    label: str, controller: HostWebhookController, component_for: Callable[..., Any], webhook_port: int,
+    health_port: int, cluster: Cluster, progress: Progress,
 ) -> None:
     """A controller run as a host process with a webhook server (Kueue: kueue.py, LeaderWorkerSet: lws.py): its
     objects, its process, then its certificate where its webhook server reads it; ready when its /readyz says so."""
-    cluster_ip = module.install(cluster, progress)
-    _add_host_services(module.host_services(cluster_ip, webhook_port))
-    module.write_config(webhook_port, health_port)
-    component = component_for(cluster.bin_dir, KUBECONFIG, module.CONFIG_FILE)
+    cluster_ip = controller.install(cluster, progress)
+    _add_host_services(controller.host_services(cluster_ip, webhook_port))
+    controller.write_config(webhook_port, health_port)
+    component = component_for(cluster.bin_dir, KUBECONFIG, controller.config_file)
     _ensure_running(component, progress)
-    module.sync_certificates(cluster)
+    controller.sync_certificates(cluster)
 
     def ready() -> bool:
         return httpx.get(f"http://127.0.0.1:{health_port}/readyz", timeout=5).status_code == 200

@@ -38,7 +38,7 @@ RENDERED: list[dict[str, Any]] = [
 
 
 def test_only_kueues_own_api_is_served_by_its_webhooks_and_nothing_runs_in_a_pod() -> None:
-    selected = kueue.select(RENDERED)
+    selected = kueue.CONTROLLER.select(RENDERED)
     kinds = [(d["kind"], d["metadata"]["name"]) for d in selected]
     assert kinds == [
         ("Namespace", "kueue-system"),
@@ -54,7 +54,7 @@ def test_only_kueues_own_api_is_served_by_its_webhooks_and_nothing_runs_in_a_pod
 
 
 def test_the_host_process_binds_loopback_and_queues_trainingjobs(tmp_path: Path) -> None:
-    config = kueue.configuration(40001, 40002, tmp_path)
+    config = kueue.CONTROLLER.configuration(40001, 40002, tmp_path)
     assert config["webhook"] == {"host": "127.0.0.1", "port": 40001, "certDir": str(tmp_path)}
     assert config["health"]["healthProbeBindAddress"] == "127.0.0.1:40002"
     assert config["metrics"]["bindAddress"] == "0"
@@ -68,5 +68,5 @@ def test_the_host_process_binds_loopback_and_queues_trainingjobs(tmp_path: Path)
 
 
 def test_the_api_server_reaches_the_webhook_service_at_the_host_port() -> None:
-    services = kueue.host_services("10.96.3.4", 40001)
+    services = kueue.CONTROLLER.host_services("10.96.3.4", 40001)
     assert resolve("10.96.3.4", 443, services) == ("127.0.0.1", 40001)
