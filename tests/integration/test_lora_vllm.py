@@ -16,7 +16,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import pytest
 from loom.devstack.servers import free_port
 from loom.e2e.trainer_harness import write_wide_llama
 from loom.workloads.llm.testing import START_TIMEOUT_S, vllm_python
+from loom.workloads.server.testing import running
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -87,29 +87,12 @@ def vllm_with_lora(model: Path, log: Path) -> Iterator[str]:
         "--dtype=float32", "--enforce-eager", f"--kv-cache-memory-bytes={128 << 20}", "--max-num-seqs=4",
         "--enable-lora", "--max-lora-rank=8", "--max-loras=2",
     ]
-    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "PYTHONSAFEPATH": "1"}
     url = f"http://127.0.0.1:{port}"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {process.returncode}:\n{log.read_text()[-6000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM not ready after {START_TIMEOUT_S:.0f}s:\n{log.read_text()[-6000:]}")
-            time.sleep(0.5)
+    with running(
+        argv, url, log, env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}, timeout_s=START_TIMEOUT_S,
+        ready_url=f"{url}/health",
+    ):  # fmt: skip
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def greedy_answer(client: openai.OpenAI, model: str) -> str:

@@ -10,7 +10,6 @@ engine's prefix cache hits them. Streaming answers pass through the same path.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 from collections import Counter
 from collections.abc import Iterator
@@ -21,16 +20,12 @@ import pytest
 
 from loom.devstack.envoy import SERVED, gateway
 from loom.devstack.servers import free_port
-from loom.workloads.llm.config import EngineOptions, LlmLimits, LlmServerConfig
-from loom.workloads.llm.hf_model import LlamaShape, write_llama_folder
-from loom.workloads.llm.testing import llm_server, vllm_python
+from loom.workloads.llm.testing import tiny_llm_replicas
 from loom.workloads.picker.config import PickerConfig
 from loom.workloads.picker.testing import picker_process, samples, total
-from loom.workloads.server.config import AuthConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
-REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny-llama"
 KEY = "k-envoy"
 MAX_MODEL_LEN = 512
@@ -43,24 +38,10 @@ SYSTEMS = [(f"Desk {i}. You answer questions about the {topic} of a small shop; 
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[str], PickerConfig, Path]]:
     """Two replicas (front + engine each), the picker over them with ext_proc on, in one folder."""
     folder = tmp_path_factory.mktemp("picker-envoy-llm")
-    write_llama_folder(folder / "model", LlamaShape(max_positions=MAX_MODEL_LEN))
-
-    def config() -> LlmServerConfig:
-        return LlmServerConfig(
-            model_name=MODEL, model_dir=str(folder / "model"), host="127.0.0.1", port=free_port(),
-            engine_port=free_port(), engine_python=vllm_python(REPO), log_level="warning",
-            engine=EngineOptions(max_model_len=MAX_MODEL_LEN, dtype="float32", enforce_eager=True,
-                                 kv_cache_memory_bytes=64 << 20, max_num_seqs=2),
-            auth=AuthConfig(api_keys_env="LOOM_TEST_KEYS"), limits=LlmLimits(max_tokens_limit=64),
-        )
-
     with contextlib.ExitStack() as stack:
-        dirs = [folder / f"r{i}" for i in range(2)]
-        for d in dirs:
-            d.mkdir()
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            urls = list(pool.map(lambda d: stack.enter_context(
-                llm_server(config(), d, env={"LOOM_TEST_KEYS": KEY})), dirs))
+        urls = stack.enter_context(
+            tiny_llm_replicas(folder, 2, KEY, free_port, model_name=MODEL, max_model_len=MAX_MODEL_LEN)
+        )
         picker = PickerConfig(namespace="test", service=MODEL, pod_selector={"app": MODEL}, host="127.0.0.1",
                               port=free_port(), admin_port=free_port(), ext_proc_port=free_port(),
                               poll_interval_s=0.2)

@@ -9,28 +9,21 @@ requests waiting past the limit is skipped even though it holds the prompt; API 
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.servers import free_port
-from loom.workloads.llm.config import EngineOptions, LlmLimits, LlmServerConfig
-from loom.workloads.llm.hf_model import LlamaShape, write_llama_folder
-from loom.workloads.llm.testing import llm_server, vllm_python
+from loom.workloads.llm.testing import tiny_llm_replicas
 from loom.workloads.picker.config import PickerConfig
 from loom.workloads.picker.testing import picker_process, samples, total
-from loom.workloads.server.config import AuthConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
-REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny-llama"
 KEY = "k-prefix"
 MAX_MODEL_LEN = 512
@@ -44,24 +37,8 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
     """Two replicas (front + engine each), started side by side. One sequence decoded at a time, so a few long
     requests make the others wait (the overload the picker reads)."""
     folder = tmp_path_factory.mktemp("picker-llm")
-    write_llama_folder(folder / "model", LlamaShape(max_positions=MAX_MODEL_LEN))
-
-    def config() -> LlmServerConfig:
-        return LlmServerConfig(
-            model_name=MODEL, model_dir=str(folder / "model"), host="127.0.0.1", port=free_port(),
-            engine_port=free_port(), engine_python=vllm_python(REPO), log_level="warning",
-            engine=EngineOptions(max_model_len=MAX_MODEL_LEN, dtype="float32", enforce_eager=True,
-                                 kv_cache_memory_bytes=64 << 20, max_num_seqs=1),
-            auth=AuthConfig(api_keys_env="LOOM_TEST_KEYS"), limits=LlmLimits(max_tokens_limit=400),
-        )
-
-    with contextlib.ExitStack() as stack:
-        dirs = [folder / f"r{i}" for i in range(2)]
-        for d in dirs:
-            d.mkdir()
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            urls = list(pool.map(lambda d: stack.enter_context(
-                llm_server(config(), d, env={"LOOM_TEST_KEYS": KEY})), dirs))
+    with tiny_llm_replicas(folder, 2, KEY, free_port, model_name=MODEL, max_model_len=MAX_MODEL_LEN, max_num_seqs=1,
+                           max_tokens_limit=400) as urls:
         yield urls
 
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from loom.workloads.server.config import AuthConfig
 from loom.workloads.server.testing import running
 
-from .config import LlmServerConfig
+from .config import EngineOptions, LlmLimits, LlmServerConfig
+from .hf_model import LlamaShape, write_llama_folder
 
 # The environment the Makefile builds for the engine (make venv-vllm); LOOM_VLLM_PYTHON overrides it.
 DEFAULT_VLLM_PYTHON = ".venv-vllm/bin/python"
@@ -37,6 +40,50 @@ def llm_server(config: LlmServerConfig, folder: Path, env: Mapping[str, str] | N
     host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host
     with running(argv, f"http://{host}:{config.port}", folder / "llm.log", env, timeout_s=START_TIMEOUT_S) as url:
         yield url
+
+
+@contextlib.contextmanager
+def tiny_llm_replicas(
+    folder: Path,
+    count: int,
+    key: str,
+    free_port: Callable[[], int],
+    *,
+    model_name: str = "tiny-llama",
+    max_model_len: int = 512,
+    max_num_seqs: int = 2,
+    max_tokens_limit: int = 64,
+    extra_args: Sequence[str] = (),
+) -> Iterator[list[str]]:
+    """`count` replicas of the vllm runtime (front + real engine each) on one tiny random-weight Llama written under
+    ``folder/model``, started side by side (each engine's start is mostly imports), API key ``key`` on every front;
+    yields their URLs. ``free_port``: the caller's (the local stack's devstack.servers.free_port; workloads may not
+    import the local stack). ``max_num_seqs`` small makes a few long requests queue the others (the load a picker
+    reads)."""
+    model_dir = folder / "model"
+    if not model_dir.exists():
+        write_llama_folder(model_dir, LlamaShape(max_positions=max_model_len))
+    python = vllm_python(Path(__file__).resolve().parents[2])
+
+    def config() -> LlmServerConfig:
+        return LlmServerConfig(
+            model_name=model_name, model_dir=str(model_dir), host="127.0.0.1", port=free_port(),
+            engine_port=free_port(), engine_python=python, log_level="warning",
+            engine=EngineOptions(max_model_len=max_model_len, dtype="float32", enforce_eager=True,
+                                 kv_cache_memory_bytes=64 << 20, max_num_seqs=max_num_seqs,
+                                 extra_args=list(extra_args)),
+            auth=AuthConfig(api_keys_env="LOOM_TEST_KEYS"), limits=LlmLimits(max_tokens_limit=max_tokens_limit),
+        )  # fmt: skip
+
+    with contextlib.ExitStack() as stack:
+        dirs = [folder / f"r{i}" for i in range(count)]
+        for d in dirs:
+            d.mkdir(exist_ok=True)
+        with concurrent.futures.ThreadPoolExecutor(count) as pool:
+            urls = list(
+                pool.map(lambda d: stack.enter_context(llm_server(config(), d, env={"LOOM_TEST_KEYS": key})), dirs)
+            )
+        yield urls
 
 
 def write_lora_adapter(base: Path, dest: Path, seed: int, scale: float = 0.3, rank: int = 8) -> Path:
