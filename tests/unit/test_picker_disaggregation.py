@@ -13,6 +13,7 @@ from loom.workloads.picker.config import DisaggregationConfig, PickerConfig
 from loom.workloads.picker.decide import Decider, PickRequest, Refused, Routed
 from loom.workloads.picker.disaggregation import choose_prefill, prefill_body, prefill_partners, serving_endpoints
 from loom.workloads.picker.engine_metrics import EngineLoad
+from loom.workloads.picker.gate import gate_for
 from loom.workloads.picker.kube import ready_replicas
 from loom.workloads.picker.metrics import PickerMetrics
 from loom.workloads.picker.state import PickerState, Pod
@@ -155,3 +156,21 @@ def test_fixed_replicas_take_their_roles_in_order() -> None:
     assert fixed_pods(["a:1", "b:2"], ["prefill:v1", "decode:v1"]) == {
         "a:1": Pod("replica-0", "stable", "prefill", "v1"), "b:2": Pod("replica-1", "stable", "decode", "v1")}
     assert fixed_pods(["a:1"], None) == {"a:1": Pod("replica-0", "stable")}
+
+
+def test_flow_control_places_are_the_decode_pools() -> None:
+    """The in-flight places per replica are the replicas that serve: a prefill replica adds none."""
+    config = PickerConfig.model_validate({"namespace": "ml", "service": "chat", "pod_selector": {"app": "chat"},
+                                          "disaggregation": {}, "flow_control": {"max_inflight_per_replica": 4}})
+    s = PickerState(config, PickerMetrics("ml/chat"))
+    s.set_replicas(pods(("p1:8080", "prefill", "v1"), ("p2:8080", "prefill", "v1"), ("d:8080", "decode", "v1")))
+    gate = gate_for(config, s)
+    assert gate is not None
+
+    def capacity() -> float | None:
+        return s.metrics.registry.get_sample_value("loom_picker_flow_inflight",
+                                                   {"service": "ml/chat", "kind": "capacity"})
+
+    assert capacity() == 4
+    s.set_replicas(pods(("p1:8080", "prefill", "v1"), ("d:8080", "decode", "v1"), ("d2:8080", "decode", "v1")))
+    assert capacity() == 8

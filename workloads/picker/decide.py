@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .disaggregation import serving_endpoints
 from .flow import Ticket
 from .gate import FlowGate, Shed
 from .state import Pick, PickerState
@@ -122,7 +121,7 @@ class Decider:
         prefill_hop.py); a prefill replica never takes one whole."""
         if self.state.config.disaggregation is None:
             return subset
-        serving = serving_endpoints(self.state.pods)
+        serving = self.state.serving()
         return serving if subset is None else subset & serving
 
     def served(self, routed: Routed, endpoint: str) -> None:

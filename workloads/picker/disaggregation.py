@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from .config import PREFILL_ROLE
-from .state import Pick, PickerState, Pod
+
+if TYPE_CHECKING:  # state.py asks serving_endpoints (its flow-control capacity counts the replicas that serve)
+    from .state import Pick, PickerState, Pod
 
 # The OpenAI generation endpoints (vLLM's disaggregated serving proxies split these two; anything else, e.g.
 # /v1/models or /v1/embeddings, goes to a decode replica as it is).

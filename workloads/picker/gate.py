@@ -159,6 +159,6 @@ def gate_for(config: PickerConfig, state: PickerState) -> FlowGate | None:
     if config.flow_control is None:
         return None
     gate = FlowGate(config.flow_control, FlowMetrics(state.metrics.service, state.metrics.registry),
-                    retry_after_s=config.retry_after_seconds, replicas=len(state.pods))
+                    retry_after_s=config.retry_after_seconds, replicas=len(state.serving()))
     state.on_replicas.append(gate.resize)
     return gate

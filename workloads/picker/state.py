@@ -22,6 +22,7 @@ from .adapters import AdapterPlacement
 from .blocks import BlockIndexes, Chains, prompt_text
 from .calibration import CharsPerToken
 from .config import DEFAULT_BLOCK_SIZE, DEFAULT_CAPACITY_BLOCKS, DEFAULT_CHARS_PER_TOKEN, PickerConfig
+from .disaggregation import serving_endpoints
 from .engine_metrics import EngineLoad
 from .metrics import PickerMetrics
 from .scoring import Decision, Limits, Replica, choose, overloaded
@@ -88,8 +89,12 @@ class PickerState:
         else:
             self._available.clear()
         for listener in self.on_replicas:  # flow control's places (gate.FlowGate.resize)
-            listener(len(self.pods))
+            listener(len(self.serving()))
         self._export_replicas()
+
+    def serving(self) -> frozenset[str]:
+        """The replicas that take a client's request: all of them, or a disaggregated service's decode pool."""
+        return serving_endpoints(self.pods) if self.config.disaggregation is not None else frozenset(self.pods)
 
     def forget(self, endpoint: str) -> None:
         """A replica that refused a connection (going away): nothing new until the pod watch lists it again."""
