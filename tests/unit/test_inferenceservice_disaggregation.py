@@ -199,6 +199,41 @@ def test_ready_needs_both_pools_and_says_each_pool_s_count() -> None:
     assert state == "True" and message == "3 replica(s) ready; prefill 1/1 ready, decode 2/2 ready"
 
 
+def _pod(role: str, *, crashed: bool) -> dict[str, Any]:
+    state = (
+        {"terminated": {"exitCode": 1, "reason": "Error", "message": "engine died: out of memory"}}
+        if crashed
+        else {"running": {}}
+    )
+    return {
+        "metadata": {"name": f"chat-{role}-x", "labels": {"loom.dev/role": role}},
+        "status": {"conditions": [{"type": "Ready", "status": "False" if crashed else "True"}],
+                   "containerStatuses": [{"name": "server", "state": state}]},
+    }  # fmt: skip
+
+
+def test_a_pool_without_ready_replicas_is_named_in_ready_with_its_own_pods_failure() -> None:
+    spec = spec_of(SPLIT)
+    ref = resolve_model(spec.model, spec.serving_handler)
+    prefill, decode = pools_of(SPLIT)
+    view = disaggregation.track_view("chat", {"prefill": _with_status(prefill, 1), "decode": _with_status(decode, 0)})
+    pods = [_pod("prefill", crashed=False), _pod("decode", crashed=True)]
+    plan = plan_rollout(spec, ref, None, None, 1)
+    status, _ = compute_status(
+        OWNER, Observed(plan=plan, stable=view, canary=None, pods=pods, serving_config_hash=None, runtime="vllm"), None
+    )
+    pools = disaggregation.pool_status(view)
+    assert pools is not None
+    conditions = disaggregation.with_pools_in_ready(status.conditions, pools, pods)
+    ready = next(c for c in conditions if c.type == "Ready")
+    assert (ready.status, ready.reason) == ("False", "LoadFailed")
+    assert ready.message.startswith("no ready replica in the decode pool: pod chat-decode-x: the server exited: "
+                                    "engine died: out of memory")  # fmt: skip
+    assert ready.message.endswith("prefill 1/1 ready, decode 0/2 ready")
+    assert status.phase == "Loading" and disaggregation.phase_with_pools(status.phase, conditions) == "Failed"
+    assert disaggregation.phase_with_pools("Ready", conditions) == "Ready"
+
+
 def test_the_picker_pairs_pools_by_role_and_kv_version_and_alone_takes_the_service_s_traffic() -> None:
     spec = spec_of(SPLIT)
     assert picker_policy(spec) == "prefix-cache"  # even with one replica per pool: the picker makes both calls

@@ -37,9 +37,10 @@ from typing import Any, Literal
 
 from ....core.kit import Condition, Manifest
 from ....core.queue.workload import QUEUE_LABEL
-from ..api import InferenceServiceSpec
+from ..api import InferenceServiceSpec, ServingPhase
 from ..render import CONFIG_HASH_ANNOTATION
 from ..source.model import MODEL_ANNOTATION
+from ..status import diagnose
 from .api import KV_TRANSFER_FLAG, Disaggregation, DisaggregationPoolStatus, DisaggregationStatus
 from .multinode import FRONT_ENGINE_ARG
 from .vllm import engine_options
@@ -208,13 +209,33 @@ def ready_message(status: DisaggregationStatus) -> str:
     return f"prefill {p.ready_replicas}/{p.replicas} ready, decode {d.ready_replicas}/{d.replicas} ready"
 
 
-def with_pools_in_ready(conditions: list[Condition], status: DisaggregationStatus) -> list[Condition]:
-    """The Ready condition's message followed by each pool's readiness (Ready needs a ready replica in both)."""
+def with_pools_in_ready(
+    conditions: list[Condition], status: DisaggregationStatus, pods: list[Manifest] | None = None
+) -> list[Condition]:
+    """The Ready condition with each pool's readiness after its message (Ready needs a ready replica in both). When
+    one pool has ready replicas and the other none, Ready is False for the other's reason, diagnosed from its own
+    pods (`pods`: the service's; what counted replicas loaded for ModelLoaded hides it otherwise)."""
     pools = ready_message(status)
-    return [
-        c.model_copy(update={"message": f"{c.message}; {pools}" if c.message else pools}) if c.type == "Ready" else c
-        for c in conditions
-    ]
+    waiting = [role for role in ROLES if getattr(status, role).ready_replicas == 0]
+    out = []
+    for c in conditions:
+        if c.type == "Ready" and c.status == "False" and len(waiting) == 1 and pods is not None:
+            role = waiting[0]
+            own = [p for p in pods if (p.get("metadata", {}).get("labels") or {}).get(ROLE_LABEL) == role]
+            reason, message = diagnose(own)
+            c = c.model_copy(update={"reason": reason, "message": f"no ready replica in the {role} pool: {message}"})
+        if c.type == "Ready":
+            c = c.model_copy(update={"message": f"{c.message}; {pools}" if c.message else pools})
+        out.append(c)
+    return out
+
+
+def phase_with_pools(phase: ServingPhase | None, conditions: list[Condition]) -> ServingPhase | None:
+    """Loading becomes Failed when Ready names a pool whose pods cannot fetch or load the model (as a service with
+    no replica ready is Failed for its pods' failure)."""
+    ready = next((c for c in conditions if c.type == "Ready"), None)
+    failed = ready is not None and ready.status == "False" and ready.reason in ("FetchFailed", "LoadFailed")
+    return "Failed" if phase == "Loading" and failed else phase
 
 
 def check(spec: InferenceServiceSpec, labels: dict[str, str]) -> str | None:

@@ -131,5 +131,8 @@ class LlmFeature(Feature):
         # The pools of the track that serves (a canary never runs as pools: admission refuses one).
         status.disaggregation = disaggregation.pool_status(seen.stable)
         if status.disaggregation is not None:
-            status.conditions = disaggregation.with_pools_in_ready(status.conditions, status.disaggregation)
+            status.conditions = disaggregation.with_pools_in_ready(
+                status.conditions, status.disaggregation, seen.pods
+            )
+            status.phase = disaggregation.phase_with_pools(status.phase, status.conditions)
         return []
