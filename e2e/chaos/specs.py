@@ -209,6 +209,21 @@ def _repair_inferenceservice(spec: dict[str, Any], rnd: random.Random) -> None:
             vllm["extraArgs"] = [a for a in vllm["extraArgs"] if not str(a).startswith("--kv-events-config")]
     if spec.get("autoscaling") is not None:
         _repair_autoscaling(spec["autoscaling"])
+    if isinstance(spec.get("vllm"), dict) and spec["vllm"].get("disaggregation") is not None:
+        _repair_disaggregation(spec)
+
+
+def _repair_disaggregation(spec: dict[str, Any]) -> None:
+    """Two pools take none of what admission refuses beside them (inferenceservice/api.py, llm/api.py)."""
+    for key in ("replicas", "autoscaling", "adapters"):
+        spec.pop(key, None)
+    for key in ("canaryPercent", "analysis"):
+        (spec.get("rollout") or {}).pop(key, None)
+    (spec.get("routing") or {}).pop("inferencePool", None)
+    vllm = spec["vllm"]
+    vllm.pop("parallelism", None)
+    if "extraArgs" in vllm:
+        vllm["extraArgs"] = [a for a in vllm["extraArgs"] if not str(a).startswith("--kv-transfer-config")]
 
 
 def _repair_autoscaling(auto: dict[str, Any]) -> None:
@@ -483,6 +498,11 @@ def tame(case: Case, kwok_toleration: dict[str, str]) -> dict[str, Any]:
         spec.update(placement)
         if isinstance(spec.get("replicas"), int):
             spec["replicas"] = min(spec["replicas"], 2)
+        split = (spec.get("vllm") or {}).get("disaggregation") if isinstance(spec.get("vllm"), dict) else None
+        for pool in ("prefill", "decode"):  # each pool of a disaggregated service has its own replicas
+            part = split.get(pool) if isinstance(split, dict) else None
+            if isinstance(part, dict) and isinstance(part.get("replicas"), int):
+                part["replicas"] = min(part["replicas"], 2)
         auto = spec.get("autoscaling")
         if isinstance(auto, dict) and isinstance(auto.get("maxReplicas"), int):
             auto["maxReplicas"] = min(auto["maxReplicas"], 2)

@@ -90,6 +90,26 @@ def test_tame_keeps_pods_on_kwok_and_replicas_small() -> None:
     assert service["replicas"] == 2 and service["autoscaling"] == {"maxReplicas": 2, "minReplicas": 2}
 
 
+def test_a_drawn_disaggregated_service_is_repaired_into_one_admission_takes_and_tamed_per_pool() -> None:
+    from loom.e2e.chaos.specs import REPAIRS
+
+    split = {"kvStorage": {"claimName": "kv"}, "prefill": {"replicas": 40}, "decode": {"replicas": 9}}
+    spec: dict[str, Any] = {
+        "runtime": "vllm", "model": {"uri": "s3://m/x"}, "replicas": 3,
+        "autoscaling": {"minReplicas": 1, "maxReplicas": 2, "target": 4}, "rollout": {"canaryPercent": 10},
+        "adapters": [{"name": "a", "uri": "s3://b/a"}], "routing": {"inferencePool": {}},
+        "vllm": {"disaggregation": split, "parallelism": {"tensor": 2},
+                 "extraArgs": ["--kv-transfer-config={}", "--max-num-batched-tokens=64"]},
+    }  # fmt: skip
+    with pytest.raises(ValidationError):
+        admitted(kind_named("InferenceService").spec, spec)
+    REPAIRS["InferenceService"](spec, random.Random(0))
+    admitted(kind_named("InferenceService").spec, spec)
+    assert spec["vllm"]["extraArgs"] == ["--max-num-batched-tokens=64"]
+    tamed = tame(Case("InferenceService", spec, None), KWOK_TOLERATION)["vllm"]["disaggregation"]
+    assert (tamed["prefill"]["replicas"], tamed["decode"]["replicas"]) == (2, 2)
+
+
 def test_a_valid_object_refused_only_by_cel_rules_is_no_problem_but_a_schema_refusal_is() -> None:
     from loom.e2e.chaos.admission import Outcome, problem, refused_by_cel
 
