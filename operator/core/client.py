@@ -95,6 +95,8 @@ RESOURCES: dict[tuple[str, str], Resource] = {
     # GIE's InferencePool (inferenceservice/traffic/pool.py): a routed vllm service's, read before it is applied.
     ("inference.networking.k8s.io/v1", "InferencePool"): Resource("inference.networking.k8s.io/v1", "inferencepools"),
     ("batch/v1", "CronJob"): Resource("batch/v1", "cronjobs"),
+    # The Lease a routed vllm service's picker pods elect their leader with (inferenceservice/traffic/picker.py).
+    ("coordination.k8s.io/v1", "Lease"): Resource("coordination.k8s.io/v1", "leases"),
     ("discovery.k8s.io/v1", "EndpointSlice"): Resource("discovery.k8s.io/v1", "endpointslices"),
     ("scheduling.volcano.sh/v1beta1", "PodGroup"): Resource("scheduling.volcano.sh/v1beta1", "podgroups"),
     ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): Resource("scheduling.x-k8s.io/v1alpha1", "podgroups"),

@@ -168,6 +168,8 @@ def test_every_rule_says_why_it_is_there() -> None:
         ("kueue.x-k8s.io", "resourceflavors", {"get"}),
         ("kueue.x-k8s.io", "workloadpriorityclasses", {"get"}),
         ("scheduling.k8s.io", "priorityclasses", {"get"}),
+        # The picker's Lease (applied) and what its Role grants on it (the operator must hold it to grant it).
+        ("coordination.k8s.io", "leases", {"get", "update", "create", "patch"}),
     ],
 )
 def test_the_operator_gets_what_it_uses(group: str, resource: str, verbs: set[str]) -> None:

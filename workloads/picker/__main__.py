@@ -7,6 +7,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import signal
+import socket
 import sys
 
 import uvicorn
@@ -21,6 +24,7 @@ from .decide import Decider
 from .gate import gate_for
 from .grpc_server import start_grpc
 from .kube import ReplicaWatch
+from .lease import LeaseElector
 from .metrics import PickerMetrics
 from .poll import poll_forever
 from .state import PickerState, Pod
@@ -30,6 +34,23 @@ log = logging.getLogger("loom.workloads.picker")
 
 def load_config(path: str | None) -> PickerConfig:
     return PickerConfig.from_file_or_env(path, ENV_VAR)
+
+
+def leader_elector(config: PickerConfig) -> LeaseElector | None:
+    """With several picker pods (leaderElection), the one that decides whether this one serves; its identity is
+    the pod's name (POD_NAME, from the downward API), else the host's."""
+    if config.leader_election is None:
+        return None
+    identity = os.environ.get("POD_NAME") or socket.gethostname()
+    return LeaseElector(config.namespace, config.leader_election, identity, api_client())
+
+
+async def release_when_stopping(servers: list[uvicorn.Server], elector: LeaseElector) -> None:
+    """At SIGTERM (uvicorn's should_exit), before the requests in flight finish: the Lease is freed so a standby
+    takes over while this pod drains."""
+    while not any(s.should_exit for s in servers):
+        await asyncio.sleep(0.2)
+    await asyncio.to_thread(elector.stop)
 
 
 def fixed_pods(endpoints: list[str], roles: list[str] | None) -> dict[str, Pod]:
@@ -59,12 +80,14 @@ async def serve(config: PickerConfig, endpoints: list[str] | None = None,
         def ready() -> bool:
             return True
 
+    elector = leader_elector(config)
+    active = elector.leading if elector is not None else _always
     gate = gate_for(config, state)
     decider = Decider(state, wait_s=NO_REPLICA_WAIT_S, gate=gate)
     servers = [
         uvicorn.Server(uvicorn.Config(build_app(config, state, Upstream(), decider=decider), host=config.host,
                                       port=config.port, log_level=config.log_level, access_log=False)),
-        uvicorn.Server(uvicorn.Config(build_admin_app(state, ready), host=config.host, port=config.admin_port,
+        uvicorn.Server(uvicorn.Config(build_admin_app(state, ready, active), host=config.host, port=config.admin_port,
                                       log_level="warning", access_log=False)),
     ]
     grpc_server = None
@@ -72,9 +95,13 @@ async def serve(config: PickerConfig, endpoints: list[str] | None = None,
         # A gateway's Envoy: the same decisions (and flow control), a 503 at once when no replica is ready (the
         # gateway holds nothing for the picker), fallbacks named for a gateway that retries.
         gateway = Decider(state, wait_s=0.0, fallbacks=config.ext_proc_fallbacks, gate=gate)
-        grpc_server = await start_grpc(gateway, config.host, config.ext_proc_port, ready)
+        grpc_server = await start_grpc(gateway, config.host, config.ext_proc_port, ready, active)
     if watch is not None:
         watch.start()
+    releasing = None
+    if elector is not None:
+        elector.start()
+        releasing = asyncio.ensure_future(release_when_stopping(servers, elector))
     poller = asyncio.ensure_future(poll_forever(state, config.poll_interval_s))
     follower = None
     if config.kv_events is not None:
@@ -86,6 +113,10 @@ async def serve(config: PickerConfig, endpoints: list[str] | None = None,
     try:
         await asyncio.gather(*(s.serve() for s in servers))
     finally:
+        if releasing is not None:
+            for server in servers:
+                server.should_exit = True
+            await releasing
         if grpc_server is not None:
             await grpc_server.stop(grace=5)
         poller.cancel()
@@ -93,6 +124,10 @@ async def serve(config: PickerConfig, endpoints: list[str] | None = None,
             follower.cancel()
         if watch is not None:
             watch.stop()
+
+
+def _always() -> bool:
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     if endpoints is not None and roles is not None and len(roles) != len(endpoints):
         log.error("--roles names %d replicas, --endpoints %d", len(roles), len(endpoints))
         return 2
+    # uvicorn handles SIGTERM during serve() and raises it again once serve() returns, with the handler that was
+    # there before: the default one would end the process then, before serve's own cleanup (the gRPC server's
+    # grace, a leader's Lease released). This one lets serve() finish; the process exits 0.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     asyncio.run(serve(config, endpoints, kv_addresses, roles))
     return 0
 

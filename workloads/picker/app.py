@@ -107,13 +107,21 @@ def build_app(config: PickerConfig, state: PickerState, upstream: Upstream,
     return Starlette(routes=routes, lifespan=lifespan)
 
 
-def build_admin_app(state: PickerState, ready: Callable[[], bool]) -> Starlette:
-    """/healthz (200 once the first pod list arrived) and /metrics."""
+def build_admin_app(state: PickerState, ready: Callable[[], bool],
+                    active: Callable[[], bool] = lambda: True) -> Starlette:
+    """/healthz (200 once the first pod list arrived: the kubelet's liveness probe), /readyz (besides, this pod is
+    the one serving: its readiness probe, so a standby (`active` false) is never the Service's endpoint) and
+    /metrics."""
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok") if ready() else PlainTextResponse("pods not listed yet", status_code=503)
 
+    async def readyz(request: Request) -> Response:
+        if not ready():
+            return PlainTextResponse("pods not listed yet", status_code=503)
+        return PlainTextResponse("ok") if active() else PlainTextResponse("standby", status_code=503)
+
     async def prometheus(request: Request) -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    return Starlette(routes=[Route("/healthz", healthz), Route("/metrics", prometheus)])
+    return Starlette(routes=[Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", prometheus)])

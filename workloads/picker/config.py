@@ -83,9 +83,22 @@ class DisaggregationConfig(CamelModel):
     version_label: LabelName = Field("loom.dev/kv-version", description="Pod label equal on a prefill and a decode "
                                      "pod whose KV caches are interchangeable (same model, same engine config): "
                                      "never paired across values, so a rollout never mixes versions.")
-
     prefill_timeout_seconds: float = Field(120.0, gt=0, le=3600, description="A prefill hop not answered by then "
                                            "is given up: the decode replica prefills by itself.")
+
+
+class LeaderElectionConfig(CamelModel):
+    """Several picker pods, one serving (election.py): the one holding the Lease `lease_name` is ready (its Service
+    endpoint, gRPC health `readiness`); the others stand by and take over when it stops renewing."""
+
+    lease_name: str = Field(min_length=1, max_length=253, description="The Lease (coordination.k8s.io/v1) in the "
+                            "picker's namespace; the operator creates it, the pods only read and update it.")
+    duration_seconds: float = Field(15.0, gt=0, le=600, description="A standby takes over once the Lease's record "
+                                    "has not changed this long.")
+    renew_deadline_seconds: float = Field(10.0, gt=0, le=600, description="The leader stops leading when it has "
+                                          "not renewed for this long (less than durationSeconds).")
+    retry_seconds: float = Field(2.0, gt=0, le=60, description="How often the Lease is read (and renewed).")
+
 
 class PickerConfig(WorkloadConfig):
     """Everything the picker needs to route one InferenceService's requests over its replicas."""
@@ -123,6 +136,8 @@ class PickerConfig(WorkloadConfig):
     retry_after_seconds: int = Field(1, ge=1, le=3600)
     flow_control: FlowControlConfig | None = Field(None, description="None: every request is routed at once.")
     kv_events: KvEventsConfig | None = Field(None, description="None: prefixes are estimated from what was sent.")
+    leader_election: LeaderElectionConfig | None = Field(None, description="None: this pod is the only picker and "
+                                                         "always serves.")
     disaggregation: DisaggregationConfig | None = Field(None, description="None: every replica serves whole "
                                                         "requests.")
     log_level: str = "info"

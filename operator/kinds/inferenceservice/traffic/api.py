@@ -86,6 +86,10 @@ class Routing(ApiModel):
         "there; events: from the engines' own KV-cache events (vLLM publishes them over ZMQ on each replica's port "
         "5557, which the picker subscribes to), over the prompts' tokens (the picker reads the model's tokenizer "
         "once from a replica), falling back to the estimate for a replica whose events are missing or lost.")
+    picker_replicas: int = Field(
+        1, ge=1, le=3, description="Endpoint picker pods. One serves at a time, chosen by a Lease (<name>-picker); "
+        "with more, the others stand by (running, not Ready, out of the Service) and one takes over within about "
+        "15 s when the serving one stops renewing, without waiting for a new pod to be scheduled and started.")
     session_affinity: SessionAffinity | None = None
     max_waiting_requests: MaxWaiting = Field(
         DEFAULT_MAX_WAITING, description="A replica with this many requests waiting in its engine is overloaded and "

@@ -27,7 +27,7 @@ from .activator import (
     render_routed_service,
     routes_to_activator,
 )
-from .picker import picker_config, picker_name, picker_policy, render_picker, service_selector
+from .picker import picker_config, picker_name, picker_policy, picker_replicas, render_picker, service_selector
 from .pool import API_VERSION as POOL_API
 from .pool import CONDITION as POOL_CONDITION
 from .pool import KIND as POOL_KIND
@@ -91,7 +91,8 @@ async def apply_routing(
     picker_ready = False
     if policy is not None:
         applied: Manifest | None = None
-        for manifest in render_picker(owner, settings.server_image, picker_config(owner, spec, policy)):
+        wanted_picker = picker_config(owner, spec, policy)
+        for manifest in render_picker(owner, settings.server_image, wanted_picker, picker_replicas(spec)):
             applied = await kube.apply(manifest)
         picker_ready = _ready(applied) > 0
     wanted = plan.stable_replicas + plan.canary_replicas

@@ -6,7 +6,7 @@ Owned by the InferenceService `<name>`, in the order to apply them:
     ServiceAccount  <name>-<component>
     Role            <name>-<component>   the caller's rules, then list/watch pods (least privilege)
     RoleBinding     <name>-<component>
-    Deployment      <name>-<component>   1 replica of `python -m <module>` (the server image)
+    Deployment      <name>-<component>   `python -m <module>` (the server image), 1 replica unless told
 
 The pod takes the Service's requests on the port named http (the one the model servers' pods name http, so the
 Service only changes its selector), answers /healthz and /metrics on the port named admin, and reads its whole
@@ -64,12 +64,18 @@ def render_proxy(
     request_seconds: int,
     drain_seconds: int = 0,
     extra_ports: list[Manifest] | None = None,
+    replicas: int = 1,
+    readiness_path: str = "/healthz",
+    strategy: Manifest | None = None,
+    extra_env: list[Manifest] | None = None,
 ) -> list[Manifest]:
     """ServiceAccount, Role, RoleBinding and Deployment of the service's `component` proxy, in the order to apply
     them. `rules`: what it may do besides watching pods (every proxy finds the replicas by their pods' labels).
     `request_seconds`: the longest a request it holds or relays takes to finish once it is told to stop;
     `drain_seconds`: a preStop sleep (0: none) while the Service's endpoint change reaches every proxy in front;
-    `extra_ports`: container ports beside http and admin (the picker's gRPC)."""
+    `extra_ports`: container ports beside http and admin (the picker's gRPC); `replicas`, `readiness_path`,
+    `strategy` and `extra_env`: a proxy whose pods elect one to serve (the picker's standby) differs there: its
+    readiness is not its liveness, and a rollout cannot wait for a standby to be Ready."""
     child = proxy_name(owner["metadata"]["name"], component)
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": child_metadata(owner, child, component)}
     role = {
@@ -87,17 +93,18 @@ def render_proxy(
         "subjects": [{"kind": "ServiceAccount", "name": child, "namespace": owner["metadata"]["namespace"]}],
     }
     probe = {"httpGet": {"path": "/healthz", "port": "admin"}, "periodSeconds": 2, "timeoutSeconds": 2}
+    readiness = {**probe, "httpGet": {"path": readiness_path, "port": "admin"}, "failureThreshold": 2}
     container: Manifest = {
         "name": component,
         "image": image,
         "command": ["python", "-m", module],
-        "env": [{"name": config_env, "value": config.to_json()}],
+        "env": [{"name": config_env, "value": config.to_json()}, *(extra_env or [])],
         "ports": [
             {"name": "http", "containerPort": config.port, "protocol": "TCP"},
             {"name": "admin", "containerPort": config.admin_port, "protocol": "TCP"},
             *(extra_ports or []),
         ],
-        "readinessProbe": {**probe, "failureThreshold": 2},
+        "readinessProbe": readiness,
         "livenessProbe": {**probe, "periodSeconds": 10, "failureThreshold": 3},
     }
     if drain_seconds:
@@ -110,11 +117,11 @@ def render_proxy(
         "kind": "Deployment",
         "metadata": child_metadata(owner, child, component),
         "spec": {
-            "replicas": 1,
+            "replicas": replicas,
             # The kit's, as the pod's labels: what they mark it selects; the servers' pods (another component) never.
             "selector": {"matchLabels": match_labels(owner, component)},
             # The new pod is Ready before the old one stops: the Service always has the proxy to route to.
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "strategy": strategy or {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "revisionHistoryLimit": 3,
             "template": {
                 "metadata": {
