@@ -3,15 +3,19 @@ Llama): the engine publishes its KV-cache events over ZMQ (--kv-events-config), 
 kvEvents) follows them, tokenizes prompts as the engine does, and scores the replica by the blocks its engine
 reports holding.
 
+Both ends are configured as the operator renders them for spec.routing.prefixMatch events: the front's
+engine.kvEventsPort (the front passes the flag, endpoint on a wildcard host), the picker's kvEvents with only the
+port (each replica's address and that port, as for a pod) and no tokenizer folder (it reads the tokenizer from the
+replica's front).
+
 Checked: the picker's tokens of a chat request are the engine's (its /tokenize); once a long prompt was answered,
-the picker has read event batches without a gap and scores the replica from them
+the picker has read the tokenizer from the front, event batches without a gap, and scores the replica from them
 (loom_picker_prefix_source_total{source=engine}). The fallback to the estimate: test_picker_kv_events.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,23 +49,18 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str
     folder = tmp_path_factory.mktemp("picker-precise")
     write_llama_folder(folder / "model", LlamaShape(max_positions=MAX_MODEL_LEN))
     kv_port, engine_port = free_port(), free_port()
-    # A wildcard host: vLLM binds its publisher then (given a host, it connects to a collector there).
-    events = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                         "endpoint": f"tcp://*:{kv_port}", "topic": "kv"})
     config = LlmServerConfig(
         model_name=MODEL, model_dir=str(folder / "model"), host="127.0.0.1", port=free_port(),
         engine_port=engine_port, engine_python=vllm_python(REPO), log_level="warning",
         engine=EngineOptions(max_model_len=MAX_MODEL_LEN, dtype="float32", enforce_eager=True,
-                             kv_cache_memory_bytes=32 << 20, max_num_seqs=2,
-                             extra_args=[f"--kv-events-config={events}"]))
+                             kv_cache_memory_bytes=32 << 20, max_num_seqs=2, kv_events_port=kv_port))
     (folder / "r0").mkdir()
     with contextlib.ExitStack() as stack:
         replica = stack.enter_context(llm_server(config, folder / "r0"))
         picker = PickerConfig(namespace="test", service=MODEL, pod_selector={"app": MODEL}, host="127.0.0.1",
                               port=free_port(), admin_port=free_port(),
-                              kv_events=KvEventsConfig(topic="kv", tokenizer_dir=str(folder / "model")))
-        url = stack.enter_context(picker_process(picker, [replica.removeprefix("http://")], folder,
-                                                 kv_events=[f"tcp://127.0.0.1:{kv_port}"]))
+                              kv_events=KvEventsConfig(port=kv_port))
+        url = stack.enter_context(picker_process(picker, [replica.removeprefix("http://")], folder))
         yield url, f"http://127.0.0.1:{picker.admin_port}", engine_port, folder / "model"
 
 
@@ -79,6 +78,7 @@ def test_the_picker_scores_by_the_engines_events(running: tuple[str, str, int, P
         for user in ("what about a refund?", "what about a parcel?", "what about tax?"):
             assert client.post(f"{url}/v1/chat/completions", json=chat(user)).status_code == 200
     found = samples(admin)
+    assert "tokenizer read from" in next(running[3].parent.glob("picker-*.log")).read_text()
     assert total(found, "loom_picker_kv_event_batches_total") >= 1
     assert total(found, "loom_picker_kv_event_gaps_total") == 0
     # The first request found no events yet (the estimate); the later ones were scored from the engine's.
