@@ -1,7 +1,8 @@
 """spec.vllm.disaggregation against the real API server, scheduler and controllers, on kwok nodes: the operator
 renders a prefill and a decode Deployment (role and kv-version labels, the KV connector on the engine, the shared
 claim mounted), the picker's config with disaggregation and the Service pointed at the picker, status counting each
-pool; a new model is a new kv-version in both pools, and switching disaggregation off leaves one Deployment.
+pool; switched on, the pools replace the service's Deployment; a new model is a new kv-version in both pools, and
+switching disaggregation off leaves one Deployment.
 
 kwok stands in for the engine: its pods run no process, so this proves the operator's side (llm/disaggregation.py),
 not the KV hand-over, which the real-engine tests of the picker prove (tests/integration, make test-all).
@@ -30,7 +31,7 @@ KV_VERSION = "loom.dev/kv-version"
 KV_ARG = "--engine-arg=--kv-transfer-config="
 
 
-def service(model: str = "v1") -> dict[str, Any]:
+def service(model: str = "v1", split: bool = True) -> dict[str, Any]:
     return {
         "apiVersion": "loom.dev/v1alpha1",
         "kind": "InferenceService",
@@ -39,7 +40,7 @@ def service(model: str = "v1") -> dict[str, Any]:
             "runtime": "vllm",
             "model": {"uri": f"s3://models/split/{model}"},
             "vllm": {"disaggregation": {"kvStorage": {"claimName": CLAIM}, "prefill": {"replicas": 1},
-                                        "decode": {"replicas": 2}}},
+                                        "decode": {"replicas": 2}}} if split else {},
             "nodeSelector": {"type": "kwok"},
             "tolerations": [KWOK_TOLERATION],
         },
@@ -118,6 +119,10 @@ def test_a_disaggregated_service_runs_two_pools_behind_its_picker_and_rolls_them
     ns, volume = operator_namespace, f"kv-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(shared_volume(ns, volume)))
     try:
+        # One Deployment first; disaggregation switched on replaces it by the two pools.
+        cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(service(split=False)))
+        wait_until(lambda: (get(cluster, ns, "deployment", NAME).get("status") or {}).get("readyReplicas") == 1,
+                   timeout=120, what="the one Deployment ready")  # fmt: skip
         cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(service()))
         obj = serving(cluster, loom_operator, ns)
         split = obj["status"]["disaggregation"]
@@ -126,7 +131,7 @@ def test_a_disaggregated_service_runs_two_pools_behind_its_picker_and_rolls_them
         assert ready_message.endswith("prefill 1/1 ready, decode 2/2 ready")
 
         # Two Deployments instead of the one, each selecting its own pool.
-        assert get(cluster, ns, "deployment", NAME) == {}
+        wait_until(lambda: get(cluster, ns, "deployment", NAME) == {}, timeout=60, what="the one Deployment gone")
         prefill, decode = (get(cluster, ns, "deployment", f"{NAME}-{role}") for role in ("prefill", "decode"))
         assert (prefill["spec"]["replicas"], decode["spec"]["replicas"]) == (1, 2)
         assert prefill["spec"]["selector"]["matchLabels"][ROLE] == "prefill"
@@ -180,6 +185,10 @@ def test_a_disaggregated_service_runs_two_pools_behind_its_picker_and_rolls_them
         wait_until(one_deployment, timeout=120, what="one Deployment instead of the two pools", interval=1)
         wait_until(lambda: not (get(cluster, ns, "inferenceservice", NAME).get("status") or {}).get("disaggregation"),
                    timeout=60, what="status without the pools")  # fmt: skip
+        # One replica needs no picker: the Service selects the replica again and the picker goes.
+        wait_until(lambda: get(cluster, ns, "service", NAME)["spec"]["selector"].get("app.kubernetes.io/component")
+                   == "server", timeout=60, what="the Service back on the replica")  # fmt: skip
+        wait_until(lambda: get(cluster, ns, "deployment", f"{NAME}-picker") == {}, timeout=60, what="the picker gone")
     finally:
         cluster.kubectl("delete", "inferenceservice", NAME, "-n", ns, "--wait=true", "--ignore-not-found")
         cluster.kubectl("delete", "pvc", CLAIM, "-n", ns, "--wait=false", "--ignore-not-found")

@@ -260,7 +260,7 @@ async def _apply_track(
     await kube.apply(config_map)  # before the Deployment: new pods must find their config
     previous = seen.stable if track == "stable" else seen.canary
     if disaggregation.disaggregated(p.spec):
-        return await _apply_pools(p.ctx.namespace, deployment, p.spec, previous)
+        return await _apply_pools(p.ctx.namespace, deployment, p.spec)
     if previous is not None and previous.get("kind") == disaggregation.VIEW_KIND:  # the track ran as two pools
         await llm_io.delete_pools(p.ctx.namespace, deployment["metadata"]["name"])
     if multinode.grouped(p.spec):
@@ -278,16 +278,17 @@ async def _apply_track(
     return applied
 
 
-async def _apply_pools(
-    namespace: str, deployment: Manifest, spec: InferenceServiceSpec, previous: Manifest | None
-) -> Manifest:
-    """The track as prefill and decode pools; the one workload it ran as before them goes once they are applied."""
+async def _apply_pools(namespace: str, deployment: Manifest, spec: InferenceServiceSpec) -> Manifest:
+    """The track as prefill and decode pools; the workload it ran as before them (its Deployment, its LeaderWorkerSet)
+    goes once they are applied. Looked for on every pass (in the watch cache: no request when absent), so one left by
+    an operator killed between the apply and the delete goes on the next pass."""
     applied = await llm_io.apply_pools(deployment, spec)
     name = deployment["metadata"]["name"]
-    if previous is not None and previous.get("kind") == "Deployment":
+    if await kube.get("apps/v1", "Deployment", namespace, name) is not None:
         await kube.delete("apps/v1", "Deployment", namespace, name)
-    elif previous is not None and previous.get("kind") == multinode.LWS_KIND:
-        await kube.delete(multinode.LWS_API_VERSION, multinode.LWS_KIND, namespace, multinode.group_set_name(name))
+    group_set = multinode.group_set_name(name)
+    if await kube.get(multinode.LWS_API_VERSION, multinode.LWS_KIND, namespace, group_set) is not None:
+        await kube.delete(multinode.LWS_API_VERSION, multinode.LWS_KIND, namespace, group_set)
     return applied
 
 
