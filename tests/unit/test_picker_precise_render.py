@@ -6,7 +6,9 @@ the first replica that answers and tokenizes exactly as from the model's folder.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import socket
 import threading
 from collections.abc import Iterator
@@ -126,9 +128,16 @@ def free_port() -> int:
 
 @pytest.fixture
 def served_front(tmp_path: Path) -> Iterator[str]:
-    """A real front over HTTP (uvicorn, lifespan off: no engine), its model a tiny Llama folder."""
+    """A real front over HTTP, its model a tiny Llama folder."""
     write_llama_folder(tmp_path, LlamaShape())
-    config = LlmServerConfig(model_name="tiny", model_dir=str(tmp_path), engine=EngineOptions(kv_events_port=5557))
+    with serving_front(tmp_path) as address:
+        yield address
+
+
+@contextlib.contextmanager
+def serving_front(folder: Path) -> Iterator[str]:
+    """A real front over HTTP (uvicorn, lifespan off: no engine) on the model in `folder`; yields ip:port."""
+    config = LlmServerConfig(model_name="tiny", model_dir=str(folder), engine=EngineOptions(kv_events_port=5557))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(build_app(config), host="127.0.0.1", port=port, lifespan="off",
                                            log_level="warning"))
@@ -152,3 +161,27 @@ def test_the_picker_reads_the_tokenizer_from_the_replica_that_answers(served_fro
     assert tokens is not None and tokens == local.tokens("/v1/chat/completions", CHAT)
     assert tokenizer.tokens("/v1/completions", {"prompt": "hello"}) == local.tokens("/v1/completions",
                                                                                    {"prompt": "hello"})
+
+
+def test_a_model_without_tokenizer_json_keeps_the_estimate_and_says_why_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A model whose folder has no tokenizer.json (a sentencepiece tokenizer.model only): the front answers 404, the
+    picker keeps routing by its estimate and asks again less and less often, warning once, not at every try."""
+    waits: list[float] = []
+
+    class Enough(Exception):
+        pass
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 4:
+            raise Enough
+
+    with (serving_front(tmp_path) as address, caplog.at_level(logging.DEBUG, "loom.workloads.picker"),
+          pytest.raises(Enough)):
+        asyncio.run(tokenizer_from_replicas(lambda: [address], 0.5, sleep))
+    assert waits == [0.5, 1.0, 2.0, 4.0]
+    told = [r for r in caplog.records if "no tokenizer from" in r.getMessage()]
+    assert [r.levelno for r in told] == [logging.WARNING] + [logging.DEBUG] * 3
+    assert "404" in told[0].getMessage()
