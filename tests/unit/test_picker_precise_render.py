@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 from pydantic import ValidationError
@@ -31,7 +32,7 @@ from loom.workloads.llm.engine import engine_argv
 from loom.workloads.llm.hf_model import LlamaShape, write_llama_folder
 from loom.workloads.picker.config import PickerConfig
 from loom.workloads.picker.prompt_tokens import PromptTokenizer
-from loom.workloads.picker.tokenizer_fetch import tokenizer_from_replicas
+from loom.workloads.picker.tokenizer_fetch import follow_tokenizer, switch_to, tokenizer_from_replicas
 from loom.workloads.server.config import AuthConfig
 
 BASE: dict[str, Any] = {"model": {"uri": "s3://models/llama/v1", "endpoint": "http://s3:9000", "name": "llama"},
@@ -135,9 +136,10 @@ def served_front(tmp_path: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def serving_front(folder: Path) -> Iterator[str]:
+def serving_front(folder: Path, chat_template: str | None = None) -> Iterator[str]:
     """A real front over HTTP (uvicorn, lifespan off: no engine) on the model in `folder`; yields ip:port."""
-    config = LlmServerConfig(model_name="tiny", model_dir=str(folder), engine=EngineOptions(kv_events_port=5557))
+    config = LlmServerConfig(model_name="tiny", model_dir=str(folder),
+                             engine=EngineOptions(kv_events_port=5557, chat_template=chat_template))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(build_app(config), host="127.0.0.1", port=port, lifespan="off",
                                            log_level="warning"))
@@ -155,7 +157,9 @@ def serving_front(folder: Path) -> Iterator[str]:
 def test_the_picker_reads_the_tokenizer_from_the_replica_that_answers(served_front: str, tmp_path: Path) -> None:
     unreachable = f"127.0.0.1:{free_port()}"  # sorted first: tried, refused, the next one answers
     replicas = sorted([unreachable, served_front])
-    tokenizer = asyncio.run(asyncio.wait_for(tokenizer_from_replicas(lambda: replicas, 0.05), 30))
+    fetched = asyncio.run(asyncio.wait_for(tokenizer_from_replicas(lambda: replicas, 0.05), 30))
+    tokenizer = fetched.tokenizer
+    assert fetched.digest == httpx.get(f"http://{served_front}/v2/tokenizer").json()["digest"]  # the front's own
     local = PromptTokenizer.from_folder(tmp_path)
     tokens = tokenizer.tokens("/v1/chat/completions", CHAT)
     assert tokens is not None and tokens == local.tokens("/v1/chat/completions", CHAT)
@@ -185,3 +189,40 @@ def test_a_model_without_tokenizer_json_keeps_the_estimate_and_says_why_once(
     told = [r for r in caplog.records if "no tokenizer from" in r.getMessage()]
     assert [r.levelno for r in told] == [logging.WARNING] + [logging.DEBUG] * 3
     assert "404" in told[0].getMessage()
+
+
+def test_a_new_tokenizer_is_taken_once_every_replica_serves_it() -> None:
+    assert switch_to("old", {"a": "new", "b": "new", "c": None}) == "new"  # c not answering: not counted
+    assert switch_to("old", {"a": "old", "b": "new"}) is None  # a rollout under way: old still matches a's engine
+    assert switch_to("old", {"a": "old"}) is None and switch_to("old", {"a": None}) is None
+    assert switch_to("old", {}) is None
+
+
+def test_the_picker_follows_the_replicas_to_a_new_models_tokenizer(tmp_path: Path) -> None:
+    """The replicas before and after a model change (here the engine's chat template changed, so the served
+    tokenizer_config.json and its digest do): the picker keeps its tokenizer while the old replica answers, then
+    takes the new replica's."""
+    write_llama_folder(tmp_path, LlamaShape())
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    with serving_front(tmp_path) as old, serving_front(tmp_path, chat_template=template) as new:
+        first = asyncio.run(tokenizer_from_replicas(lambda: [old], 0.05))
+        listed = [[old], [old, new], [new]]  # what each check finds: the rollout's steps
+        used: list[Any] = []
+
+        class Done(Exception):
+            pass
+
+        async def sleep(seconds: float) -> None:
+            if not listed:
+                raise Done
+            replicas[:] = listed.pop(0)
+
+        def use(tokenizer: Any) -> None:
+            used.append((len(listed), tokenizer))
+
+        replicas: list[str] = []
+        with pytest.raises(Done):
+            asyncio.run(follow_tokenizer(use, lambda: replicas, first.digest, 60, sleep))
+    assert [steps_left for steps_left, _ in used] == [0]  # taken at the last step only, once
+    tokens = used[0][1].tokens("/v1/chat/completions", CHAT)
+    assert tokens is not None and tokens != first.tokenizer.tokens("/v1/chat/completions", CHAT)

@@ -51,7 +51,7 @@ from .openai_protocol import (
 )
 from .sse_relay import SseRelay, events
 from .tokenizer_files import PATHS as TOKENIZER_PATHS
-from .tokenizer_files import TOKENIZER_PATH, tokenizer_file
+from .tokenizer_files import TOKENIZER_PATH, tokenizer_digest, tokenizer_file
 
 log = logging.getLogger(__name__)
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -300,6 +300,13 @@ class LlmRoutes:
             return error_response(OpenAIError(404, f"the model has no {request.path_params['file']}", "not_found"))
         return Response(data, media_type="application/json")
 
+    async def tokenizer_index(self, request: Request) -> Response:
+        """The tokenizer's digest: the picker asks every replica for it now and then (a new model's tokenizer)."""
+        found = await asyncio.to_thread(tokenizer_digest, Path(self.config.model_dir), self.config.engine.chat_template)
+        if found is None:
+            return error_response(OpenAIError(404, "the model has no tokenizer.json", "not_found"))
+        return JSONResponse({"digest": found})
+
     def table(self) -> list[Route]:
         routes = [  # the token path's routes first: Starlette tries each route's pattern in order
             Route("/v1/chat/completions", self.measured("chat_completions", self.chat_completions), methods=["POST"]),
@@ -317,6 +324,7 @@ class LlmRoutes:
             routes.append(Route(f"/v2/models/{{name}}/{suffix}", wrapped, methods=["POST"]))
             routes.append(Route(f"/v2/models/{{name}}/versions/{{version}}/{suffix}", wrapped, methods=["POST"]))
         if self.config.engine.kv_events_port is not None:  # the picker's precise prefix routing reads them
+            routes.append(Route(TOKENIZER_PATH, self.tokenizer_index, methods=["GET"]))
             routes.append(Route(f"{TOKENIZER_PATH}/{{file}}", self.tokenizer, methods=["GET"]))
         return routes
 

@@ -1,7 +1,8 @@
 """The tokenizer as this replica's engine uses it, served to the endpoint picker (precise prefix routing): the picker
 tokenizes each prompt itself to match the engines' KV-cache events, so it needs the model's `tokenizer.json` and
-`tokenizer_config.json` (its chat template). It reads them once from a replica (workloads/picker/tokenizer_fetch.py)
-instead of fetching the model, which would take the model store's credentials and the whole model's download.
+`tokenizer_config.json` (its chat template). It reads them from a replica (workloads/picker/tokenizer_fetch.py)
+instead of fetching the model, which would take the model store's credentials and the whole model's download, and
+asks the replicas for their digest (`GET /v2/tokenizer`) now and then to follow a new model's.
 
 Served only when the engine publishes KV events (engine.kvEventsPort), without an API key as the probes and the
 adapter states are: the picker holds no key. What it exposes is what a client could reconstruct from the model's
@@ -12,6 +13,7 @@ spec gives (engine.chatTemplate) replaces the model's, and a template kept besid
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -20,7 +22,24 @@ TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 FILES = (TOKENIZER_JSON, TOKENIZER_CONFIG)
-PATHS = tuple(f"{TOKENIZER_PATH}/{name}" for name in FILES)
+# The index (the tokenizer's digest) and each file: the paths served without a key.
+PATHS = (TOKENIZER_PATH, *(f"{TOKENIZER_PATH}/{name}" for name in FILES))
+
+
+def digest(tokenizer_json: bytes, config: bytes | None) -> str:
+    """What names a tokenizer as served (both files' bytes): the picker compares its replicas' by it, to follow a
+    new model's tokenizer once every replica serves it."""
+    hashed = hashlib.sha256(tokenizer_json)
+    hashed.update(b"\0")
+    hashed.update(config or b"")
+    return hashed.hexdigest()
+
+
+def tokenizer_digest(model_dir: Path, chat_template: str | None) -> str | None:
+    tokenizer = tokenizer_file(model_dir, TOKENIZER_JSON, chat_template)
+    if tokenizer is None:
+        return None
+    return digest(tokenizer, tokenizer_file(model_dir, TOKENIZER_CONFIG, chat_template))
 
 
 def tokenizer_file(model_dir: Path, name: str, chat_template: str | None) -> bytes | None:

@@ -81,16 +81,25 @@ def start_following(config: PickerConfig, state: PickerState,
     async def run() -> None:
         from .precise import PreciseMetrics
         from .prompt_tokens import PromptTokenizer
-        from .tokenizer_fetch import tokenizer_from_replicas
+        from .tokenizer_fetch import follow_tokenizer, tokenizer_from_replicas
 
+        fetched = None
         if events.tokenizer_dir is not None:
             tokenizer = PromptTokenizer.from_folder(events.tokenizer_dir)
         else:
-            tokenizer = await tokenizer_from_replicas(lambda: list(state.pods), config.poll_interval_s)
+            fetched = await tokenizer_from_replicas(lambda: list(state.pods), config.poll_interval_s)
+            tokenizer = fetched.tokenizer
         precise = PrecisePrefix(tokenizer, PreciseMetrics(state.metrics.service, state.metrics.registry),
                                 silence_s=events.silence_seconds, relearn_s=events.relearn_seconds)
         state.precise = precise
-        await follow(precise, lambda: list(state.pods), lambda e: fixed.get(e) or by_pod(e), events.topic,
-                     config.poll_interval_s)
+
+        def use(new: PromptTokenizer) -> None:
+            precise.tokenizer = new
+
+        following = [follow(precise, lambda: list(state.pods), lambda e: fixed.get(e) or by_pod(e), events.topic,
+                            config.poll_interval_s)]
+        if fetched is not None:  # read from the replicas: a new model's tokenizer is followed too
+            following.append(follow_tokenizer(use, lambda: list(state.pods), fetched.digest))
+        await asyncio.gather(*following)
 
     return asyncio.create_task(run())
