@@ -2,7 +2,8 @@
 renders a prefill and a decode Deployment (role and kv-version labels, the KV connector on the engine, the shared
 claim mounted), the picker's config with disaggregation and the Service pointed at the picker, status counting each
 pool; switched on, the pools replace the service's Deployment; a new model is a new kv-version in both pools, and
-switching disaggregation off leaves one Deployment.
+switching disaggregation off leaves one Deployment. Queued by the stack's real Kueue, both pools are admitted as one pod
+set, and neither runs before.
 
 kwok stands in for the engine: its pods run no process, so this proves the operator's side (llm/disaggregation.py),
 not the KV hand-over, which the real-engine tests of the picker prove (tests/integration, make test-all).
@@ -22,7 +23,10 @@ from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.nodes import KWOK_TOLERATION
 from loom.e2e.pytest_operator import OperatorProcess
 
+from .test_trainingjob_kueue import QUEUE_LABEL, apply_ns, phases, queue, queued_job, wait_for
+
 pytestmark = [pytest.mark.integration, pytest.mark.e2e, pytest.mark.timeout(420)]
+__all__ = ["queue"]  # the fixture, shared with the TrainingJob tests
 
 NAME = "split"
 CLAIM = "kv-shared"
@@ -75,7 +79,7 @@ def pool_pods(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
     return [p for p in json.loads(out.stdout)["items"] if not p["metadata"].get("deletionTimestamp")]
 
 
-def ready(pod: dict[str, Any]) -> bool:
+def ready_pod(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in (pod.get("status") or {}).get("conditions", []))
 
 
@@ -95,7 +99,7 @@ def serving(cluster: Cluster, op: OperatorProcess, ns: str, version: str | None 
             and conds.get("RolledOut", {}).get("status") == "True"
             and split.get("prefill", {}).get("readyReplicas") == 1
             and split.get("decode", {}).get("readyReplicas") == 2
-            and len(pods) == 3 and all(ready(p) for p in pods)
+            and len(pods) == 3 and all(ready_pod(p) for p in pods)
             and versions == ({version} if version else {split.get("kvVersion")})
         )
         return obj if ok else None
@@ -189,6 +193,53 @@ def test_a_disaggregated_service_runs_two_pools_behind_its_picker_and_rolls_them
         wait_until(lambda: get(cluster, ns, "service", NAME)["spec"]["selector"].get("app.kubernetes.io/component")
                    == "server", timeout=60, what="the Service back on the replica")  # fmt: skip
         wait_until(lambda: get(cluster, ns, "deployment", f"{NAME}-picker") == {}, timeout=60, what="the picker gone")
+    finally:
+        cluster.kubectl("delete", "inferenceservice", NAME, "-n", ns, "--wait=true", "--ignore-not-found")
+        cluster.kubectl("delete", "pvc", CLAIM, "-n", ns, "--wait=false", "--ignore-not-found")
+        cluster.kubectl("delete", "pv", volume, "--wait=false", "--ignore-not-found")
+
+
+def test_kueue_admits_both_pools_as_one_pod_set_and_neither_runs_before(
+    cluster: Cluster, loom_operator: OperatorProcess, operator_namespace: str, queue: dict[str, str]
+) -> None:
+    ns, op, volume = operator_namespace, loom_operator, f"kv-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(shared_volume(ns, volume)))
+    queued_split = service()
+    queued_split["metadata"]["labels"] = {QUEUE_LABEL: "team"}
+    spec = queued_split["spec"]
+    spec["gpus"] = 8  # a pod of each pool: the queue's 16 GPUs
+    spec["vllm"]["disaggregation"]["decode"]["replicas"] = 1
+    for key in ("nodeSelector", "tolerations"):  # the admitted flavor gives them
+        del spec[key]
+    try:
+        apply_ns(cluster, ns, queued_job("holder", gpus=16))  # the whole queue
+        wait_for(cluster, op, ns, "holder Running", lambda: phases(cluster, ns, ["holder"])["holder"] == "Running")
+        cluster.kubectl("apply", "-n", ns, "-f", "-", stdin=yaml.safe_dump(queued_split))
+
+        def queued() -> dict[str, Any] | None:
+            st = get(cluster, ns, "inferenceservice", NAME).get("status") or {}
+            return st if (st.get("queue") or {}).get("state") == "Queued" and st["queue"].get("workload") else None
+
+        st = wait_for(cluster, op, ns, f"{NAME} Queued", queued)
+        workload = get(cluster, ns, "workloads.kueue.x-k8s.io", st["queue"]["workload"])
+        assert [p["count"] for p in workload["spec"]["podSets"]] == [2]  # prefill 1 + decode 1, admitted together
+        assert pool_pods(cluster, ns) == []  # neither pool runs before admission
+
+        cluster.kubectl("delete", "trainingjob", "holder", "-n", ns)  # its Workload goes with it: quota freed
+
+        def admitted() -> dict[str, Any] | None:
+            obj = get(cluster, ns, "inferenceservice", NAME)
+            st = obj.get("status") or {}
+            ready = next((c for c in st.get("conditions") or [] if c["type"] == "Ready"), {})
+            pods = pool_pods(cluster, ns)
+            return st if ready.get("status") == "True" and len(pods) == 2 and all(map(ready_pod, pods)) else None
+
+        st = wait_for(cluster, op, ns, f"{NAME} Ready once admitted", admitted, timeout=180)
+        assert st["queue"]["state"] == "Admitted" and st["queue"]["flavor"] == queue["flavor"]
+        pods = pool_pods(cluster, ns)
+        assert sorted(p["metadata"]["labels"][ROLE] for p in pods) == ["decode", "prefill"]
+        for pod in pods:  # on the admitted flavor's nodes, through the flavor alone
+            assert pod["spec"]["nodeSelector"] == {"type": "kwok"} and KWOK_TOLERATION in pod["spec"]["tolerations"]
     finally:
         cluster.kubectl("delete", "inferenceservice", NAME, "-n", ns, "--wait=true", "--ignore-not-found")
         cluster.kubectl("delete", "pvc", CLAIM, "-n", ns, "--wait=false", "--ignore-not-found")

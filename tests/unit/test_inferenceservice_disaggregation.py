@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from loom.operator.api.cel import admitted
 from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
 from loom.operator.kinds.inferenceservice.llm import disaggregation
+from loom.operator.kinds.inferenceservice.queue.admission import ServiceQueue, admit, minimum, minimum_pods, workloads
 from loom.operator.kinds.inferenceservice.render import render_deployment
 from loom.operator.kinds.inferenceservice.rollout import available, plan_rollout, rolled_out
 from loom.operator.kinds.inferenceservice.source.model import resolve_model
@@ -280,8 +281,13 @@ def test_admission_takes_a_disaggregated_service_and_needs_its_claim() -> None:
     admitted(InferenceServiceSpec, {**SPLIT, "vllm": {**SPLIT["vllm"], "extraArgs": ["--max-num-batched-tokens=64"]}})
 
 
-def test_kueue_admission_of_two_pools_is_refused_in_status() -> None:
-    problem = disaggregation.check(spec_of(SPLIT), {"kueue.x-k8s.io/queue-name": "q"})
-    assert problem is not None and "not supported with spec.vllm.disaggregation" in problem
-    assert disaggregation.check(spec_of(SPLIT), {}) is None
-    assert disaggregation.check(spec_of(BASE), {"kueue.x-k8s.io/queue-name": "q"}) is None
+def test_kueue_admits_both_pools_as_one_pod_set_and_without_admission_neither_runs() -> None:
+    spec = spec_of(SPLIT)
+    assert minimum(spec) == 1 and minimum_pods(spec) == 3  # one "replica": prefill 1 + decode 2 pods
+    (base,) = workloads({**OWNER, "spec": {}}, spec, rendered(SPLIT)["spec"]["template"], "q", (0,), [])
+    assert base["spec"]["podSets"][0]["count"] == 3
+    # Not admitted, the track asks for no replica: neither pool runs; admitted, each its own replicas.
+    queued = admit(ServiceQueue("q", None), spec, requested=1, running=0)
+    assert (queued.state, queued.replicas, queued.create) == ("Queued", 0, (0,))
+    assert [p["spec"]["replicas"] for p in pools_of(SPLIT, replicas=queued.replicas)] == [0, 0]
+    assert [p["spec"]["replicas"] for p in pools_of(SPLIT, replicas=1)] == [1, 2]

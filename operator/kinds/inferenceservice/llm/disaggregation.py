@@ -36,7 +36,6 @@ import json
 from typing import Any, Literal
 
 from ....core.kit import Condition, Manifest
-from ....core.queue.workload import QUEUE_LABEL
 from ..api import InferenceServiceSpec, ServingPhase
 from ..render import CONFIG_HASH_ANNOTATION
 from ..source.model import MODEL_ANNOTATION
@@ -236,13 +235,3 @@ def phase_with_pools(phase: ServingPhase | None, conditions: list[Condition]) ->
     ready = next((c for c in conditions if c.type == "Ready"), None)
     failed = ready is not None and ready.status == "False" and ready.reason in ("FetchFailed", "LoadFailed")
     return "Failed" if phase == "Loading" and failed else phase
-
-
-def check(spec: InferenceServiceSpec, labels: dict[str, str]) -> str | None:
-    """What the CRD's rules cannot see: Kueue admits a service's replicas as one pod set, not two pools."""
-    if disaggregated(spec) and QUEUE_LABEL in labels:
-        return (
-            f"Kueue admission (label {QUEUE_LABEL}) is not supported with spec.vllm.disaggregation yet: remove the "
-            "label or the disaggregation"
-        )
-    return None

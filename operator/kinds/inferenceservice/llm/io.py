@@ -105,10 +105,7 @@ class LlmFeature(Feature):
     from each ready replica's front). spec.vllm is the runtime's render (vllm.py), called by the core's."""
 
     def check(self, body: Manifest, spec: InferenceServiceSpec) -> str | None:
-        return (
-            name_problem(body, spec) or multinode.check(spec, body["metadata"]["name"])
-            or disaggregation.check(spec, body["metadata"].get("labels") or {})
-        )
+        return name_problem(body, spec) or multinode.check(spec, body["metadata"]["name"])
 
     async def observe(self, p: ServicePass, seen: Observed) -> None:
         if not p.ctx.valid:

@@ -24,6 +24,9 @@ A service labelled `kueue.x-k8s.io/queue-name` is a Kueue external framework lik
 - A replica larger than one pod (spec.vllm.parallelism.podsPerReplica, a LeaderWorkerSet group: llm/multinode.py)
   counts its pods: the minimum's pod set is minimum x podsPerReplica pods and a step's podsPerReplica, so a group is
   admitted whole (a gang) or not at all; replicas are still counted in groups.
+- A disaggregated service (spec.vllm.disaggregation: llm/disaggregation.py) serves only with both its pools, which
+  have fixed replicas: its minimum is one "replica" whose pod set is both pools' pods (prefill + decode), admitted
+  whole or not at all; not admitted, neither pool runs.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from ....core.queue import workload as kueue
 from ....core.queue.job import Gate, QueueObservation, admission
 from ....core.queue.workload import Eviction
 from ..api import InferenceServiceSpec, InferenceServiceStatus
+from ..llm.disaggregation import disaggregation
 from ..llm.multinode import pods_per_replica
 from .api import ServiceQueueStatus
 
@@ -53,7 +57,10 @@ def minimum(spec: InferenceServiceSpec) -> int:
 
 
 def minimum_pods(spec: InferenceServiceSpec) -> int:
-    """The minimum's pod set count: its replicas times the pods of one replica (a group is admitted whole)."""
+    """The minimum's pod set count: its replicas times the pods of one replica (a group is admitted whole); a
+    disaggregated service's, both pools' pods (the two are admitted together)."""
+    if (split := disaggregation(spec)) is not None:
+        return split.prefill.replicas + split.decode.replicas
     return minimum(spec) * pods_per_replica(spec)
 
 
