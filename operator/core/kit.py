@@ -93,6 +93,14 @@ def owner_reference(owner: Manifest) -> Manifest:
     }
 
 
+def controlled_by(child: Manifest, owner: Manifest) -> bool:
+    """The child's controller ownerReference carries the owner's uid: an object of a name Loom gives may still be
+    someone else's (another object whose own name ends like one of Loom's suffixes), and is then left alone."""
+    uid = owner["metadata"].get("uid")
+    refs = (child.get("metadata") or {}).get("ownerReferences") or []
+    return uid is not None and any(r.get("controller") and r.get("uid") == uid for r in refs)
+
+
 def match_labels(owner: Manifest, component: str) -> dict[str, str]:
     """The labels that pick one component's pods of one Loom object (a Deployment's matchLabels, a Service's
     selector): the first three of `labels`, so whatever `labels` marks they select, and another component never."""

@@ -453,3 +453,36 @@ async def test_adapters_reach_the_configmap_in_place_and_their_states_reach_stat
         {"pod": "gpt-abc", "state": "Loaded"}]
     assert states["tuned"]["state"] == "Pending"  # the replica has not read the new list yet
     assert api.deployment("gpt")["spec"]["template"] == template  # type: ignore[index]  # no rollout for adapters
+
+
+def _leftover(kind: str, api_version: str, name: str, owner_uid: str | None) -> dict[str, Any]:
+    refs = [] if owner_uid is None else [{"kind": "InferenceService", "uid": owner_uid, "controller": True}]
+    meta = {"name": name, "namespace": "ml", "uid": f"uid-of-{name}", "generation": 1, "ownerReferences": refs}
+    return {"apiVersion": api_version, "kind": kind, "metadata": meta, "spec": {}}
+
+
+async def test_another_shape_left_by_a_killed_operator_goes_and_a_namesakes_objects_stay(api: FakeApi) -> None:
+    """The track is a Deployment again; an operator killed between that apply and deleting the pools and the group
+    it ran as before left them (ours: they go on the next pass), and objects of Loom's names that are not this
+    service's (a service named gpt-decode, someone's gpt-group) are left alone."""
+    put_isvc(api, spec("v1"))
+    await reconcile(api)
+    api.settle("gpt")
+    leftovers = {
+        ("apps/v1", "Deployment", "ml", "gpt-prefill"): _leftover("Deployment", "apps/v1", "gpt-prefill", "uid-1"),
+        ("apps/v1", "Deployment", "ml", "gpt-decode"): _leftover("Deployment", "apps/v1", "gpt-decode", "uid-2"),
+        ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "ml", "gpt-group"): _leftover(
+            "LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1", "gpt-group", None
+        ),
+    }
+    api.objects.update(copy.deepcopy(leftovers))
+    await reconcile(api)
+    assert ("apps/v1", "Deployment", "ml", "gpt-prefill") not in api.objects
+    assert api.objects[("apps/v1", "Deployment", "ml", "gpt-decode")] == leftovers[
+        ("apps/v1", "Deployment", "ml", "gpt-decode")
+    ]
+    assert ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "ml", "gpt-group") in api.objects
+    assert api.deployment("gpt") is not None
+    assert [k for k in api.deleted if k[3] != "gpt-canary" and k[1] != "ConfigMap"] == [
+        ("apps/v1", "Deployment", "ml", "gpt-prefill")
+    ]

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from pydantic import ValidationError
 
 from ...core import client as kube
-from ...core.kit import Event, Manifest
+from ...core.kit import Event, Manifest, controlled_by
 from ...core.model import first_error
 from ...core.pod_problems import find_problem
 from ...core.pods import PodIndex, pods_of
@@ -258,38 +258,48 @@ async def _apply_track(
     for feature in features:
         feature.render(p, seen, plan, track, deployment)
     await kube.apply(config_map)  # before the Deployment: new pods must find their config
-    previous = seen.stable if track == "stable" else seen.canary
+    name = deployment["metadata"]["name"]
     if disaggregation.disaggregated(p.spec):
-        return await _apply_pools(p.ctx.namespace, deployment, p.spec)
-    if previous is not None and previous.get("kind") == disaggregation.VIEW_KIND:  # the track ran as two pools
-        await llm_io.delete_pools(p.ctx.namespace, deployment["metadata"]["name"])
+        applied = await llm_io.apply_pools(deployment, p.spec)
+        await _delete_other_shapes(p.ctx.owner, name, keep=disaggregation.VIEW_KIND)
+        return applied
     if multinode.grouped(p.spec):
         applied = multinode.deployment_view(
             await kube.apply(multinode.leader_worker_set(deployment, p.spec, f"{CONFIG_DIR}/{LLM_CONFIG_FILE}"))
         )
-        if previous is not None and previous.get("kind") == "Deployment":  # the replicas were single pods before
-            await kube.delete("apps/v1", "Deployment", p.ctx.namespace, deployment["metadata"]["name"])
         assert applied is not None
+        await _delete_other_shapes(p.ctx.owner, name, keep=multinode.LWS_KIND)
         return applied
     applied = await kube.apply(deployment)
-    if previous is not None and previous.get("kind") == multinode.LWS_KIND:  # the replicas were groups before
-        name = multinode.group_set_name(deployment["metadata"]["name"])
-        await kube.delete(multinode.LWS_API_VERSION, multinode.LWS_KIND, p.ctx.namespace, name)
+    await _delete_other_shapes(p.ctx.owner, name, keep="Deployment")
     return applied
 
 
-async def _apply_pools(namespace: str, deployment: Manifest, spec: InferenceServiceSpec) -> Manifest:
-    """The track as prefill and decode pools; the workload it ran as before them (its Deployment, its LeaderWorkerSet)
-    goes once they are applied. Looked for on every pass (in the watch cache: no request when absent), so one left by
-    an operator killed between the apply and the delete goes on the next pass."""
-    applied = await llm_io.apply_pools(deployment, spec)
-    name = deployment["metadata"]["name"]
-    if await kube.get("apps/v1", "Deployment", namespace, name) is not None:
-        await kube.delete("apps/v1", "Deployment", namespace, name)
-    group_set = multinode.group_set_name(name)
-    if await kube.get(multinode.LWS_API_VERSION, multinode.LWS_KIND, namespace, group_set) is not None:
-        await kube.delete(multinode.LWS_API_VERSION, multinode.LWS_KIND, namespace, group_set)
-    return applied
+async def _delete_other_shapes(owner: Manifest, track_deployment: str, keep: str) -> None:
+    """A track runs as one shape: a Deployment, a LeaderWorkerSet group (llm/multinode.py) or prefill and decode
+    pools (llm/disaggregation.py). Once the spec's shape is applied, the others go. They are looked for on every pass,
+    not only when the pass read the track as another shape: an operator killed between the apply and the delete
+    leaves the old shape behind, and the next pass reads the track as the new one. The lookups are in the watch cache
+    (Deployments and LeaderWorkerSets labelled as Loom's; an absent one costs no request). Only this service's own
+    objects go (kit.controlled_by: the service `a` must not delete the Deployment of a service named `a-decode`)."""
+    namespace = owner["metadata"]["namespace"]
+    shapes: dict[str, list[tuple[str, str, str]]] = {
+        "Deployment": [("apps/v1", "Deployment", track_deployment)],
+        multinode.LWS_KIND: [
+            (multinode.LWS_API_VERSION, multinode.LWS_KIND, multinode.group_set_name(track_deployment))
+        ],
+        disaggregation.VIEW_KIND: [
+            ("apps/v1", "Deployment", disaggregation.pool_name(track_deployment, role))
+            for role in disaggregation.ROLES
+        ],
+    }
+    for shape, objects in shapes.items():
+        if shape == keep:
+            continue
+        for api_version, kind, object_name in objects:
+            found = await kube.get(api_version, kind, namespace, object_name)
+            if found is not None and controlled_by(found, owner):
+                await kube.delete(api_version, kind, namespace, object_name, uid=found["metadata"].get("uid"))
 
 
 async def _retire_canary(namespace: str, name: str, canary: Manifest | None) -> None:

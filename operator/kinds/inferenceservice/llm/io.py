@@ -95,11 +95,6 @@ async def apply_pools(deployment: Manifest, spec: InferenceServiceSpec) -> Manif
     return view
 
 
-async def delete_pools(namespace: str, track_deployment: str) -> None:
-    for role in disaggregation.ROLES:
-        await kube.delete("apps/v1", "Deployment", namespace, disaggregation.pool_name(track_deployment, role))
-
-
 class LlmFeature(Feature):
     """spec.adapters: LoRA adapters resolved each pass and loaded by the replicas themselves (their states read
     from each ready replica's front). spec.vllm is the runtime's render (vllm.py), called by the core's."""
