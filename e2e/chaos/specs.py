@@ -223,7 +223,8 @@ def _repair_disaggregation(spec: dict[str, Any]) -> None:
     vllm = spec["vllm"]
     vllm.pop("parallelism", None)
     if "extraArgs" in vllm:
-        vllm["extraArgs"] = [a for a in vllm["extraArgs"] if not str(a).startswith("--kv-transfer-config")]
+        loom_sets = ("--kv-transfer-config", "--enable-chunked-prefill", "--no-enable-chunked-prefill")
+        vllm["extraArgs"] = [a for a in vllm["extraArgs"] if str(a).split("=", 1)[0] not in loom_sets]
 
 
 def _repair_autoscaling(auto: dict[str, Any]) -> None:

@@ -150,6 +150,7 @@ def test_a_disaggregated_service_runs_two_pools_behind_its_picker_and_rolls_them
             connector = json.loads(kv_args[0].removeprefix(KV_ARG))
             assert connector["kv_connector"] == "ExampleConnector" and connector["kv_role"] == "kv_both"
             assert connector["kv_connector_extra_config"]["shared_storage_path"].endswith(f"/{first}")
+            assert "--engine-arg=--no-enable-chunked-prefill" in container["command"]
             claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["spec"]["volumes"]
                       if "persistentVolumeClaim" in v]  # fmt: skip
             assert claims == [CLAIM]

@@ -99,7 +99,7 @@ def test_a_drawn_disaggregated_service_is_repaired_into_one_admission_takes_and_
         "autoscaling": {"minReplicas": 1, "maxReplicas": 2, "target": 4}, "rollout": {"canaryPercent": 10},
         "adapters": [{"name": "a", "uri": "s3://b/a"}], "routing": {"inferencePool": {}},
         "vllm": {"disaggregation": split, "parallelism": {"tensor": 2},
-                 "extraArgs": ["--kv-transfer-config={}", "--max-num-batched-tokens=64"]},
+                 "extraArgs": ["--kv-transfer-config={}", "--enable-chunked-prefill", "--max-num-batched-tokens=64"]},
     }  # fmt: skip
     with pytest.raises(ValidationError):
         admitted(kind_named("InferenceService").spec, spec)

@@ -108,12 +108,15 @@ def test_both_pools_run_the_same_connector_on_the_shared_claim_in_their_kv_versi
     assert hashes != {rendered(BASE)["spec"]["template"]["metadata"]["annotations"]["loom.dev/config-hash"]}
 
 
-def test_the_front_passes_the_connector_to_the_engine() -> None:
-    prefill, _ = pools_of(SPLIT)
-    arg = next(a for a in server(prefill["spec"]["template"])["command"] if "kv-transfer" in a)
-    config = LlmServerConfig(model_name="llama", model_dir="/models/llama")
-    engine = with_engine_args(config, [arg.removeprefix("--engine-arg=")]).engine
-    assert engine.extra_args[-1].startswith("--kv-transfer-config={")
+def test_both_engines_get_the_connector_and_prefill_each_prompt_in_one_step_through_the_front() -> None:
+    for pool in pools_of(SPLIT):
+        args = [a.removeprefix("--engine-arg=") for a in server(pool["spec"]["template"])["command"]
+                if a.startswith("--engine-arg=")]  # fmt: skip
+        config = LlmServerConfig(model_name="llama", model_dir="/models/llama")
+        engine = with_engine_args(config, args).engine
+        # Chunked prefill off: the connector stores what a request's first step computed, so the whole prompt.
+        assert engine.extra_args[-2].startswith("--kv-transfer-config={")
+        assert engine.extra_args[-1] == "--no-enable-chunked-prefill"
 
 
 def test_a_new_model_or_engine_is_a_new_kv_version_a_new_replica_count_is_not() -> None:
@@ -256,7 +259,8 @@ def test_the_picker_pairs_pools_by_role_and_kv_version_and_alone_takes_the_servi
     ({"adapters": [{"name": "a", "uri": "s3://b/a"}]}, "keys a KV cache by the prompt's tokens"),
     ({"routing": {"inferencePool": {}}}, "a gateway sends a request to one endpoint"),
     ({"vllm": {**SPLIT["vllm"], "parallelism": {"tensor": 2}}}, "not supported yet"),
-    ({"vllm": {**SPLIT["vllm"], "extraArgs": ["--kv-transfer-config={}"]}}, "Loom sets it"),
+    ({"vllm": {**SPLIT["vllm"], "extraArgs": ["--kv-transfer-config={}"]}}, "Loom sets them"),
+    ({"vllm": {**SPLIT["vllm"], "extraArgs": ["--enable-chunked-prefill"]}}, "Loom sets them"),
     ({"runtime": "default", "handler": "sklearn"}, "vllm options need runtime: vllm"),
 ])  # fmt: skip
 def test_admission_refuses_what_two_pools_do_not_support(extra: dict[str, Any], message: str) -> None:

@@ -39,8 +39,12 @@ PARALLELISM_FLAGS = (
     "--master-addr", "--master-port", "--headless", "--distributed-executor-backend", "--data-parallel-backend",
 )  # fmt: skip
 _PARALLELISM_RE = "^(" + "|".join(PARALLELISM_FLAGS) + ")(=.*)?$"
-# The flag spec.vllm.disaggregation sets (the KV connector of both pools): with it, extraArgs may not set it too.
+# The flags spec.vllm.disaggregation sets on both pools (the KV connector, and one-step prefills: see
+# llm/disaggregation.py): with it, extraArgs may not set them too.
 KV_TRANSFER_FLAG = "--kv-transfer-config"
+NO_CHUNKED_PREFILL_FLAG = "--no-enable-chunked-prefill"
+DISAGGREGATION_FLAGS = (KV_TRANSFER_FLAG, "--enable-chunked-prefill", NO_CHUNKED_PREFILL_FLAG)
+_DISAGGREGATION_RE = "^(" + "|".join(DISAGGREGATION_FLAGS) + ")(=.*)?$"
 
 
 class Parallelism(ApiModel):
@@ -123,8 +127,9 @@ class VllmSpec(ApiModel):
             "disaggregation with parallelism (a replica of several pods) is not supported yet",
             field_path=".disaggregation"),
         cel("!has(self.disaggregation) || !has(self.extraArgs) || "
-            f"!self.extraArgs.exists(a, a.matches('^{KV_TRANSFER_FLAG}(=.*)?$'))",
-            f"with disaggregation, extraArgs may not set {KV_TRANSFER_FLAG}: Loom sets it", field_path=".extraArgs"),
+            f"!self.extraArgs.exists(a, a.matches('{_DISAGGREGATION_RE}'))",
+            "with disaggregation, extraArgs may not set " + ", ".join(DISAGGREGATION_FLAGS) + ": Loom sets them",
+            field_path=".extraArgs"),
     )
 
     max_model_len: MaxModelLen | None = Field(

@@ -8,7 +8,11 @@ rendered pod with:
   image, the engine's options but those that only size or schedule it);
 - the KV connector on the engine, through the front's `--engine-arg`: vLLM's ExampleConnector (the SharedStorage
   connector) with kv_role kv_both on both pools (it stores a prompt's block-aligned KV cache when its folder has
-  none and loads it when it has: a decode replica given a prompt nobody prefilled computes it itself);
+  none and loads it when it has: a decode replica given a prompt nobody prefilled computes it itself), and chunked
+  prefill off on both: the connector stores what the request's first scheduled step computed, so a prompt chunked
+  over several steps (vLLM's scheduler does under load) would be stored in part, and a decode loading it would fail
+  on the shapes or, worse, read slots never computed. Off, vLLM prefills a prompt in one step (it raises
+  --max-num-batched-tokens to the model's length itself);
 - the user's ReadWriteMany PersistentVolumeClaim (kvStorage.claimName) mounted at the same path in both pools; the
   connector's folder is `<mount>/<kv-version>`, so KV caches of different versions never meet even on one volume
   (the connector names a cache by the prompt's tokens alone).
@@ -40,7 +44,13 @@ from ..api import InferenceServiceSpec, ServingPhase
 from ..render import CONFIG_HASH_ANNOTATION
 from ..source.model import MODEL_ANNOTATION
 from ..status import diagnose
-from .api import KV_TRANSFER_FLAG, Disaggregation, DisaggregationPoolStatus, DisaggregationStatus
+from .api import (
+    KV_TRANSFER_FLAG,
+    NO_CHUNKED_PREFILL_FLAG,
+    Disaggregation,
+    DisaggregationPoolStatus,
+    DisaggregationStatus,
+)
 from .multinode import FRONT_ENGINE_ARG
 from .vllm import engine_options
 
@@ -124,8 +134,11 @@ def pool_deployment(deployment: Manifest, spec: InferenceServiceSpec, role: Role
     server["volumeMounts"] = [*server.get("volumeMounts", []), {"name": KV_STORAGE_VOLUME, "mountPath": KV_STORAGE_DIR}]
     command: list[str] = server["command"]
     at = command.index("--drain-seconds") if "--drain-seconds" in command else len(command)
-    engine_arg = f"{FRONT_ENGINE_ARG}={KV_TRANSFER_FLAG}={kv_transfer_config(split, version)}"
-    server["command"] = [*command[:at], engine_arg, *command[at:]]
+    engine_args = [
+        f"{FRONT_ENGINE_ARG}={KV_TRANSFER_FLAG}={kv_transfer_config(split, version)}",
+        f"{FRONT_ENGINE_ARG}={NO_CHUNKED_PREFILL_FLAG}",
+    ]
+    server["command"] = [*command[:at], *engine_args, *command[at:]]
     return pool
 
 
