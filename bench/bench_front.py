@@ -255,12 +255,15 @@ def report(targets: list[Target]) -> str:
 
 # ------------------------------------------------------------------------------------------------ profile
 def profile_front(front: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy on the front with its C frames (--native: uvloop's, aiohttp's parser; py-spy then pauses the process
+    for each sample, hence the lower rate); its own messages in out + '.log'."""
     py_spy = Path(sys.executable).parent / "py-spy"
     if not py_spy.exists():
         raise RuntimeError(f"no py-spy at {py_spy}: install it into the vLLM environment (uv pip install py-spy)")
-    return subprocess.Popen([str(py_spy), "record", "--pid", str(front), "--duration", str(int(seconds)),
-                             "--rate", "250", "--format", "raw", "--output", str(out), "--nonblocking"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    with open(f"{out}.log", "wb") as log:
+        return subprocess.Popen([str(py_spy), "record", "--pid", str(front), "--duration", str(int(seconds)),
+                                 "--rate", "100", "--format", "raw", "--output", str(out), "--native"],
+                                stdout=log, stderr=subprocess.STDOUT)
 
 
 def top_functions(raw: Path, count: int = 25) -> str:
@@ -401,6 +404,17 @@ def main() -> None:
                 added = paired(target, base, "outside_ttft_ms", ratio=False)
                 print(f"{target.name}: TTFT added outside the engine core (client TTFT less vLLM's own, against the "
                       f"same for the engine alone; median of per-round differences): {added:+.2f} ms")
+        if "envoy" in targets:
+            # The front against a byte proxy in the same rounds: what the front costs beyond any hop on this machine.
+            floor = targets["envoy"]
+            for target in order:
+                if target not in (base, floor):
+                    print(f"{target.name} against envoy (medians of per-round ratios / differences): tokens/s "
+                          f"{paired(target, floor, 'output_throughput', ratio=True):.3f}, median TTFT "
+                          f"{paired(target, floor, 'median_ttft_ms', ratio=False):+.2f} ms, median ITL "
+                          f"{paired(target, floor, 'median_itl_ms', ratio=False):+.2f} ms, median TPOT "
+                          f"{paired(target, floor, 'median_tpot_ms', ratio=False):+.2f} ms, TTFT outside the engine "
+                          f"core {paired(target, floor, 'outside_ttft_ms', ratio=False):+.2f} ms")
         if args.profile:
             raw = out / "front-profile.txt"
             recorder = profile_front(front_pid, 600, raw)
@@ -409,6 +423,8 @@ def main() -> None:
             run_round(extra, pids, model, args, log, front_url)
             recorder.send_signal(2)  # SIGINT: py-spy writes what it has
             recorder.wait(timeout=60)
+            if not raw.exists():
+                raise RuntimeError(f"py-spy wrote no profile: {Path(f'{raw}.log').read_text()}")
             print("== front profile (self time, py-spy):\n" + top_functions(raw))
             print(f"raw stacks: {raw}")
 
