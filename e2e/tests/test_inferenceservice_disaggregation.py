@@ -133,6 +133,10 @@ def test_a_disaggregated_service_runs_two_pools_behind_its_picker_and_rolls_them
         assert (split["prefill"]["replicas"], split["decode"]["replicas"]) == (1, 2)
         ready_message = next(c for c in obj["status"]["conditions"] if c["type"] == "Ready")["message"]
         assert ready_message.endswith("prefill 1/1 ready, decode 2/2 ready")
+        # The printer columns (kubectl aligns each under its header; other columns may be blank or hold spaces).
+        header, row = cluster.kubectl("get", "inferenceservice", NAME, "-n", ns, "-o", "wide").stdout.splitlines()[:2]
+        prefill_at, decode_at = header.index("PREFILL"), header.index("DECODE")
+        assert row[prefill_at:decode_at].strip() == "1" and row[decode_at:].split()[0] == "2"
 
         # Two Deployments instead of the one, each selecting its own pool.
         wait_until(lambda: get(cluster, ns, "deployment", NAME) == {}, timeout=60, what="the one Deployment gone")

@@ -261,6 +261,10 @@ INFERENCE_SERVICE = Kind(
         PrinterColumn("Scaled", ".status.autoscaling.lastScaleReason", priority=1),
         PrinterColumn("OpenAI", ".status.openaiBaseUrl", priority=1),
         PrinterColumn("Pool", ".status.inferencePool", priority=1, description="Its InferencePool (GIE)"),
+        PrinterColumn("Prefill", ".status.disaggregation.prefill.readyReplicas", "integer", priority=1,
+                      description="Ready prefill replicas (vllm.disaggregation)"),
+        PrinterColumn("Decode", ".status.disaggregation.decode.readyReplicas", "integer", priority=1,
+                      description="Ready decode replicas (vllm.disaggregation)"),
         # The Ready condition's own words: why it is not (a replica's own fatal error, issue 52), or what serves.
         PrinterColumn("Message", '.status.conditions[?(@.type=="Ready")].message', priority=1),
         PrinterColumn("Admission", ".status.queue.state", priority=1, description="Kueue: Queued, Admitted, Evicting"),
