@@ -260,9 +260,9 @@ async def _apply_track(
     await kube.apply(config_map)  # before the Deployment: new pods must find their config
     name = deployment["metadata"]["name"]
     if disaggregation.disaggregated(p.spec):
-        applied = await llm_io.apply_pools(deployment, p.spec)
+        pools = await llm_io.apply_pools(deployment, p.spec)
         await _delete_other_shapes(p.ctx.owner, name, keep=disaggregation.VIEW_KIND)
-        return applied
+        return pools
     if multinode.grouped(p.spec):
         applied = multinode.deployment_view(
             await kube.apply(multinode.leader_worker_set(deployment, p.spec, f"{CONFIG_DIR}/{LLM_CONFIG_FILE}"))
