@@ -6,8 +6,9 @@ goes through the front's real ASGI app (build_app: the drain, the key and budget
 the OpenAI checks) to a stand-in engine whose stream answers at once with a short stream of vLLM's bytes, so the
 front's own Python is all that is timed; no sockets (bench_front.py measures the hop over the loopback). Beside
 the whole, each step alone with timeit: the key check, the token budget check, the body's checks and the engine's
-copy of it, the engine body's JSON, the relay of one event, the metrics of one finished request; and what each
-further token event of a stream costs the front's Python (its socket I/O excluded).
+copy of it, the engine body's JSON, the relay of one event, the metrics of one finished request; what each
+further token event of a stream costs the front's Python (its socket I/O excluded); and the whole request with
+Starlette's StreamingResponse in place of the front's SseResponse (sse_response.py).
 
     PYTHONSAFEPATH=1 .venv-vllm/bin/python bench/bench_front_path.py [--requests 2000]
 
@@ -23,11 +24,13 @@ import json
 import os
 import time
 import timeit
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
+from starlette.responses import StreamingResponse
 from starlette.types import Message
 
+from loom.workloads.llm import app as app_module
 from loom.workloads.llm.app import build_app
 from loom.workloads.llm.budget import TokenBudget
 from loom.workloads.llm.config import LlmLimits, LlmServerConfig
@@ -94,16 +97,24 @@ async def whole_requests(count: int, budgets: bool, events: int = 1) -> float:
     async def one() -> None:
         sent: list[Message] = []
         messages = iter([{"type": "http.request", "body": BODY, "more_body": False}])
+        answered = asyncio.Event()
 
         async def receive() -> Message:
-            return next(messages, {"type": "http.disconnect"})
+            # After the body, as uvicorn does: nothing until the client leaves or the response is complete.
+            message = next(messages, None)
+            if message is None:
+                await answered.wait()
+                message = {"type": "http.disconnect"}
+            return message
 
         async def send(message: Message) -> None:
             sent.append(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                answered.set()
 
         await app({**scope, "state": {}}, receive, send)
-        if sent[0]["status"] != 200:
-            raise RuntimeError(f"the front answered {sent[0]['status']}: {sent}")
+        if sent[0]["status"] != 200 or not answered.is_set() or b"[DONE]" not in sent[-2]["body"]:
+            raise RuntimeError(f"the front's answer was not a whole stream: {sent}")
 
     for _ in range(50):  # warm-up
         await one()
@@ -114,6 +125,21 @@ async def whole_requests(count: int, budgets: bool, events: int = 1) -> float:
             await one()
         batches.append((time.perf_counter() - started) / max(1, count // 5))
     return min(batches)
+
+
+@contextlib.contextmanager
+def starlettes_streaming_response() -> Iterator[None]:
+    """The front's routes answering with Starlette's StreamingResponse (its anyio task group) instead of SseResponse."""
+    saved = app_module.SseResponse
+
+    def streaming(content: AsyncIterable[bytes], headers: Mapping[str, str] | None = None) -> StreamingResponse:
+        return StreamingResponse(content, media_type="text/event-stream", headers=headers)
+
+    app_module.SseResponse = streaming  # type: ignore[assignment,misc]
+    try:
+        yield
+    finally:
+        app_module.SseResponse = saved  # type: ignore[misc]
 
 
 def per_call(statement: Callable[[], object], number: int = 20000) -> float:
@@ -153,11 +179,14 @@ def main() -> None:
         loop_factory = asyncio.new_event_loop
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         bare = runner.run(whole_requests(args.requests, budgets=False))
+        with starlettes_streaming_response():
+            before = runner.run(whole_requests(args.requests, budgets=False))
         budgeted = runner.run(whole_requests(args.requests, budgets=True))
         longer = runner.run(whole_requests(args.requests // 4, budgets=False, events=33))
     print(f"== the front's request path, in process ({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})")
     print(f"{bare * 1e6:8.1f} µs  a whole streamed request through the app (ASGI in to last byte out, no sockets), "
           "keys on")
+    print(f"{before * 1e6:8.1f} µs  the same with Starlette's StreamingResponse (the front's until sse_response.py)")
     print(f"{budgeted * 1e6:8.1f} µs  the same with a request and a token budget per key")
     print(f"{(longer - bare) / 32 * 1e6:8.1f} µs  each further token event of a stream (33 events less 1, over 32)")
     for name, statement in steps:

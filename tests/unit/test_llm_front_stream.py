@@ -11,12 +11,15 @@ with an OpenAI-shaped error and [DONE].
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
@@ -52,6 +55,20 @@ class StandIn:
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
         self.ports: list[int] = []
+        self.cut_off = threading.Event()  # a slow stream ended before its last event: its client went away
+
+    async def slow_events(self) -> AsyncIterator[bytes]:
+        """A token every 50 ms for 10 s: long enough that only a client leaving ends it early."""
+        finished = False
+        try:
+            for _ in range(200):
+                yield chunk({"content": "x"})
+                await asyncio.sleep(0.05)
+            finished = True
+            yield b"data: [DONE]\n\n"
+        finally:
+            if not finished:
+                self.cut_off.set()
 
     def app(self) -> Starlette:
         async def health(_: Request) -> Response:
@@ -67,6 +84,8 @@ class StandIn:
             self.bodies.append(body)
             self.ports.append(request.client.port if request.client else 0)
             broken = body["messages"][0]["content"] == "break"
+            if body["messages"][0]["content"] == "slow":
+                return StreamingResponse(self.slow_events(), media_type="text/event-stream")
 
             async def events() -> AsyncIterator[bytes]:
                 yield TOKEN_EVENTS[:40]  # an event split across writes
@@ -144,3 +163,30 @@ def test_an_engine_that_breaks_off_ends_the_stream_with_an_error_and_done(front:
     assert error["code"] == "engine_unavailable" and error["type"] == "service_unavailable"
     assert tail[1:] == [b"data: [DONE]", b""]
     assert samples(client).get("loom_llm_generation_tokens_total", 0) == 0  # no usage came: nothing charged
+
+
+def test_a_client_that_leaves_mid_stream_ends_the_engines_stream(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over a real server (TestClient tells an app of a disconnect only after the response): the front stops
+    reading the engine and closes its connection, so the engine stops generating for nobody."""
+    monkeypatch.setenv("LOOM_TEST_KEYS", "k1")
+    program = tmp_path / "engine"
+    program.write_text("#!/bin/sh\nexec sleep 600\n")
+    program.chmod(0o755)
+    stand_in = StandIn()
+    with serving(stand_in.app()) as engine_url:
+        config = LlmServerConfig(model_name=MODEL, model_dir=str(tmp_path), engine_python=str(program),
+                                 engine_port=int(engine_url.rsplit(":", 1)[1]), engine_start_timeout_s=30,
+                                 auth=AuthConfig(api_keys_env="LOOM_TEST_KEYS"))
+        with serving(build_app(config)) as front_url, httpx.Client(base_url=front_url, timeout=30) as client:
+            deadline = time.monotonic() + 30
+            while client.get("/v2/health/ready").status_code != 200:
+                assert time.monotonic() < deadline, "the front never turned ready"
+                time.sleep(0.05)
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "slow"}], "stream": True}
+            with client.stream("POST", "/v1/chat/completions", headers=KEY, json=body) as answer:
+                assert answer.status_code == 200
+                first = next(answer.iter_bytes())
+                assert first.startswith(b"data: ")
+            # The client has closed its connection after one event of 200.
+            assert stand_in.cut_off.wait(timeout=8), "the engine's stream went on after its client left"

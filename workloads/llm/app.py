@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from loom.workloads.common.body_limit import BodyLimit
@@ -50,6 +50,7 @@ from .openai_protocol import (
     usage_tokens,
 )
 from .sse_relay import SseRelay, events
+from .sse_response import SseResponse
 from .tokenizer_files import PATHS as TOKENIZER_PATHS
 from .tokenizer_files import TOKENIZER_PATH, tokenizer_digest, tokenizer_file
 
@@ -155,7 +156,7 @@ class LlmRoutes:
 
         return pieces(), relay
 
-    def _sse(self, pieces: AsyncIterator[bytes], end: Callable[[], bytes]) -> StreamingResponse:
+    def _sse(self, pieces: AsyncIterator[bytes], end: Callable[[], bytes]) -> SseResponse:
         """The stream's pieces, one write each (what one read of the engine brought: never held for more), an
         error event if it fails, then ``end()``."""
 
@@ -172,9 +173,9 @@ class LlmRoutes:
             if last := end():
                 yield last
 
-        return StreamingResponse(body(), media_type="text/event-stream", headers=SSE_HEADERS)
+        return SseResponse(body(), headers=SSE_HEADERS)
 
-    def _openai_sse(self, opened: tuple[AsyncIterator[bytes], SseRelay]) -> StreamingResponse:
+    def _openai_sse(self, opened: tuple[AsyncIterator[bytes], SseRelay]) -> SseResponse:
         """An OpenAI stream: the engine's own ``data: [DONE]`` ends it, or the front's when the engine's did not."""
         pieces, relay = opened
         return self._sse(pieces, lambda: b"" if relay.done else sse("[DONE]"))
