@@ -6,12 +6,15 @@ connector, the baseline.
 What it shows: the official `openai` client's answer at temperature 0 through the disaggregated picker is the
 aggregated replica's (the same tokens, the same top log-probabilities); the prefill engine served the request as
 one generated token; the decode engine loaded the prompt's KV blocks from the connector instead of computing them
-(its own vllm:external_prefix_cache_hits_total, and the answer's usage.prompt_tokens_details.cached_tokens).
+(its own vllm:external_prefix_cache_hits_total, and the answer's usage.prompt_tokens_details.cached_tokens);
+prompts arriving together are each handed over whole (the connector's flags as the operator renders them: chunked
+prefill off) and answered as the aggregated replica answers them.
 The aggregated replica runs first and alone (one engine of this test at a time where the split allows it).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 from collections.abc import Iterator
@@ -43,10 +46,19 @@ PROMPT = ("Tom painted the fence and then he went to the river to fish with his 
 OUTPUT_TOKENS = 16
 
 
-def connector(folder: Path) -> str:
+# Prompts asked at once, each over two blocks: with a step budget of one prompt's length, the scheduler would cut
+# the second one admitted in a step into chunks were chunked prefill on.
+CONCURRENT = [f"Story {i} of {len(PROMPT)}: " + PROMPT for i in range(4)]
+STEP_BUDGET = "--max-num-batched-tokens=512"
+
+
+def connector(folder: Path) -> list[str]:
+    """The connector's flags as the operator renders them (operator/kinds/inferenceservice/llm/disaggregation.py):
+    the ExampleConnector stores a prompt's KV in the step the request is first scheduled, so a prompt prefilled in
+    chunks would be stored in part (and loaded wrong): chunked prefill off, every prompt prefilled in one step."""
     config = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
               "kv_connector_extra_config": {"shared_storage_path": str(folder)}}
-    return f"--kv-transfer-config={json.dumps(config, separators=(',', ':'))}"
+    return [f"--kv-transfer-config={json.dumps(config, separators=(',', ':'))}", "--no-enable-chunked-prefill"]
 
 
 def replica_config(model: Path, extra_args: list[str]) -> LlmServerConfig:
@@ -54,15 +66,15 @@ def replica_config(model: Path, extra_args: list[str]) -> LlmServerConfig:
         model_name=MODEL, model_dir=str(model), host="127.0.0.1", port=free_port(), engine_port=free_port(),
         engine_python=vllm_python(REPO), log_level="warning",
         engine=EngineOptions(max_model_len=MAX_MODEL_LEN, dtype="float32", enforce_eager=True,
-                             kv_cache_memory_bytes=64 << 20, max_num_seqs=4,
+                             kv_cache_memory_bytes=64 << 20, max_num_seqs=len(CONCURRENT),
                              extra_args=["--enable-prompt-tokens-details", *extra_args]),
         auth=AuthConfig(api_keys_env="LOOM_TEST_KEYS"), limits=LlmLimits(max_tokens_limit=400),
     )
 
 
-def ask(base_url: str) -> Any:
+def ask(base_url: str, prompt: str = PROMPT) -> Any:
     client = OpenAI(base_url=f"{base_url}/v1", api_key=KEY, timeout=600, max_retries=0)
-    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPT}],
+    return client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
                                           temperature=0, max_tokens=OUTPUT_TOKENS, logprobs=True, top_logprobs=3)
 
 
@@ -88,15 +100,21 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def aggregated_answer(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def aggregated(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The aggregated replica's answer to PROMPT and to each of CONCURRENT, asked one at a time."""
     folder = tmp_path_factory.mktemp("aggregated")
     with llm_server(replica_config(model, []), folder, env={"LOOM_TEST_KEYS": KEY}) as url:
-        return ask(url)
+        return {prompt: ask(url, prompt) for prompt in [PROMPT, *CONCURRENT]}
+
+
+@pytest.fixture(scope="module")
+def aggregated_answer(aggregated: dict[str, Any]) -> Any:
+    return aggregated[PROMPT]
 
 
 @pytest.fixture(scope="module")
 def disaggregated(model: Path, tmp_path_factory: pytest.TempPathFactory,
-                  aggregated_answer: Any) -> Iterator[tuple[str, str, str, str, Path]]:
+                  aggregated: dict[str, Any]) -> Iterator[tuple[str, str, str, str, Path]]:
     """(picker URL, picker admin URL, prefill front URL, decode front URL, the connector's folder), started after
     the aggregated replica stopped."""
     root = tmp_path_factory.mktemp("disaggregated")
@@ -106,8 +124,8 @@ def disaggregated(model: Path, tmp_path_factory: pytest.TempPathFactory,
         fronts = []
         for role in ("prefill", "decode"):
             (root / role).mkdir()
-            fronts.append(stack.enter_context(llm_server(replica_config(model, [connector(storage)]), root / role,
-                                                         env={"LOOM_TEST_KEYS": KEY})))
+            config = replica_config(model, [*connector(storage), STEP_BUDGET])
+            fronts.append(stack.enter_context(llm_server(config, root / role, env={"LOOM_TEST_KEYS": KEY})))
         config = PickerConfig(namespace="test", service=MODEL, pod_selector={"app": MODEL}, host="127.0.0.1",
                               port=free_port(), admin_port=free_port(), poll_interval_s=0.5,
                               disaggregation=DisaggregationConfig())
@@ -146,3 +164,18 @@ def test_the_disaggregated_answer_is_the_aggregated_one(aggregated_answer: Any,
     found = samples(admin)
     assert total(found, "loom_picker_disaggregation_total", path="prefill+decode") == 1
     assert total(found, "loom_picker_disaggregation_total", path="decode-only") == 0
+
+
+def test_concurrent_long_prompts_are_handed_over_whole(aggregated: dict[str, Any],
+                                                       disaggregated: tuple[str, str, str, str, Path]) -> None:
+    """Prompts arriving together, more than one step's budget: each is prefilled in one step (chunked prefill off)
+    and stored whole, so every decode answers as the aggregated replica does."""
+    url, admin, _, decode, _ = disaggregated
+    hits_before = engine_counter(decode, "vllm:external_prefix_cache_hits_total")
+    with concurrent.futures.ThreadPoolExecutor(len(CONCURRENT)) as pool:
+        answers = dict(zip(CONCURRENT, pool.map(lambda p: ask(url, p), CONCURRENT), strict=True))
+    for prompt, answer in answers.items():
+        assert answer.choices[0].message.content == aggregated[prompt].choices[0].message.content, prompt[:20]
+    loaded = sum((a.usage.prompt_tokens - 2) // CPU_BLOCK * CPU_BLOCK for a in answers.values())
+    assert engine_counter(decode, "vllm:external_prefix_cache_hits_total") - hits_before == loaded
+    assert total(samples(admin), "loom_picker_disaggregation_total", path="decode-only") == 0
