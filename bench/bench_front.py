@@ -25,9 +25,9 @@ vLLM's client times each event as it parses it: events that arrive in one read (
 filled) count an ITL of about 0 each, so on a loaded machine the ITL median says more about scheduling than about
 the hop; TPOT (a request's time after its first token over its tokens) is printed beside it.
 
-``--profile`` records the front with py-spy (in .venv-vllm: ``uv pip install py-spy``) during one extra front
-round, writes its stacks (py-spy's raw, collapsed format: flamegraph tools read it) and prints the functions with
-the most samples of their own.
+``--profile`` records the front with py-spy (in .venv-vllm: ``uv pip install py-spy``; ``--native`` with C frames)
+during one extra front round (``--profile-prompts`` long), writes its stacks (py-spy's raw, collapsed format:
+flamegraph tools read it) and prints the functions with the most samples of their own.
 
     PYTHONSAFEPATH=1 .venv-vllm/bin/python bench/bench_front.py [--rounds 3]
         [--targets front,engine,envoy,router,picker] [--profile] [--out DIR]
@@ -254,16 +254,16 @@ def report(targets: list[Target]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ profile
-def profile_front(front: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
-    """py-spy on the front with its C frames (--native: uvloop's, aiohttp's parser; py-spy then pauses the process
-    for each sample, hence the lower rate); its own messages in out + '.log'."""
+def profile_front(front: int, seconds: float, out: Path, native: bool) -> subprocess.Popen[bytes]:
+    """py-spy on the front, its own messages in out + '.log'. ``native``: with C frames (uvloop's, aiohttp's
+    parser, the system calls), for which py-spy pauses the process at each sample: fewer samples, at a lower rate."""
     py_spy = Path(sys.executable).parent / "py-spy"
     if not py_spy.exists():
         raise RuntimeError(f"no py-spy at {py_spy}: install it into the vLLM environment (uv pip install py-spy)")
+    how = ["--rate", "100", "--native"] if native else ["--rate", "250", "--nonblocking"]
     with open(f"{out}.log", "wb") as log:
         return subprocess.Popen([str(py_spy), "record", "--pid", str(front), "--duration", str(int(seconds)),
-                                 "--rate", "100", "--format", "raw", "--output", str(out), "--native"],
-                                stdout=log, stderr=subprocess.STDOUT)
+                                 "--format", "raw", "--output", str(out), *how], stdout=log, stderr=subprocess.STDOUT)
 
 
 def top_functions(raw: Path, count: int = 25) -> str:
@@ -357,6 +357,8 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--profile", action="store_true", help="py-spy on the front during one more front round")
+    parser.add_argument("--native", action="store_true", help="the profile with C frames (fewer samples)")
+    parser.add_argument("--profile-prompts", type=int, default=None, help="prompts of the profiled round")
     parser.add_argument("--out", type=Path, default=None, help="where the client's log and the profile go")
     args = parser.parse_args()
     names = args.targets.split(",")
@@ -417,10 +419,11 @@ def main() -> None:
                           f"core {paired(target, floor, 'outside_ttft_ms', ratio=False):+.2f} ms")
         if args.profile:
             raw = out / "front-profile.txt"
-            recorder = profile_front(front_pid, 600, raw)
+            recorder = profile_front(front_pid, 600, raw, args.native)
             time.sleep(1.0)
             extra = Target("front", front_url, KEY)
-            run_round(extra, pids, model, args, log, front_url)
+            profiled = argparse.Namespace(**{**vars(args), "prompts": args.profile_prompts or args.prompts})
+            run_round(extra, pids, model, profiled, log, front_url)
             recorder.send_signal(2)  # SIGINT: py-spy writes what it has
             recorder.wait(timeout=60)
             if not raw.exists():
