@@ -23,7 +23,7 @@ import yarl
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from ..settings import FIELD_MANAGER
-from .kit import MANAGED_BY
+from .kit import MANAGED_BY, taken_by
 from .model import Manifest as Manifest  # re-exported: the kube layer's callers use kube.Manifest
 from .watch_cache import WatchCache, key_of, version_of
 
@@ -173,6 +173,11 @@ class Conflict(Exception):
 # What a request may fail with besides NotFound and Conflict: the API server's other answers (503 from an
 # aggregated API that is down, 403) and the transport's errors (a deadline passed, a connection refused).
 REQUEST_ERRORS: tuple[type[BaseException], ...] = (ApiException, aiohttp.ClientError, TimeoutError)
+
+
+class NameTaken(Exception):
+    """A child's name is another object's child (kit.taken_by): the apply is refused rather than taking it over;
+    the object says so in its Ready condition (reason NameTaken, refusal.py) until the other one goes or is renamed."""
 
 
 class OwnerGone(Exception):
@@ -370,7 +375,14 @@ async def apply(
         unchanged = WATCHED.unchanged(key_of(manifest), digest, time.monotonic())
         if unchanged is not None:
             return unchanged
-
+        # Another object's child under the name (only Loom-labelled objects are in the cache: those are the ones
+        # an apply under Loom's one field manager would silently take over).
+        other = taken_by(WATCHED.body(key_of(manifest), time.monotonic()), manifest)
+        if other is not None:
+            raise NameTaken(
+                f"{manifest['kind']} {meta['name']} belongs to {other.get('kind')} {other.get('name')}: an object "
+                "of that name would take it over; rename one of them"
+            )
     await _require_owner(meta.get("namespace"), owner)
     result = await _call("PATCH", path, body=body, query=query, content_type=APPLY_CONTENT_TYPE)
     assert result is not None

@@ -101,6 +101,24 @@ def controlled_by(child: Manifest, owner: Manifest) -> bool:
     return uid is not None and any(r.get("controller") and r.get("uid") == uid for r in refs)
 
 
+def taken_by(existing: Manifest | None, child: Manifest) -> Manifest | None:
+    """The controller ownerReference of `existing`, an object of the child's name, when it names another object than
+    the child's own controller: the name Loom derives (`<name>-decode`, `<name>-canary`, `<name>-picker`) is
+    another object's child (e.g. the InferenceService named `<name>-decode`'s Deployment), and an apply under Loom's
+    one field manager would take it over. None when absent, ours, nobody's, or a predecessor's (the same kind and
+    name with an older uid: the object was deleted and made again, and the garbage collector is removing it)."""
+    if existing is None:
+        return None
+    ours = next((r for r in child["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
+    theirs = next((r for r in (existing.get("metadata") or {}).get("ownerReferences") or [] if r.get("controller")),
+                  None)  # fmt: skip
+    if ours is None or theirs is None:
+        return None
+    if (theirs.get("kind"), theirs.get("name")) == (ours.get("kind"), ours.get("name")):
+        return None
+    return dict(theirs)
+
+
 def match_labels(owner: Manifest, component: str) -> dict[str, str]:
     """The labels that pick one component's pods of one Loom object (a Deployment's matchLabels, a Service's
     selector): the first three of `labels`, so whatever `labels` marks they select, and another component never."""

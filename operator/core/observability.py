@@ -6,7 +6,8 @@ and the metrics text, so a pod on the node agent probing 127.0.0.1:8081 for its 
 one, #52):
 
 - `loom_reconcile_duration_seconds{kind}` (histogram): one reconcile pass (controllers.runner), any outcome.
-- `loom_reconcile_errors_total{kind, reason}`: passes that raised (`exception`) or were abandoned (`timeout`).
+- `loom_reconcile_errors_total{kind, reason}`: passes that raised (`exception`), were abandoned (`timeout`) or found a
+  child's name taken by another object's child (`name_taken`, client.NameTaken).
 - `loom_objects{kind, phase}` (gauge): objects of each kind per `status.phase` (`Unknown`: none yet).
 - `loom_watch_restarts_total{resource, reason}`: watch streams re-opened after the first: `reconnect` (the
   stream ended: server timeout, dropped connection) or `relist` (listed again: 410 Gone, resume after a pause).

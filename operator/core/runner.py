@@ -130,6 +130,11 @@ class Runner:
                 # The object was deleted while the pass ran (it read the object before): nothing to converge, and
                 # nothing wrong. kube.apply refused to re-create its child (see there); the pass simply ends.
                 log.info("%s %s/%s was deleted during its pass; abandoned it (%s)", self.kind, namespace, name, gone)
+            except kube.NameTaken as taken:
+                # The same every pass until the other object goes or one is renamed: said in status, not a traceback.
+                outcome.failed("name_taken")
+                log.warning("%s %s/%s: %s", self.kind, namespace, name, taken)
+                await report_refusal(self.kind, namespace, name, str(taken), reason="NameTaken")
             except TimeoutError:
                 outcome.failed("timeout")
                 log.error("reconciling %s %s/%s took over %gs; abandoned", self.kind, namespace, name, self.timeout_s)

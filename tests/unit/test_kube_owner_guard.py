@@ -15,6 +15,7 @@ import pytest
 
 from loom.operator.core import client
 from loom.operator.core import client as kube
+from loom.operator.core.kit import taken_by
 from loom.operator.core.runner import Runner
 from loom.operator.core.watch_cache import WatchCache
 
@@ -248,3 +249,53 @@ async def test_children_written_beside_their_owners_status_write_send_no_get(
         kube.apply(child("bot-svc"), owner_written_beside=True),
     )
     assert [method for method, _ in server.calls] == ["PATCH", "PATCH", "PATCH"]
+
+
+def namesake_child(name: str, owner_name: str, uid: str) -> dict[str, Any]:
+    """A Loom child (in the watch cache) controlled by another object, e.g. the service `bot-decode`'s ConfigMap."""
+    ref = {"apiVersion": "loom.dev/v1alpha1", "kind": "InferenceService", "name": owner_name, "uid": uid,
+           "controller": True}  # fmt: skip
+    return {"apiVersion": "v1", "kind": "ConfigMap", "data": {"theirs": "1"},
+            "metadata": {"name": name, "namespace": "ml", "resourceVersion": "7", "ownerReferences": [ref],
+                         "labels": {"app.kubernetes.io/managed-by": "loom"}}}  # fmt: skip
+
+
+async def test_a_child_name_that_is_another_objects_child_is_not_taken_over(
+    server: FakeServer, clock: list[float], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The name Loom derives for a child (`<name>-decode`, `<name>-canary`) may be another object's own child: the
+    apply, under Loom's one field manager, would take it over (spec and owner). It is refused; the pass ends with
+    the object's Ready condition saying whose it is (reason NameTaken), no traceback, nothing written."""
+    client.WATCHED.seen("ADDED", namesake_child("bot-decode", "bot-decode", "u9"))
+    mine = child("bot-decode")
+    with pytest.raises(kube.NameTaken, match="ConfigMap bot-decode belongs to InferenceService bot-decode"):
+        await kube.apply(mine)
+    assert server.patched() == []
+
+    async def one_pass(namespace: str, name: str) -> None:
+        await kube.apply(mine)
+
+    runner = Runner("InferenceService", one_pass, interval_s=3600, timeout_s=30)
+    with caplog.at_level(logging.DEBUG, logger="loom.operator.runner"):
+        await runner.trigger("ml", "bot")
+    assert server.patched() == [OWNER_PATH + "/status"]  # the status write only, no child
+    ready = next(c for c in server.options[-1]["body"]["status"]["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "NameTaken")
+    assert "belongs to InferenceService bot-decode" in ready["message"]
+    assert [r.levelno for r in caplog.records if r.name == "loom.operator.runner"] == [logging.WARNING]
+
+    # A predecessor of the same name (deleted and made again: the garbage collector is on its way) is no conflict.
+    client.WATCHED.seen("MODIFIED", namesake_child("bot-decode", "bot", "u0-old"))
+    await kube.apply(mine)
+    assert server.patched()[-1] == "/api/v1/namespaces/ml/configmaps/bot-decode"
+
+
+def test_taken_by_names_only_another_objects_controller() -> None:
+    mine = child("bot-x")
+    assert taken_by(None, mine) is None
+    assert taken_by(child("bot-x"), mine) is None  # ours
+    assert taken_by(child("bot-x", controller=False), mine) is None  # nobody controls it
+    theirs = namesake_child("bot-x", "other", "u9")
+    assert taken_by(theirs, mine) == theirs["metadata"]["ownerReferences"][0]
+    shared = child("project-config", controller=False)  # a FeatureView project child controls nothing
+    assert taken_by(theirs, shared) is None
