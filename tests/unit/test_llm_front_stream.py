@@ -102,23 +102,31 @@ class StandIn:
                                  Route("/v1/chat/completions", chat, methods=["POST"])])
 
 
-@pytest.fixture
-def front(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, StandIn]]:
-    monkeypatch.setenv("LOOM_TEST_KEYS", "k1,k2")
+def front_config(tmp_path: Path, engine_url: str, limits: LlmLimits | None = None) -> LlmServerConfig:
+    """The front over the stand-in engine at `engine_url`; the engine command it starts only sleeps."""
     program = tmp_path / "engine"
     program.write_text("#!/bin/sh\nexec sleep 600\n")
     program.chmod(0o755)
+    return LlmServerConfig(model_name=MODEL, model_dir=str(tmp_path), engine_python=str(program),
+                           engine_port=int(engine_url.rsplit(":", 1)[1]), engine_start_timeout_s=30,
+                           auth=AuthConfig(api_keys_env="LOOM_TEST_KEYS"), limits=limits or LlmLimits())
+
+
+def until_ready(client: TestClient | httpx.Client) -> None:
+    deadline = time.monotonic() + 30
+    while client.get("/v2/health/ready").status_code != 200:
+        assert time.monotonic() < deadline, "the front never turned ready"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def front(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, StandIn]]:
+    monkeypatch.setenv("LOOM_TEST_KEYS", "k1,k2")
     stand_in = StandIn()
     with serving(stand_in.app()) as engine_url:
-        config = LlmServerConfig(model_name=MODEL, model_dir=str(tmp_path), engine_python=str(program),
-                                 engine_port=int(engine_url.rsplit(":", 1)[1]), engine_start_timeout_s=30,
-                                 auth=AuthConfig(api_keys_env="LOOM_TEST_KEYS"),
-                                 limits=LlmLimits(tokens_per_minute=10))
+        config = front_config(tmp_path, engine_url, LlmLimits(tokens_per_minute=10))
         with TestClient(build_app(config)) as client:
-            deadline = time.monotonic() + 30
-            while client.get("/v2/health/ready").status_code != 200:
-                assert time.monotonic() < deadline, "the front never turned ready"
-                time.sleep(0.05)
+            until_ready(client)
             yield client, stand_in
 
 
@@ -170,19 +178,11 @@ def test_a_client_that_leaves_mid_stream_ends_the_engines_stream(tmp_path: Path,
     """Over a real server (TestClient tells an app of a disconnect only after the response): the front stops
     reading the engine and closes its connection, so the engine stops generating for nobody."""
     monkeypatch.setenv("LOOM_TEST_KEYS", "k1")
-    program = tmp_path / "engine"
-    program.write_text("#!/bin/sh\nexec sleep 600\n")
-    program.chmod(0o755)
     stand_in = StandIn()
     with serving(stand_in.app()) as engine_url:
-        config = LlmServerConfig(model_name=MODEL, model_dir=str(tmp_path), engine_python=str(program),
-                                 engine_port=int(engine_url.rsplit(":", 1)[1]), engine_start_timeout_s=30,
-                                 auth=AuthConfig(api_keys_env="LOOM_TEST_KEYS"))
+        config = front_config(tmp_path, engine_url)
         with serving(build_app(config)) as front_url, httpx.Client(base_url=front_url, timeout=30) as client:
-            deadline = time.monotonic() + 30
-            while client.get("/v2/health/ready").status_code != 200:
-                assert time.monotonic() < deadline, "the front never turned ready"
-                time.sleep(0.05)
+            until_ready(client)
             body = {"model": MODEL, "messages": [{"role": "user", "content": "slow"}], "stream": True}
             with client.stream("POST", "/v1/chat/completions", headers=KEY, json=body) as answer:
                 assert answer.status_code == 200
