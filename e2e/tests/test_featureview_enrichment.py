@@ -10,6 +10,7 @@ waits for the FeatureView to be Ready), one materialization by annotation, then 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import tempfile
@@ -27,6 +28,8 @@ from loom.devstack.agent.proxies import service_address
 from loom.devstack.cluster import Cluster
 from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.paths import AGENT_STATE_DIR
+from loom.e2e import objects
+from loom.e2e.objects import condition, get
 from loom.e2e.pytest_operator import OperatorProcess, operator_namespace_for
 from loom.workloads.features import example_data
 from loom.workloads.server.tabular import EXAMPLE_MODEL, MODEL_FILE
@@ -40,28 +43,7 @@ TIMEOUT_S = 300.0
 FEATURES = ("conv_rate", "acc_rate", "avg_daily_trips")
 
 
-def get(cluster: Cluster, namespace: str, kind: str, name: str) -> dict[str, Any]:
-    result = cluster.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
-    return dict(json.loads(result.stdout)) if result.returncode == 0 else {}
-
-
-def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
-    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == ctype), {})
-
-
-def wait_for(
-    cluster: Cluster, op: OperatorProcess, ns: str, kind: str, name: str, what: str, check: Any
-) -> dict[str, Any]:
-    def done() -> dict[str, Any] | None:
-        obj = get(cluster, ns, kind, name)
-        return obj if obj and check(obj) else None
-
-    try:
-        return dict(wait_until(done, timeout=TIMEOUT_S, what=f"{kind} {name}: {what}", interval=1))
-    except TimeoutError as error:
-        status = json.dumps(get(cluster, ns, kind, name).get("status"), indent=1)
-        pods = cluster.kubectl("get", "jobs,pods", "-n", ns, "-o", "wide", check=False).stdout
-        raise AssertionError(f"{error}\nstatus: {status}\n{pods}\n{op.log_tail()}") from None
+wait_for = functools.partial(objects.wait_for, timeout_s=TIMEOUT_S, interval_s=1)
 
 
 class Enriched:

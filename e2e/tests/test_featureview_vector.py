@@ -16,7 +16,7 @@ start is minutes here.
 from __future__ import annotations
 
 import copy
-import json
+import functools
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -35,6 +35,8 @@ from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.paths import AGENT_STATE_DIR
 from loom.devstack.cluster.pki import AGENT_NODE_NAME
 from loom.devstack.servers import S3Endpoint
+from loom.e2e import objects
+from loom.e2e.objects import condition
 from loom.e2e.pytest_operator import OperatorProcess
 from loom.e2e.pytest_services import apply_s3_secret
 from loom.workloads.llm.hf_model import LlamaShape, write_llama_folder
@@ -51,26 +53,7 @@ DOCUMENTS = {
 }
 
 
-def get(cluster: Cluster, namespace: str, kind: str, name: str) -> dict[str, Any]:
-    result = cluster.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
-    return dict(json.loads(result.stdout)) if result.returncode == 0 else {}
-
-
-def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
-    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == ctype), {})
-
-
-def wait_for(cluster: Cluster, op: OperatorProcess, ns: str, kind: str, name: str, what: str, check: Any) -> Any:
-    def done() -> dict[str, Any] | None:
-        obj = get(cluster, ns, kind, name)
-        return obj if obj and check(obj) else None
-
-    try:
-        return wait_until(done, timeout=TIMEOUT_S, what=f"{kind} {name}: {what}", interval=2)
-    except TimeoutError as error:
-        status = json.dumps(get(cluster, ns, kind, name).get("status"), indent=1)
-        pods = cluster.kubectl("get", "jobs,pods", "-n", ns, "-o", "wide", check=False).stdout
-        raise AssertionError(f"{error}\nstatus: {status}\n{pods}\n{op.log_tail()}") from None
+wait_for = functools.partial(objects.wait_for, timeout_s=TIMEOUT_S, interval_s=2)
 
 
 def embedder(bucket: str, s3: S3Endpoint) -> dict[str, Any]:

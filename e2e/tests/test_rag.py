@@ -12,6 +12,7 @@ naming the budget; the router's retrieval metrics count the requests. make test-
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 import time
@@ -29,9 +30,10 @@ import yaml
 from loom.devstack import backing
 from loom.devstack.agent.proxies import service_address
 from loom.devstack.cluster import Cluster
-from loom.devstack.cluster.handle import wait_until
 from loom.devstack.cluster.paths import AGENT_STATE_DIR
-from loom.e2e.helm_operator import InClusterOperator, operator_in_cluster, wait_default_service_account
+from loom.e2e import objects
+from loom.e2e.helm_operator import operator_in_cluster, wait_default_service_account
+from loom.e2e.objects import condition
 from loom.e2e.pytest_operator import apply_crds
 from loom.e2e.readme_install import local_install_command
 from loom.workloads.features import example_documents
@@ -57,30 +59,11 @@ def named(kind: str) -> list[str]:
     return [d["metadata"]["name"] for p in sorted(RAG.glob("*.yaml")) for d in documents(p) if d["kind"] == kind]
 
 
-def get(cluster: Cluster, namespace: str, kind: str, name: str) -> dict[str, Any]:
-    result = cluster.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
-    return dict(json.loads(result.stdout)) if result.returncode == 0 else {}
-
-
-def condition(obj: dict[str, Any], ctype: str) -> dict[str, Any]:
-    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == ctype), {})
-
-
 def ready(obj: dict[str, Any]) -> bool:
     return condition(obj, "Ready").get("status") == "True"
 
 
-def wait_for(cluster: Cluster, op: InClusterOperator, ns: str, kind: str, name: str, what: str, check: Any) -> Any:
-    def done() -> dict[str, Any] | None:
-        obj = get(cluster, ns, kind, name)
-        return obj if obj and check(obj) else None
-
-    try:
-        return wait_until(done, timeout=TIMEOUT_S, what=f"{kind} {name}: {what}", interval=2)
-    except TimeoutError as error:
-        status = json.dumps(get(cluster, ns, kind, name).get("status"), indent=1)
-        pods = cluster.kubectl("get", "jobs,pods", "-n", ns, "-o", "wide", check=False).stdout
-        raise AssertionError(f"{error}\nstatus: {status}\n{pods}\n{op.log_tail()}") from None
+wait_for = functools.partial(objects.wait_for, timeout_s=TIMEOUT_S, interval_s=2)
 
 
 def clear_checkpoints(services: backing.BackingServices, uri: str) -> None:
