@@ -15,7 +15,12 @@ from loom.operator.kinds.inferenceservice.api import InferenceServiceSpec
 from loom.operator.kinds.inferenceservice.llm import disaggregation
 from loom.operator.kinds.inferenceservice.queue.admission import ServiceQueue, admit, minimum, minimum_pods, workloads
 from loom.operator.kinds.inferenceservice.render import render_deployment
-from loom.operator.kinds.inferenceservice.rollout import available, plan_rollout, rolled_out
+from loom.operator.kinds.inferenceservice.rollout import (
+    available,
+    desired_total_replicas,
+    plan_rollout,
+    rolled_out,
+)
 from loom.operator.kinds.inferenceservice.source.model import resolve_model
 from loom.operator.kinds.inferenceservice.status import Observed, compute_status
 from loom.operator.kinds.inferenceservice.traffic.picker import (
@@ -201,6 +206,31 @@ def test_ready_needs_both_pools_and_says_each_pool_s_count() -> None:
     assert state == "False" and message.endswith("prefill 1/1 ready, decode 0/2 ready")
     state, message = ready_of(2)
     assert state == "True" and message == "3 replica(s) ready; prefill 1/1 ready, decode 2/2 ready"
+
+
+def test_the_rollout_counts_both_pools_replicas() -> None:
+    """A disaggregated service's replicas are its pools' (1 prefill + 2 decode), in the plan and in RolledOut (a new
+    user's check read "2 of 1 replica(s) updated" with the plan at one replica)."""
+    spec = spec_of(SPLIT)
+    assert desired_total_replicas(spec) == 3
+    ref = resolve_model(spec.model, spec.serving_handler)
+    plan = plan_rollout(spec, ref, None, None, desired_total_replicas(spec))
+    prefill, decode = pools_of(SPLIT)
+
+    def rolled_out_of(decode_updated: int) -> tuple[str, str]:
+        view = disaggregation.track_view(
+            "chat", {"prefill": _with_status(prefill, 1), "decode": _with_status(decode, decode_updated, decode_updated)}
+        )
+        status, _ = compute_status(
+            OWNER,
+            Observed(plan=plan, stable=view, canary=None, pods=[], serving_config_hash=None, runtime="vllm"),
+            None,
+        )
+        rolled = next(c for c in status.conditions if c.type == "RolledOut")
+        return rolled.status, rolled.message
+
+    assert rolled_out_of(0) == ("False", "1 of 3 replica(s) updated to model v1")
+    assert rolled_out_of(2) == ("True", "model v1 on all 3 replica(s)")
 
 
 def _pod(role: str, *, crashed: bool) -> dict[str, Any]:

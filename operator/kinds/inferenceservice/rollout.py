@@ -57,6 +57,10 @@ def desired_total_replicas(spec: InferenceServiceSpec, recommendation: int | Non
         # Knative's initial scale): its model is proven to load, and it idles to zero from there.
         wanted = max(1, spec.autoscaling.min_replicas) if recommendation is None else recommendation
         return max(spec.autoscaling.min_replicas, min(spec.autoscaling.max_replicas, wanted))
+    # A disaggregated track runs as two pools, each with its own replicas (llm/disaggregation.py, which imports this
+    # module through status.py: hence the field read here; admission allows it only with runtime vllm).
+    if spec.vllm is not None and (split := spec.vllm.disaggregation) is not None:
+        return split.prefill.replicas + split.decode.replicas
     if spec.replicas is not None:
         return spec.replicas
     return 1
