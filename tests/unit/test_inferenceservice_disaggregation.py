@@ -219,7 +219,8 @@ def test_the_rollout_counts_both_pools_replicas() -> None:
 
     def rolled_out_of(decode_updated: int) -> tuple[str, str]:
         view = disaggregation.track_view(
-            "chat", {"prefill": _with_status(prefill, 1), "decode": _with_status(decode, decode_updated, decode_updated)}
+            "chat",
+            {"prefill": _with_status(prefill, 1), "decode": _with_status(decode, decode_updated, decode_updated)},
         )
         status, _ = compute_status(
             OWNER,
